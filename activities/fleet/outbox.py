@@ -1,0 +1,29 @@
+"""The write side of the transactional outbox.
+
+`enqueue` must be called on the same connection, inside the same transaction, as the
+state change the event describes: both commit or neither does.
+"""
+
+from __future__ import annotations
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from activities.events import LifecycleEvent
+
+
+def enqueue(conn: psycopg.Connection[object], event: LifecycleEvent) -> None:
+    conn.execute(
+        "INSERT INTO outbox (event_id, topic, key, payload) VALUES (%s, %s, %s, %s)",
+        (event.event_id, event.topic(), event.instance_id, Jsonb(event.model_dump(mode="json"))),
+    )
+
+
+def pending(conn: psycopg.Connection[object]) -> tuple[int, float]:
+    """Unsent events and the age in seconds of the oldest one (0 when none)."""
+    row = conn.execute(
+        "SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0) "
+        "FROM outbox WHERE sent_at IS NULL"
+    ).fetchone()
+    assert row is not None
+    return int(row[0]), float(row[1])

@@ -1,0 +1,280 @@
+"""Fleet state repository: the only module that writes fleet-state rows.
+
+Activities call these methods. Every instance state change writes its lifecycle event
+to the outbox in the same transaction, so an event exists iff the change committed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+
+from psycopg.rows import class_row
+from psycopg_pool import ConnectionPool
+from pydantic import BaseModel
+
+from activities.events import (
+    STATE_AFTER,
+    CapacityType,
+    EventKind,
+    InstanceState,
+    LifecycleEvent,
+)
+from activities.fleet import outbox
+from contracts.region import Region
+
+#: Allowed instance state changes; anything else is a bug or a stale writer.
+_ALLOWED: dict[InstanceState, frozenset[InstanceState]] = {
+    InstanceState.REQUESTED: frozenset(
+        {InstanceState.ACTIVE, InstanceState.FAILED, InstanceState.DELETED}
+    ),
+    InstanceState.ACTIVE: frozenset(
+        {InstanceState.NOTICED, InstanceState.DRAINING, InstanceState.DELETED}
+    ),
+    InstanceState.NOTICED: frozenset({InstanceState.DRAINING, InstanceState.DELETED}),
+    InstanceState.DRAINING: frozenset({InstanceState.DELETED}),
+    InstanceState.DELETED: frozenset(),
+    InstanceState.FAILED: frozenset(),
+}
+
+
+class FleetStateError(RuntimeError):
+    pass
+
+
+class InvalidTransition(FleetStateError):
+    """The instance is in a state from which this event is not allowed (permanent)."""
+
+
+class UnknownInstance(FleetStateError):
+    pass
+
+
+class InstanceSpec(BaseModel):
+    """What an acquisition knows about an instance before it exists."""
+
+    instance_id: str
+    region: str
+    pool_id: str
+    capacity_type: CapacityType
+    workload: str
+    tier: int
+    acquisition_id: str | None = None
+
+
+class InstanceRow(BaseModel):
+    instance_id: str
+    region: str
+    pool_id: str
+    hall: str
+    sku: str
+    size: str
+    capacity_type: CapacityType
+    workload: str
+    tier: int
+    price_per_hour: float
+    state: InstanceState
+    provider_id: str | None
+    acquisition_id: str | None
+    created_at: datetime
+    state_changed_at: datetime
+    version: int
+
+
+class PoolRow(BaseModel):
+    pool_id: str
+    region: str
+    hall: str
+    sku: str
+    size: str
+    vcpu: int
+    memory_gib: int
+    gpus: int
+    price_per_hour: float
+    reclaimable_units: int
+    live_instances: int
+
+
+class FleetRepository:
+    def __init__(self, pool: ConnectionPool) -> None:
+        self._pool = pool
+
+    # -- pools ---------------------------------------------------------------------------
+
+    def sync_pools(self, region: Region) -> int:
+        """Upsert the region file's pools; return how many rows changed."""
+        rows = [
+            (
+                region.pool_id(p),
+                region.id,
+                p.hall,
+                p.sku,
+                p.size,
+                p.vcpu,
+                p.memory_gib,
+                p.gpus,
+                p.price_per_hour,
+                p.reclaimable_units,
+            )
+            for p in region.pools
+        ]
+        with self._pool.connection() as conn, conn.cursor() as cur:
+            cur.executemany(
+                """INSERT INTO pools (pool_id, region, hall, sku, size, vcpu, memory_gib, gpus,
+                                      price_per_hour, reclaimable_units)
+                   VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+                   ON CONFLICT (pool_id) DO UPDATE SET
+                       vcpu = EXCLUDED.vcpu, memory_gib = EXCLUDED.memory_gib,
+                       gpus = EXCLUDED.gpus, price_per_hour = EXCLUDED.price_per_hour,
+                       reclaimable_units = EXCLUDED.reclaimable_units, updated_at = now()
+                   WHERE (pools.vcpu, pools.memory_gib, pools.gpus, pools.price_per_hour,
+                          pools.reclaimable_units)
+                      IS DISTINCT FROM (EXCLUDED.vcpu, EXCLUDED.memory_gib, EXCLUDED.gpus,
+                          EXCLUDED.price_per_hour, EXCLUDED.reclaimable_units)""",
+                rows,
+            )
+            return max(cur.rowcount, 0)
+
+    def list_pools(self, region: str, hall: str | None = None) -> list[PoolRow]:
+        with self._pool.connection() as conn, conn.cursor(row_factory=class_row(PoolRow)) as cur:
+            cur.execute(
+                """SELECT p.pool_id, p.region, p.hall, p.sku, p.size, p.vcpu, p.memory_gib,
+                          p.gpus, p.price_per_hour, p.reclaimable_units,
+                          count(i.instance_id)::int AS live_instances
+                   FROM pools p LEFT JOIN instances i
+                     ON i.pool_id = p.pool_id AND i.state NOT IN ('deleted', 'failed')
+                   WHERE p.region = %s AND (%s::text IS NULL OR p.hall = %s)
+                   GROUP BY p.pool_id ORDER BY p.hall, p.sku, p.vcpu""",
+                (region, hall, hall),
+            )
+            return cur.fetchall()
+
+    # -- instances -----------------------------------------------------------------------
+
+    def record_acquire(self, spec: InstanceSpec, reason: str = "") -> LifecycleEvent | None:
+        """Insert the instance as REQUESTED with its ACQUIRE event.
+
+        Idempotent: when the instance already exists nothing is written and None returns,
+        so a retried activity never emits a second ACQUIRE.
+        """
+        with self._pool.connection() as conn, conn.transaction():
+            row = conn.execute(
+                """INSERT INTO instances (instance_id, region, pool_id, hall, sku, size,
+                                          capacity_type, workload, tier, price_per_hour,
+                                          state, acquisition_id)
+                   SELECT %s, %s, p.pool_id, p.hall, p.sku, p.size, %s, %s, %s,
+                          p.price_per_hour, 'requested', %s
+                   FROM pools p WHERE p.pool_id = %s AND p.region = %s
+                   ON CONFLICT (instance_id) DO NOTHING
+                   RETURNING hall, sku, size, price_per_hour""",
+                (
+                    spec.instance_id,
+                    spec.region,
+                    spec.capacity_type.value,
+                    spec.workload,
+                    spec.tier,
+                    spec.acquisition_id,
+                    spec.pool_id,
+                    spec.region,
+                ),
+            ).fetchone()
+            if row is None:
+                if self.get_instance(spec.instance_id) is not None:
+                    return None
+                raise FleetStateError(
+                    f"pool {spec.pool_id!r} is not in fleet state for region {spec.region!r}; "
+                    "run `sco pools sync` first"
+                )
+            event = LifecycleEvent(
+                kind=EventKind.ACQUIRE,
+                instance_id=spec.instance_id,
+                region=spec.region,
+                pool_id=spec.pool_id,
+                hall=row[0],
+                sku=row[1],
+                size=row[2],
+                capacity_type=spec.capacity_type,
+                workload=spec.workload,
+                tier=spec.tier,
+                price_per_hour=row[3],
+                reason=reason,
+            )
+            outbox.enqueue(conn, event)
+            return event
+
+    def record_event(
+        self,
+        instance_id: str,
+        kind: EventKind,
+        *,
+        reason: str = "",
+        provider_id: str | None = None,
+    ) -> LifecycleEvent | None:
+        """Move an instance to the state `kind` leads to, with its event, atomically.
+
+        Idempotent: when the instance is already in that state nothing is written and None
+        returns. A transition the lifecycle does not allow raises InvalidTransition.
+        """
+        target = STATE_AFTER[kind]
+        with self._pool.connection() as conn, conn.transaction():
+            cur = conn.cursor(row_factory=class_row(InstanceRow))
+            current = cur.execute(
+                "SELECT * FROM instances WHERE instance_id = %s FOR UPDATE", (instance_id,)
+            ).fetchone()
+            if current is None:
+                raise UnknownInstance(f"instance {instance_id!r} is not in fleet state")
+            if current.state == target:
+                return None
+            if target not in _ALLOWED[current.state]:
+                raise InvalidTransition(
+                    f"instance {instance_id!r}: {kind.value} is not allowed in state "
+                    f"{current.state.value}"
+                )
+            conn.execute(
+                """UPDATE instances SET state = %s, state_changed_at = now(),
+                          provider_id = coalesce(%s, provider_id), version = version + 1
+                   WHERE instance_id = %s""",
+                (target.value, provider_id, instance_id),
+            )
+            event = LifecycleEvent(
+                kind=kind,
+                instance_id=instance_id,
+                region=current.region,
+                pool_id=current.pool_id,
+                hall=current.hall,
+                sku=current.sku,
+                size=current.size,
+                capacity_type=current.capacity_type,
+                workload=current.workload,
+                tier=current.tier,
+                price_per_hour=current.price_per_hour,
+                reason=reason,
+            )
+            outbox.enqueue(conn, event)
+            return event
+
+    def get_instance(self, instance_id: str) -> InstanceRow | None:
+        with self._pool.connection() as conn:
+            cur = conn.cursor(row_factory=class_row(InstanceRow))
+            return cur.execute(
+                "SELECT * FROM instances WHERE instance_id = %s", (instance_id,)
+            ).fetchone()
+
+    def list_instances(
+        self, region: str, states: Sequence[InstanceState] | None = None
+    ) -> list[InstanceRow]:
+        wanted = [s.value for s in states] if states else None
+        with self._pool.connection() as conn:
+            cur = conn.cursor(row_factory=class_row(InstanceRow))
+            return cur.execute(
+                """SELECT * FROM instances
+                   WHERE region = %s AND (%s::text[] IS NULL OR state = ANY(%s))
+                   ORDER BY created_at, instance_id""",
+                (region, wanted, wanted),
+            ).fetchall()
+
+    # -- outbox --------------------------------------------------------------------------
+
+    def outbox_backlog(self) -> tuple[int, float]:
+        with self._pool.connection() as conn:
+            return outbox.pending(conn)

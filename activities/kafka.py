@@ -1,0 +1,67 @@
+"""Kafka plumbing shared by the outbox relay and the ledger consumer."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient, NewTopic
+
+
+class KafkaUnavailable(RuntimeError):
+    pass
+
+
+def producer_config(bootstrap: str) -> dict[str, Any]:
+    """Idempotent producer: acks=all, no duplicates or reordering from internal retries.
+
+    message.timeout.ms=0 means a message never expires inside the producer: while the
+    broker is down the relay waits, rather than failing messages and having to reason
+    about gaps in a key's order.
+    """
+    return {
+        "bootstrap.servers": bootstrap,
+        "enable.idempotence": True,
+        "acks": "all",
+        "message.timeout.ms": 0,
+        "linger.ms": 5,
+        "batch.num.messages": 10000,
+        "queue.buffering.max.messages": 200000,
+    }
+
+
+def ensure_topics(
+    bootstrap: str, topics: Iterable[str], *, partitions: int, replication_factor: int
+) -> list[str]:
+    """Create missing topics; return the ones created. Existing topics are left alone."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    try:
+        existing = set(admin.list_topics(timeout=10).topics)
+    except KafkaException as exc:
+        raise KafkaUnavailable(f"Kafka at {bootstrap} does not answer: {exc}") from exc
+    missing = [t for t in topics if t not in existing]
+    if not missing:
+        return []
+    futures = admin.create_topics(
+        [NewTopic(t, num_partitions=partitions, replication_factor=replication_factor)
+         for t in missing],
+        operation_timeout=10,
+    )
+    created = []
+    for topic, future in futures.items():
+        try:
+            future.result(timeout=15)
+            created.append(topic)
+        except KafkaException as exc:
+            if "TOPIC_ALREADY_EXISTS" not in str(exc):  # lost a race with another creator
+                raise KafkaUnavailable(f"creating topic {topic} on {bootstrap}: {exc}") from exc
+    return created
+
+
+def kafka_answers(bootstrap: str, timeout: float = 3.0) -> bool:
+    try:
+        AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=timeout)
+    except KafkaException:
+        return False
+    return True

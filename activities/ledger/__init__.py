@@ -1,0 +1,28 @@
+"""The ledger: lifecycle history and spend in ClickHouse (embedded chDB or a server)."""
+
+from __future__ import annotations
+
+from activities.ledger.queries import (
+    GROUP_KEYS,
+    ReclaimRow,
+    SpendRow,
+    instance_history,
+    reclaim_rate,
+    reclaims_per_pool,
+    spend,
+)
+from activities.ledger.store import TABLE, LedgerStore, LedgerUnavailable, redact_dsn
+
+__all__ = [
+    "GROUP_KEYS",
+    "TABLE",
+    "LedgerStore",
+    "LedgerUnavailable",
+    "ReclaimRow",
+    "SpendRow",
+    "instance_history",
+    "reclaim_rate",
+    "reclaims_per_pool",
+    "redact_dsn",
+    "spend",
+]

@@ -1,0 +1,85 @@
+"""The ledger consumer: lifecycle events from Kafka into the ClickHouse ledger.
+
+At-least-once: offsets are committed only after the batch is in the ledger. The ledger
+table dedupes by event id, so a replayed topic or a crash between insert and commit
+never double-counts spend.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from confluent_kafka import Consumer, KafkaError
+from pydantic import ValidationError
+
+from activities.events import LifecycleEvent
+from activities.ledger.store import LedgerStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ConsumerProgress:
+    consumed: int = 0
+    inserted: int = 0
+    malformed: int = 0
+
+
+class LedgerConsumer:
+    def __init__(
+        self,
+        bootstrap: str,
+        topics: Sequence[str],
+        store: LedgerStore,
+        *,
+        group_id: str = "sco-ledger",
+        batch_size: int = 5000,
+        from_beginning: bool = True,
+    ) -> None:
+        self._consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": group_id,
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest" if from_beginning else "latest",
+            }
+        )
+        self._consumer.subscribe(list(topics))
+        self._store = store
+        self._batch_size = batch_size
+        self.progress = ConsumerProgress()
+
+    def poll_batch(self, timeout: float = 1.0) -> int:
+        """Consume up to one batch, write it to the ledger, commit; return events inserted."""
+        messages = self._consumer.consume(self._batch_size, timeout=timeout)
+        events: list[LifecycleEvent] = []
+        for msg in messages:
+            err = msg.error()
+            if err is not None:
+                if err.code() != KafkaError._PARTITION_EOF:
+                    log.warning("ledger: consume error: %s", err)
+                continue
+            self.progress.consumed += 1
+            try:
+                events.append(LifecycleEvent.model_validate_json(msg.value() or b""))
+            except ValidationError as exc:
+                # A malformed event must not wedge the ledger; it is counted and logged.
+                self.progress.malformed += 1
+                log.error("ledger: skipping malformed event at %s[%s]@%s: %s",
+                          msg.topic(), msg.partition(), msg.offset(), exc)
+        if events:
+            self._store.insert_events(events)
+            self.progress.inserted += len(events)
+        if messages:
+            self._consumer.commit(asynchronous=False)
+        return len(events)
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            self.poll_batch()
+
+    def close(self) -> None:
+        self._consumer.close()

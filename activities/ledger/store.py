@@ -1,0 +1,276 @@
+"""The ledger's storage: lifecycle events in ClickHouse, embedded (chDB) or a server.
+
+An embedded chDB ledger is a directory that only one process at a time may hold open.
+The ledger consumer and `sco` CLI queries run in different processes, so on a `chdb://`
+DSN every operation opens the engine inside an exclusive `flock` on `<dir>.lock` and
+closes it again (about 0.07 s per open once the engine is loaded). A server DSN keeps
+one client for the life of the store and takes no lock.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TextIO
+from urllib.parse import urlsplit, urlunsplit
+
+import clickhouse_connect
+from clickhouse_connect.driver.client import Client
+from clickhouse_connect.driver.exceptions import OperationalError
+
+from activities.events import LifecycleEvent
+
+TABLE = "lifecycle_events"
+
+#: One column per LifecycleEvent field, in insert order. Kind and capacity type are
+#: strings rather than Enums so that adding an EventKind never needs a migration.
+EVENT_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("event_id", "UUID"),
+    ("kind", "LowCardinality(String)"),
+    ("occurred_at", "DateTime64(3, 'UTC')"),
+    ("instance_id", "String"),
+    ("region", "LowCardinality(String)"),
+    ("pool_id", "LowCardinality(String)"),
+    ("hall", "LowCardinality(String)"),
+    ("sku", "LowCardinality(String)"),
+    ("size", "LowCardinality(String)"),
+    ("capacity_type", "LowCardinality(String)"),
+    ("workload", "LowCardinality(String)"),
+    ("tier", "UInt8"),
+    ("price_per_hour", "Float64"),
+    ("reason", "String"),
+)
+EVENT_COLUMN_NAMES: tuple[str, ...] = tuple(name for name, _ in EVENT_COLUMNS)
+
+# ReplacingMergeTree keyed by event_id collapses a replayed event into one row; merges are
+# eventual, so every query reads with FINAL. Partitions are by month of occurrence: a
+# replayed event has the same occurred_at, so its duplicates share a partition and still
+# collapse. The bloom filter keeps instance_history from scanning every granule.
+_COLUMN_DDL = "".join(f"    {name} {type_},\n" for name, type_ in EVENT_COLUMNS)
+_SCHEMA = f"""CREATE TABLE IF NOT EXISTS {TABLE} (
+{_COLUMN_DDL}    inserted_at DateTime64(3, 'UTC') DEFAULT now64(3),
+    INDEX idx_instance_id instance_id TYPE bloom_filter GRANULARITY 4
+)
+ENGINE = ReplacingMergeTree
+PARTITION BY toYYYYMM(occurred_at)
+ORDER BY event_id
+"""
+
+_SERVER_SCHEMES = frozenset({"http", "https"})
+_MEMORY_NETLOCS = frozenset({"memory", ":memory:"})
+
+
+class LedgerUnavailable(RuntimeError):
+    """The ledger cannot be opened or reached; `dsn` has any password masked."""
+
+    def __init__(self, dsn: str, reason: str) -> None:
+        self.dsn = redact_dsn(dsn)
+        self.reason = reason
+        super().__init__(f"ledger {self.dsn} unavailable: {reason}")
+
+
+def redact_dsn(dsn: str) -> str:
+    """The DSN with its password replaced, fit for logs and error messages."""
+    parts = urlsplit(dsn)
+    if parts.password is None:
+        return dsn
+    netloc = parts.netloc.rpartition("@")[2]
+    user = parts.username or ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
+
+
+def as_utc(value: datetime) -> datetime:
+    """`value` in UTC; a naive datetime is taken to be UTC already."""
+    # clickhouse-connect reads a naive datetime as the host's local time on insert; SCO
+    # treats naive as UTC, so make that explicit before it reaches the driver.
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def _event_row(event: LifecycleEvent) -> list[Any]:
+    return [
+        event.event_id,
+        event.kind.value,
+        as_utc(event.occurred_at),
+        event.instance_id,
+        event.region,
+        event.pool_id,
+        event.hall,
+        event.sku,
+        event.size,
+        event.capacity_type.value,
+        event.workload,
+        event.tier,
+        event.price_per_hour,
+        event.reason,
+    ]
+
+
+class LedgerStore:
+    """Lifecycle history and spend, stored in ClickHouse.
+
+    `dsn` is `chdb:///abs/dir`, `chdb:relative/dir` (resolved against the current
+    directory now), `chdb://memory` (this process only), or `http(s)://user:pw@host:port/db`.
+    Run operations inside `with store.session() as client:`; sessions nest (an inner one
+    reuses the outer client) and are serialised between threads.
+    """
+
+    def __init__(self, dsn: str, *, lock_timeout: float = 30.0) -> None:
+        self.dsn = dsn
+        self.lock_timeout = lock_timeout
+        parts = urlsplit(dsn)
+        self._scheme = parts.scheme.lower()
+        self._query = parts.query
+        #: Data directory of an on-disk chDB ledger; None for servers and chdb memory.
+        self.path: Path | None = None
+        if self._scheme == "chdb":
+            # chdb://memory[/db] is in-process only; anything else is a directory, and
+            # chdb://a/b means the relative path a/b (netloc + path), not host a.
+            location = parts.netloc + parts.path
+            if location and parts.netloc not in _MEMORY_NETLOCS:
+                self.path = Path(os.path.abspath(location))
+        elif self._scheme not in _SERVER_SCHEMES:
+            raise LedgerUnavailable(dsn, f"unsupported scheme {parts.scheme!r} (chdb, http, https)")
+        self._mutex = threading.RLock()
+        self._client: Client | None = None  # persistent (server, memory) or current session
+        self._depth = 0
+        self._schema_ready = False
+
+    @property
+    def lock_path(self) -> Path | None:
+        """The lock file beside an on-disk chDB data directory."""
+        return None if self.path is None else self.path.with_name(self.path.name + ".lock")
+
+    def __enter__(self) -> LedgerStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @contextmanager
+    def session(self) -> Iterator[Client]:
+        """A client for a few operations; on chDB, holds the ledger for exactly that long."""
+        if not self._mutex.acquire(timeout=self.lock_timeout):
+            raise LedgerUnavailable(self.dsn, f"busy in this process for {self.lock_timeout} s")
+        try:
+            if self._depth > 0:
+                assert self._client is not None
+                self._depth += 1
+                try:
+                    yield self._client
+                finally:
+                    self._depth -= 1
+                return
+            if self.path is None:
+                with self._persistent_session() as client:
+                    yield client
+            else:
+                with self._embedded_session() as client:
+                    yield client
+        finally:
+            self._mutex.release()
+
+    @contextmanager
+    def _persistent_session(self) -> Iterator[Client]:
+        if self._client is None:
+            self._client = self._open()
+        self._depth = 1
+        try:
+            self._ensure_schema_once(self._client)
+            yield self._client
+        except OperationalError as exc:
+            # The connection broke: drop the client so the next session reconnects.
+            self._close_client()
+            raise LedgerUnavailable(self.dsn, str(exc)) from exc
+        finally:
+            self._depth = 0
+
+    @contextmanager
+    def _embedded_session(self) -> Iterator[Client]:
+        with self._file_lock():
+            self._client = self._open()
+            self._depth = 1
+            try:
+                self._ensure_schema_once(self._client)
+                yield self._client
+            finally:
+                self._depth = 0
+                # Closing releases the chDB directory for the next process.
+                self._close_client()
+
+    @contextmanager
+    def _file_lock(self) -> Iterator[None]:
+        assert self.path is not None and self.lock_path is not None
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            handle: TextIO = open(self.lock_path, "a")  # noqa: SIM115 - held across the yield
+        except OSError as exc:
+            raise LedgerUnavailable(self.dsn, f"cannot create {self.lock_path}: {exc}") from exc
+        try:
+            # Poll with LOCK_NB so a stuck holder costs a bounded wait and a clear error,
+            # not a hung CLI.
+            deadline = time.monotonic() + self.lock_timeout
+            while True:
+                try:
+                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise LedgerUnavailable(
+                            self.dsn,
+                            f"{self.lock_path} held by another process for {self.lock_timeout} s",
+                        ) from None
+                    time.sleep(0.02)
+            yield
+        finally:
+            handle.close()  # closing the descriptor releases the flock
+
+    def _open(self) -> Client:
+        kwargs: dict[str, Any] = {"tz_mode": "aware"}  # datetimes come back as UTC-aware
+        if self.path is not None:
+            dsn = f"chdb://{self.path}" + (f"?{self._query}" if self._query else "")
+        else:
+            dsn = self.dsn
+            if self._scheme == "https":
+                kwargs["secure"] = True  # the driver ignores the scheme otherwise
+        try:
+            return clickhouse_connect.get_client(dsn=dsn, **kwargs)
+        except Exception as exc:
+            raise LedgerUnavailable(self.dsn, str(exc)) from exc
+
+    def _close_client(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            client.close()
+
+    def _ensure_schema_once(self, client: Client) -> None:
+        # Queries on a fresh ledger should see an empty table, not a missing one.
+        if not self._schema_ready:
+            client.command(_SCHEMA)
+            self._schema_ready = True
+
+    def ensure_schema(self) -> None:
+        """Create the table if it does not exist; safe to call any number of times."""
+        with self.session() as client:
+            client.command(_SCHEMA)
+            self._schema_ready = True
+
+    def insert_events(self, events: Sequence[LifecycleEvent]) -> int:
+        """Insert a batch; re-inserting events (a topic replay) never double-counts."""
+        if not events:
+            return 0
+        rows = [_event_row(event) for event in events]
+        with self.session() as client:
+            client.insert(TABLE, rows, column_names=list(EVENT_COLUMN_NAMES))
+        return len(rows)
+
+    def close(self) -> None:
+        """Release the persistent client (server DSNs); embedded sessions hold nothing."""
+        with self._mutex:
+            if self._depth == 0:
+                self._close_client()

@@ -1,0 +1,51 @@
+"""Shared CLI plumbing: settings, error exits, tables."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from workers.settings import Settings, SettingsError, load_settings
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def settings(**overrides: Any) -> Settings:
+    try:
+        return load_settings(**{k: v for k, v in overrides.items() if v is not None})
+    except SettingsError as exc:
+        fail(str(exc))
+
+
+def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
+    t = Table(title=title, title_justify="left", header_style="bold")
+    for col in columns:
+        t.add_column(col)
+    for row in rows:
+        t.add_row(*("" if v is None else str(v) for v in row))
+    console.print(t)
+
+
+def print_json(data: object) -> None:
+    typer.echo(json.dumps(data, indent=2, default=str))
+
+
+@contextmanager
+def errors_as_exit(*types: type[BaseException]) -> Iterator[None]:
+    """Turn expected failures into a one-line error and a non-zero exit."""
+    try:
+        yield
+    except types as exc:
+        fail(str(exc))

@@ -1,0 +1,139 @@
+"""`sco db | pools | instances | outbox | worker`: fleet state and the region's processes."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import threading
+import uuid
+
+import psycopg
+import typer
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+
+from activities.events import InstanceState
+from activities.fleet.activities import SyncPoolsInput, SyncPoolsOutput
+from activities.fleet.db import open_pool
+from activities.fleet.migrate import current_version, ensure_database, migrate
+from activities.fleet.relay import OutboxRelay, RelayProgress
+from activities.fleet.repository import FleetRepository
+from workers.cli.common import console, errors_as_exit, fail, settings, table
+
+db_app = typer.Typer(help="Fleet-state database.", no_args_is_help=True)
+pools_app = typer.Typer(help="Pools (hall x SKU x size) in fleet state.", no_args_is_help=True)
+instances_app = typer.Typer(help="SCO-owned instances in fleet state.", no_args_is_help=True)
+outbox_app = typer.Typer(help="The lifecycle-event outbox.", no_args_is_help=True)
+worker_app = typer.Typer(help="The region's Temporal worker.", no_args_is_help=True)
+
+
+def _repo() -> FleetRepository:
+    s = settings()
+    with errors_as_exit(psycopg.Error, TimeoutError):
+        return FleetRepository(open_pool(s.postgres_dsn, max_size=2))
+
+
+@db_app.command("migrate")
+def db_migrate() -> None:
+    """Apply pending migrations (a no-op when current)."""
+    s = settings()
+    with errors_as_exit(psycopg.Error, RuntimeError):
+        ensure_database(s.postgres_dsn)
+        applied = migrate(s.postgres_dsn)
+        version = current_version(s.postgres_dsn)
+    for m in applied:
+        console.print(f"applied {m.version:04d}_{m.name}")
+    console.print(f"schema at version {version}" + ("" if applied else " (already current)"))
+
+
+@pools_app.command("sync")
+def pools_sync(region: str = typer.Option(None, help="Region; default from settings.")) -> None:
+    """Load the region file's pools into fleet state, through the region's worker."""
+    s = settings()
+    r = region or s.region
+
+    async def run() -> SyncPoolsOutput:
+        client = await Client.connect(s.temporal.address, namespace=s.temporal.namespace(r),
+                                      data_converter=pydantic_data_converter)
+        return await client.execute_workflow(
+            "SyncPoolsWorkflow", SyncPoolsInput(region=r),
+            id=f"sync-pools-{r}-{uuid.uuid4().hex[:8]}",
+            task_queue=s.temporal.task_queue(r), result_type=SyncPoolsOutput,
+        )
+
+    with console.status(f"syncing pools of {r} (is `sco worker run --region {r}` running?)"):
+        try:
+            out = asyncio.run(asyncio.wait_for(run(), timeout=120))
+        except TimeoutError:
+            fail(f"no worker answered on {s.temporal.task_queue(r)} within 120 s; "
+                 f"start one with `sco worker run --region {r}`")
+        except Exception as exc:  # Temporal client errors come in several types
+            fail(f"sync failed: {exc}")
+    console.print(f"region {out.region}: {out.pools} pools, {out.changed} changed")
+
+
+@pools_app.command("list")
+def pools_list(
+    region: str = typer.Option(None), hall: str = typer.Option(None)
+) -> None:
+    """Pools with their capacity, price and live SCO instances."""
+    s = settings()
+    rows = _repo().list_pools(region or s.region, hall)
+    if not rows:
+        fail(f"no pools for region {region or s.region}; run `sco pools sync`")
+    table(f"pools of {region or s.region}",
+          ["pool", "vCPU", "GiB", "GPU", "price/h", "reclaimable", "live"],
+          [[p.pool_id, p.vcpu, p.memory_gib, p.gpus, f"{p.price_per_hour:.3f}",
+            p.reclaimable_units, p.live_instances] for p in rows])
+
+
+@instances_app.command("list")
+def instances_list(
+    region: str = typer.Option(None),
+    state: list[InstanceState] = typer.Option(None, help="Filter by state (repeatable)."),
+) -> None:
+    """SCO-owned instances and their lifecycle state."""
+    s = settings()
+    rows = _repo().list_instances(region or s.region, state or None)
+    table(f"instances of {region or s.region}",
+          ["instance", "pool", "capacity", "workload", "tier", "state", "since"],
+          [[i.instance_id, i.pool_id, i.capacity_type.value, i.workload, i.tier,
+            i.state.value, i.state_changed_at.isoformat(timespec="seconds")] for i in rows])
+
+
+@outbox_app.command("status")
+def outbox_status() -> None:
+    """How many lifecycle events wait for Kafka, and for how long."""
+    count, age = _repo().outbox_backlog()
+    console.print(f"{count} events waiting; oldest {age:.1f} s")
+
+
+@outbox_app.command("relay")
+def outbox_relay() -> None:
+    """Publish committed lifecycle events to Kafka until stopped (SIGTERM/Ctrl-C)."""
+    s = settings()
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+
+    def report(p: RelayProgress) -> None:
+        if p.batches % 50 == 1:
+            console.print(f"relay: {p.published} events published in {p.batches} batches")
+
+    relay = OutboxRelay(s.postgres_dsn, s.kafka.bootstrap_servers,
+                        batch_size=s.outbox.batch_size,
+                        idle_poll_seconds=s.outbox.idle_poll_seconds, on_batch=report)
+    try:
+        relay.run(stop)
+    except KeyboardInterrupt:
+        stop.set()
+    console.print(f"relay stopped after {relay.progress.published} events")
+
+
+@worker_app.command("run")
+def worker_run(region: str = typer.Option(None, help="Region; default from settings.")) -> None:
+    """Serve the region's task queue until SIGTERM/Ctrl-C (graceful shutdown)."""
+    from workers.region_worker import run_worker
+
+    s = settings()
+    with errors_as_exit(psycopg.Error, RuntimeError, OSError):
+        asyncio.run(run_worker(s, region or s.region))

