@@ -44,8 +44,10 @@ def ensure_topics(
     if not missing:
         return []
     futures = admin.create_topics(
-        [NewTopic(t, num_partitions=partitions, replication_factor=replication_factor)
-         for t in missing],
+        [
+            NewTopic(t, num_partitions=partitions, replication_factor=replication_factor)
+            for t in missing
+        ],
         operation_timeout=10,
     )
     created = []
@@ -61,7 +63,8 @@ def ensure_topics(
 
 def kafka_answers(bootstrap: str, timeout: float = 3.0) -> bool:
     try:
-        AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=timeout)
+        # log_level 0: a probe of a broker that is down is not an error worth logging
+        AdminClient({"bootstrap.servers": bootstrap, "log_level": 0}).list_topics(timeout=timeout)
     except KafkaException:
         return False
     return True

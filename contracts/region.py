@@ -285,8 +285,8 @@ def _consistency_problems(data: object) -> list[InitErrorDetails]:
 
         gpus = _get(pool, "gpus")
         gpus = 0 if gpus is None else gpus  # the field's default
+        gpu_model = _get(skus[sku], "gpu_model") if isinstance(sku, str) and sku in skus else None
         if isinstance(sku, str) and sku in skus and isinstance(gpus, int):
-            gpu_model = _get(skus[sku], "gpu_model")
             if gpu_model is None and gpus > 0:
                 reason = f"SKU {sku!r} has no gpu_model, so its pools must have gpus = 0"
                 problems.append(_problem(("pools", i, "gpus"), reason, gpus))
@@ -300,7 +300,9 @@ def _consistency_problems(data: object) -> list[InitErrorDetails]:
         price, vcpu = _number(_get(pool, "price_per_hour")), _number(_get(pool, "vcpu"))
         hall_committed = committed.get(hall) if isinstance(hall, str) else None
         rate = _number(_get(hall_committed, "price_per_vcpu_hour"))
-        if gpus != 0 or price is None or not vcpu or vcpu <= 0 or rate is None:
+        if gpus != 0 or gpu_model is not None:
+            continue
+        if price is None or not vcpu or vcpu <= 0 or rate is None:
             continue
         if price / vcpu >= rate:
             reason = (

@@ -61,8 +61,9 @@ class FleetActivities:
     @activity.defn(name="fleet.record_acquire")
     def record_acquire(self, inp: RecordAcquireInput) -> RecordOutput:
         event = self._repo.record_acquire(inp.spec, inp.reason)
-        return RecordOutput(written=event is not None,
-                            event_id=str(event.event_id) if event else None)
+        return RecordOutput(
+            written=event is not None, event_id=str(event.event_id) if event else None
+        )
 
     @activity.defn(name="fleet.record_event")
     def record_event(self, inp: RecordEventInput) -> RecordOutput:
@@ -71,8 +72,7 @@ class FleetActivities:
                 inp.instance_id, inp.kind, reason=inp.reason, provider_id=inp.provider_id
             )
         except (InvalidTransition, UnknownInstance) as exc:
-            raise ApplicationError(
-                str(exc), type=type(exc).__name__, non_retryable=True
-            ) from exc
-        return RecordOutput(written=event is not None,
-                            event_id=str(event.event_id) if event else None)
+            raise ApplicationError(str(exc), type=type(exc).__name__, non_retryable=True) from exc
+        return RecordOutput(
+            written=event is not None, event_id=str(event.event_id) if event else None
+        )

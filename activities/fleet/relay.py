@@ -57,8 +57,9 @@ class OutboxRelay:
         self._on_batch = on_batch
         self.progress = RelayProgress()
 
-    def publish_batch(self, conn: psycopg.Connection[tuple[object, ...]],
-                      stop: threading.Event | None = None) -> int:
+    def publish_batch(
+        self, conn: psycopg.Connection[tuple[object, ...]], stop: threading.Event | None = None
+    ) -> int:
         """Publish the next batch of unsent rows; return how many were stamped sent."""
         rows = conn.execute(
             "SELECT id, event_id, topic, key, payload FROM outbox "
@@ -87,8 +88,12 @@ class OutboxRelay:
                 waited_since = waited_since or time.monotonic()
                 waited = time.monotonic() - waited_since
                 self.progress.waiting_for_broker_s = waited
-                log.warning("relay: %d events waiting for Kafka at %s (%.0f s)",
-                            len(self._producer), self._bootstrap, waited)
+                log.warning(
+                    "relay: %d events waiting for Kafka at %s (%.0f s)",
+                    len(self._producer),
+                    self._bootstrap,
+                    waited,
+                )
                 if stop is not None and stop.is_set():
                     break
         self.progress.waiting_for_broker_s = 0.0

@@ -68,8 +68,13 @@ class LedgerConsumer:
             except ValidationError as exc:
                 # A malformed event must not wedge the ledger; it is counted and logged.
                 self.progress.malformed += 1
-                log.error("ledger: skipping malformed event at %s[%s]@%s: %s",
-                          msg.topic(), msg.partition(), msg.offset(), exc)
+                log.error(
+                    "ledger: skipping malformed event at %s[%s]@%s: %s",
+                    msg.topic(),
+                    msg.partition(),
+                    msg.offset(),
+                    exc,
+                )
         if events:
             self._store.insert_events(events)
             self.progress.inserted += len(events)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NoReturn
@@ -13,7 +14,8 @@ from rich.table import Table
 
 from workers.settings import Settings, SettingsError, load_settings
 
-console = Console()
+# Tables stay readable when piped: rich would otherwise assume 80 columns.
+console = Console(width=None if sys.stdout.isatty() else 140)
 err_console = Console(stderr=True)
 
 

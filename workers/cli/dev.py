@@ -11,8 +11,9 @@ from workers.cli.common import console, errors_as_exit, fail, print_json, settin
 from workers.devbox.box import Box, ServiceStatus
 from workers.devbox.process import DevboxError
 
-app = typer.Typer(help="Run the local region in a box (real processes, data under .sco/).",
-                  no_args_is_help=True)
+app = typer.Typer(
+    help="Run the local region in a box (real processes, data under .sco/).", no_args_is_help=True
+)
 
 
 def _show(statuses: list[ServiceStatus]) -> None:
@@ -20,8 +21,14 @@ def _show(statuses: list[ServiceStatus]) -> None:
         "SCO region in a box",
         ["service", "mode", "address", "health", "pid", "detail"],
         [
-            [s.name, s.mode, s.address, "[green]ok[/]" if s.healthy else "[red]down[/]",
-             s.pid, s.detail]
+            [
+                s.name,
+                s.mode,
+                s.address,
+                "[green]ok[/]" if s.healthy else "[red]down[/]",
+                s.pid,
+                s.detail,
+            ]
             for s in statuses
         ],
     )
@@ -29,15 +36,20 @@ def _show(statuses: list[ServiceStatus]) -> None:
 
 @app.command()
 def up(
-    workers: bool = typer.Option(False, "--workers", help="Also start the region's worker, "
-                                 "outbox relay and ledger consumer."),
-    foreground: bool = typer.Option(False, "--foreground",
-                                    help="Stay attached; Ctrl-C stops everything started."),
+    workers: bool = typer.Option(
+        False, "--workers", help="Also start the region's worker, outbox relay and ledger consumer."
+    ),
+    foreground: bool = typer.Option(
+        False, "--foreground", help="Stay attached; Ctrl-C stops everything started."
+    ),
 ) -> None:
     """Start every service that does not already answer; idempotent."""
     s = settings()
-    box = Box(s, with_workers=workers,
-              on_step=lambda name, msg: console.print(f"[cyan]{name:>16}[/] {msg}"))
+    box = Box(
+        s,
+        with_workers=workers,
+        on_step=lambda name, msg: console.print(f"[cyan]{name:>16}[/] {msg}"),
+    )
     try:
         with errors_as_exit(DevboxError):
             statuses = box.up()

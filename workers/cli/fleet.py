@@ -53,38 +53,55 @@ def pools_sync(region: str = typer.Option(None, help="Region; default from setti
     r = region or s.region
 
     async def run() -> SyncPoolsOutput:
-        client = await Client.connect(s.temporal.address, namespace=s.temporal.namespace(r),
-                                      data_converter=pydantic_data_converter)
+        client = await Client.connect(
+            s.temporal.address,
+            namespace=s.temporal.namespace(r),
+            data_converter=pydantic_data_converter,
+        )
         return await client.execute_workflow(
-            "SyncPoolsWorkflow", SyncPoolsInput(region=r),
+            "SyncPoolsWorkflow",
+            SyncPoolsInput(region=r),
             id=f"sync-pools-{r}-{uuid.uuid4().hex[:8]}",
-            task_queue=s.temporal.task_queue(r), result_type=SyncPoolsOutput,
+            task_queue=s.temporal.task_queue(r),
+            result_type=SyncPoolsOutput,
         )
 
     with console.status(f"syncing pools of {r} (is `sco worker run --region {r}` running?)"):
         try:
             out = asyncio.run(asyncio.wait_for(run(), timeout=120))
         except TimeoutError:
-            fail(f"no worker answered on {s.temporal.task_queue(r)} within 120 s; "
-                 f"start one with `sco worker run --region {r}`")
+            fail(
+                f"no worker answered on {s.temporal.task_queue(r)} within 120 s; "
+                f"start one with `sco worker run --region {r}`"
+            )
         except Exception as exc:  # Temporal client errors come in several types
             fail(f"sync failed: {exc}")
     console.print(f"region {out.region}: {out.pools} pools, {out.changed} changed")
 
 
 @pools_app.command("list")
-def pools_list(
-    region: str = typer.Option(None), hall: str = typer.Option(None)
-) -> None:
+def pools_list(region: str = typer.Option(None), hall: str = typer.Option(None)) -> None:
     """Pools with their capacity, price and live SCO instances."""
     s = settings()
     rows = _repo().list_pools(region or s.region, hall)
     if not rows:
         fail(f"no pools for region {region or s.region}; run `sco pools sync`")
-    table(f"pools of {region or s.region}",
-          ["pool", "vCPU", "GiB", "GPU", "price/h", "reclaimable", "live"],
-          [[p.pool_id, p.vcpu, p.memory_gib, p.gpus, f"{p.price_per_hour:.3f}",
-            p.reclaimable_units, p.live_instances] for p in rows])
+    table(
+        f"pools of {region or s.region}",
+        ["pool", "vCPU", "GiB", "GPU", "price/h", "reclaimable", "live"],
+        [
+            [
+                p.pool_id,
+                p.vcpu,
+                p.memory_gib,
+                p.gpus,
+                f"{p.price_per_hour:.3f}",
+                p.reclaimable_units,
+                p.live_instances,
+            ]
+            for p in rows
+        ],
+    )
 
 
 @instances_app.command("list")
@@ -95,10 +112,22 @@ def instances_list(
     """SCO-owned instances and their lifecycle state."""
     s = settings()
     rows = _repo().list_instances(region or s.region, state or None)
-    table(f"instances of {region or s.region}",
-          ["instance", "pool", "capacity", "workload", "tier", "state", "since"],
-          [[i.instance_id, i.pool_id, i.capacity_type.value, i.workload, i.tier,
-            i.state.value, i.state_changed_at.isoformat(timespec="seconds")] for i in rows])
+    table(
+        f"instances of {region or s.region}",
+        ["instance", "pool", "capacity", "workload", "tier", "state", "since"],
+        [
+            [
+                i.instance_id,
+                i.pool_id,
+                i.capacity_type.value,
+                i.workload,
+                i.tier,
+                i.state.value,
+                i.state_changed_at.isoformat(timespec="seconds"),
+            ]
+            for i in rows
+        ],
+    )
 
 
 @outbox_app.command("status")
@@ -119,9 +148,13 @@ def outbox_relay() -> None:
         if p.batches % 50 == 1:
             console.print(f"relay: {p.published} events published in {p.batches} batches")
 
-    relay = OutboxRelay(s.postgres_dsn, s.kafka.bootstrap_servers,
-                        batch_size=s.outbox.batch_size,
-                        idle_poll_seconds=s.outbox.idle_poll_seconds, on_batch=report)
+    relay = OutboxRelay(
+        s.postgres_dsn,
+        s.kafka.bootstrap_servers,
+        batch_size=s.outbox.batch_size,
+        idle_poll_seconds=s.outbox.idle_poll_seconds,
+        on_batch=report,
+    )
     try:
         relay.run(stop)
     except KeyboardInterrupt:

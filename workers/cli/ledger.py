@@ -49,9 +49,14 @@ def spend_cmd(
     if as_json:
         print_json([r.model_dump(mode="json") for r in rows])
         return
-    table(f"spend, last {window}", [*by, "instance-hours", "spend"],
-          [[*(getattr(r, b) for b in by), f"{r.instance_seconds / 3600:.2f}",
-            f"{r.spend:.2f}"] for r in rows])
+    table(
+        f"spend, last {window}",
+        [*by, "instance-hours", "spend"],
+        [
+            [*(getattr(r, b) for b in by), f"{r.instance_seconds / 3600:.2f}", f"{r.spend:.2f}"]
+            for r in rows
+        ],
+    )
 
 
 @app.command("reclaims")
@@ -68,8 +73,11 @@ def reclaims_cmd(
     if as_json:
         print_json([r.model_dump(mode="json") for r in rows])
         return
-    table(f"reclaims, last {window}", ["pool", "notices", "instances"],
-          [[r.pool_id, r.reclaims, r.instances] for r in rows])
+    table(
+        f"reclaims, last {window}",
+        ["pool", "notices", "instances"],
+        [[r.pool_id, r.reclaims, r.instances] for r in rows],
+    )
 
 
 @app.command("consume")
@@ -81,10 +89,13 @@ def consume_cmd() -> None:
     store = _store()
     with errors_as_exit(LedgerUnavailable):
         store.ensure_schema()
-    consumer = LedgerConsumer(s.kafka.bootstrap_servers,
-                              [lifecycle_topic(r) for r in s.regions], store)
-    console.print(f"ledger consumer: {', '.join(lifecycle_topic(r) for r in s.regions)} "
-                  f"→ {s.effective_ledger_dsn}")
+    consumer = LedgerConsumer(
+        s.kafka.bootstrap_servers, [lifecycle_topic(r) for r in s.regions], store
+    )
+    console.print(
+        f"ledger consumer: {', '.join(lifecycle_topic(r) for r in s.regions)} "
+        f"→ {s.effective_ledger_dsn}"
+    )
     try:
         consumer.run(stop)
     except KeyboardInterrupt:

@@ -34,8 +34,13 @@ def bootstrap(
             rep = await bootstrap_namespace(
                 client, s.temporal.namespace(r), timedelta(days=s.temporal.retention_days)
             )
-            rows.append([rep.namespace, "created" if rep.namespace_created else "present",
-                         ", ".join(rep.attributes_added) or "none"])
+            rows.append(
+                [
+                    rep.namespace,
+                    "created" if rep.namespace_created else "present",
+                    ", ".join(rep.attributes_added) or "none",
+                ]
+            )
         table("Temporal bootstrap", ["namespace", "namespace", "search attributes added"], rows)
 
     asyncio.run(run())

@@ -55,7 +55,7 @@ class Box:
                     if rec is not None and process.alive(rec):
                         mode, detail = "managed", "already running"
                     elif not svc.managed_only and (health := svc.probe()).ok:
-                        rec, mode, detail = None, "external", health.detail
+                        rec, mode, detail = None, svc.answering_mode, health.detail
                     else:
                         self._step(svc.name, f"starting at {svc.address}")
                         rec = svc.start()
@@ -65,9 +65,11 @@ class Box:
                     prepared = svc.prepare()
                     detail = f"{detail}; {prepared}" if prepared else detail
                     self._step(svc.name, detail)
-                    result.append(ServiceStatus(
-                        svc.name, mode, svc.address, True, detail, rec.pid if rec else None
-                    ))
+                    result.append(
+                        ServiceStatus(
+                            svc.name, mode, svc.address, True, detail, rec.pid if rec else None
+                        )
+                    )
             except BaseException:
                 for name in reversed(started):
                     self._step(name, "stopping (up did not finish)")
@@ -78,21 +80,37 @@ class Box:
     def status(self) -> list[ServiceStatus]:
         state = self.state_file.read()
         out = []
-        recorded_workers = any(n not in {s.name for s in infrastructure(self.s)}
-                               for n in state.processes)
+        recorded_workers = any(
+            n not in {s.name for s in infrastructure(self.s)} for n in state.processes
+        )
         for svc in self.services(workers=self._with_workers or recorded_workers):
             rec = state.processes.get(svc.name)
             if svc.managed_only:
                 ok = rec is not None and process.alive(rec)
-                out.append(ServiceStatus(svc.name, "managed" if ok else "down", svc.address,
-                                         ok, "running" if ok else "not running",
-                                         rec.pid if ok and rec else None))
+                out.append(
+                    ServiceStatus(
+                        svc.name,
+                        "managed" if ok else "down",
+                        svc.address,
+                        ok,
+                        "running" if ok else "not running",
+                        rec.pid if ok and rec else None,
+                    )
+                )
                 continue
             health = svc.probe()
             ours = rec is not None and process.alive(rec)
-            mode = "managed" if ours else ("external" if health.ok else "down")
-            out.append(ServiceStatus(svc.name, mode, svc.address, health.ok, health.detail,
-                                     rec.pid if ours and rec else None))
+            mode = "managed" if ours else (svc.answering_mode if health.ok else "down")
+            out.append(
+                ServiceStatus(
+                    svc.name,
+                    mode,
+                    svc.address,
+                    health.ok,
+                    health.detail,
+                    rec.pid if ours and rec else None,
+                )
+            )
         return out
 
     def down(self) -> list[str]:

