@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 import uuid
 
 from confluent_kafka import Consumer, TopicPartition
@@ -11,9 +12,15 @@ from activities.events import LifecycleEvent
 
 
 def read_topic(
-    bootstrap: str, topic: str, *, expect: int, timeout: float = 60
+    bootstrap: str,
+    topic: str,
+    *,
+    expect: int,
+    keep: Callable[[LifecycleEvent], bool] = lambda _e: True,
+    timeout: float = 60,
 ) -> list[LifecycleEvent]:
-    """Every event in the topic, per partition in offset order (waits until `expect` seen)."""
+    """The topic's events that `keep` accepts, per partition in offset order; reads until
+    `expect` distinct event ids were seen or `timeout` passed."""
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -25,12 +32,16 @@ def read_topic(
     meta = consumer.list_topics(topic, timeout=10).topics[topic]
     consumer.assign([TopicPartition(topic, p, -2) for p in meta.partitions])  # -2: beginning
     out: list[LifecycleEvent] = []
+    distinct: set[object] = set()
     deadline = time.monotonic() + timeout
     try:
-        while len(out) < expect and time.monotonic() < deadline:
+        while len(distinct) < expect and time.monotonic() < deadline:
             for msg in consumer.consume(5000, timeout=0.5):
                 if msg.error() is None:
-                    out.append(LifecycleEvent.model_validate_json(msg.value() or b""))
+                    event = LifecycleEvent.model_validate_json(msg.value() or b"")
+                    if keep(event):
+                        out.append(event)
+                        distinct.add(event.event_id)
     finally:
         consumer.close()
     return out

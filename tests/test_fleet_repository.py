@@ -75,7 +75,7 @@ def test_disallowed_transitions_are_refused_and_write_nothing(
 
 def test_an_unknown_pool_is_a_clear_error(fleet_repo: FleetRepository, region_r1: Region) -> None:
     bad = spec(region_r1).model_copy(update={"pool_id": "r1.Z.gp.l"})
-    with pytest.raises(FleetStateError, match="pool 'r1.Z.gp.l' is not in fleet state"):
+    with pytest.raises(FleetStateError, match=r"pool 'r1\.Z\.gp\.l' is not in fleet state"):
         fleet_repo.record_acquire(bad)
 
 

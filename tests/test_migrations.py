@@ -35,7 +35,7 @@ def test_migrations_apply_to_an_empty_database_then_are_a_noop(empty_db: str) ->
     assert current_version(empty_db) == 0
     applied = migrate(empty_db)
     assert [m.version for m in applied] == [m.version for m in bundled_migrations()]
-    assert EXPECTED_TABLES <= tables(empty_db)
+    assert tables(empty_db) >= EXPECTED_TABLES
     assert current_version(empty_db) == bundled_migrations()[-1].version
     assert migrate(empty_db) == []  # second run: nothing to do
 

@@ -112,11 +112,12 @@ def test_ten_thousand_changes_survive_a_broker_outage(
         }
     assert len(committed) == instances * 5
 
-    seen = [
-        e
-        for e in read_topic(kafka_bootstrap, lifecycle_topic("r1"), expect=len(committed))
-        if e.instance_id.startswith(prefix)
-    ]
+    seen = read_topic(
+        kafka_bootstrap,
+        lifecycle_topic("r1"),
+        expect=len(committed),
+        keep=lambda e: e.instance_id.startswith(prefix),
+    )
     # A consumer that dedupes by event id sees each event exactly once, none missing.
     first_seen: dict[str, object] = {}
     per_instance: dict[str, list[str]] = defaultdict(list)

@@ -6,6 +6,8 @@ Operators filter acquisitions by region, hall, pool and state, e.g.
 
 from __future__ import annotations
 
+from typing import Any
+
 from temporalio.common import SearchAttributeKey
 
 REGION = SearchAttributeKey.for_keyword("SCORegion")
@@ -14,4 +16,4 @@ POOL = SearchAttributeKey.for_keyword_list("SCOPools")
 STATE = SearchAttributeKey.for_keyword("SCOState")
 WORKLOAD = SearchAttributeKey.for_keyword("SCOWorkload")
 
-ALL: tuple[SearchAttributeKey[object], ...] = (REGION, HALL, POOL, STATE, WORKLOAD)  # type: ignore[assignment]
+ALL: tuple[SearchAttributeKey[Any], ...] = (REGION, HALL, POOL, STATE, WORKLOAD)

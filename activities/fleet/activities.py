@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import BaseModel
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -14,7 +16,6 @@ from activities.fleet.repository import (
     UnknownInstance,
 )
 from contracts.region import RegionFileError, load_region
-from pathlib import Path
 
 
 class SyncPoolsInput(BaseModel):

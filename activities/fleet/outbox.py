@@ -6,20 +6,22 @@ state change the event describes: both commit or neither does.
 
 from __future__ import annotations
 
+from typing import Any
+
 import psycopg
 from psycopg.types.json import Jsonb
 
 from activities.events import LifecycleEvent
 
 
-def enqueue(conn: psycopg.Connection[object], event: LifecycleEvent) -> None:
+def enqueue(conn: psycopg.Connection[Any], event: LifecycleEvent) -> None:
     conn.execute(
         "INSERT INTO outbox (event_id, topic, key, payload) VALUES (%s, %s, %s, %s)",
         (event.event_id, event.topic(), event.instance_id, Jsonb(event.model_dump(mode="json"))),
     )
 
 
-def pending(conn: psycopg.Connection[object]) -> tuple[int, float]:
+def pending(conn: psycopg.Connection[Any]) -> tuple[int, float]:
     """Unsent events and the age in seconds of the oldest one (0 when none)."""
     row = conn.execute(
         "SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0) "

@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import psycopg
 from confluent_kafka import KafkaError, Message, Producer
@@ -58,7 +59,7 @@ class OutboxRelay:
         self.progress = RelayProgress()
 
     def publish_batch(
-        self, conn: psycopg.Connection[tuple[object, ...]], stop: threading.Event | None = None
+        self, conn: psycopg.Connection[Any], stop: threading.Event | None = None
     ) -> int:
         """Publish the next batch of unsent rows; return how many were stamped sent."""
         rows = conn.execute(
@@ -147,7 +148,7 @@ class OutboxRelay:
                 stop.wait(2.0)
 
     @staticmethod
-    def _lead(conn: psycopg.Connection[tuple[object, ...]], stop: threading.Event) -> bool:
+    def _lead(conn: psycopg.Connection[Any], stop: threading.Event) -> bool:
         while not stop.is_set():
             row = conn.execute("SELECT pg_try_advisory_lock(%s)", (_LEADER_LOCK_ID,)).fetchone()
             conn.commit()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 
@@ -62,10 +63,8 @@ def up(
         done = threading.Event()
         signal.signal(signal.SIGTERM, lambda *_: done.set())
         console.print("running in the foreground; Ctrl-C stops everything")
-        try:
+        with contextlib.suppress(KeyboardInterrupt):
             done.wait()
-        except KeyboardInterrupt:
-            pass
         box.down()
 
 

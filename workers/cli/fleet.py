@@ -58,13 +58,14 @@ def pools_sync(region: str = typer.Option(None, help="Region; default from setti
             namespace=s.temporal.namespace(r),
             data_converter=pydantic_data_converter,
         )
-        return await client.execute_workflow(
+        out: SyncPoolsOutput = await client.execute_workflow(
             "SyncPoolsWorkflow",
             SyncPoolsInput(region=r),
             id=f"sync-pools-{r}-{uuid.uuid4().hex[:8]}",
             task_queue=s.temporal.task_queue(r),
             result_type=SyncPoolsOutput,
         )
+        return out
 
     with console.status(f"syncing pools of {r} (is `sco worker run --region {r}` running?)"):
         try:

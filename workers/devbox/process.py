@@ -6,6 +6,7 @@ line still matches before it signals, so a recycled pid is never killed.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -109,10 +110,8 @@ def _signal_group(pid: int, sig: signal.Signals) -> None:
 
 
 def _reap(pid: int) -> None:
-    try:
+    with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
 
 
 def wait_until(

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import os
-from abc import ABC, abstractmethod
 import shutil
 import sys
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
