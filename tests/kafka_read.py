@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 import uuid
+from collections.abc import Callable
 
 from confluent_kafka import Consumer, TopicPartition
 

@@ -45,6 +45,11 @@ class LedgerConsumer:
                 "group.id": group_id,
                 "enable.auto.commit": False,
                 "auto.offset.reset": "earliest" if from_beginning else "latest",
+                # A short session: a dead consumer's partitions move within seconds, and
+                # a group join does not wait out the 45 s default (tansu holds joins
+                # for about half a session).
+                "session.timeout.ms": 6000,
+                "heartbeat.interval.ms": 500,
             }
         )
         self._consumer.subscribe(list(topics))
@@ -78,7 +83,7 @@ class LedgerConsumer:
         if events:
             self._store.insert_events(events)
             self.progress.inserted += len(events)
-        if messages:
+        if any(msg.error() is None for msg in messages):
             self._consumer.commit(asynchronous=False)
         return len(events)
 

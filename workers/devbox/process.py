@@ -17,6 +17,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+_EXEC_GRACE_S = 5.0
+
 
 class DevboxError(RuntimeError):
     """A one-line, user-facing reason the box cannot do what was asked."""
@@ -76,11 +78,16 @@ def start(
 def alive(record: ProcessRecord) -> bool:
     """True when the pid runs and still is the command we started."""
     try:
+        stat = Path(f"/proc/{record.pid}/stat").read_text()
         raw = Path(f"/proc/{record.pid}/cmdline").read_bytes()
     except OSError:
         return False
-    if not raw:  # zombie: exited, not yet reaped
+    if stat.rsplit(")", 1)[-1].split()[0] in ("Z", "X"):  # exited, not yet reaped
         return False
+    if not raw:
+        # The command line reads empty while exec is still loading the program: right
+        # after start this is our process, not a recycled pid.
+        return time.time() - record.started_at < _EXEC_GRACE_S
     return raw.rstrip(b"\0").split(b"\0") == [a.encode() for a in record.argv]
 
 

@@ -375,10 +375,10 @@ class ChildProcessService(Service):
         return Health(False, "not running")  # liveness comes from the recorded pid
 
     def start(self) -> ProcessRecord:
-        sco = _venv_bin("sco")
-        if sco is None:
-            raise DevboxError(f"{self.name}: the `sco` command is not installed (pip install -e .)")
-        rec = process.start([sco, *self._argv], self._log(), env=_settings_env(self.s))
+        # `python -m` rather than the `sco` script: the recorded command line is then the
+        # one /proc shows, which is how `down` knows the pid is still ours.
+        argv = [sys.executable, "-m", "workers.cli", *self._argv]
+        rec = process.start(argv, self._log(), env=_settings_env(self.s))
         process.wait_until(self.name, lambda: _ran_for(rec, 2.0), timeout=10, record=rec)
         return rec
 

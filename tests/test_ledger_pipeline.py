@@ -1,0 +1,118 @@
+"""Fleet state → outbox → relay → Kafka → ledger consumer → ClickHouse, end to end, and
+replaying the topic into the ledger changes no total."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from activities.events import CapacityType, EventKind, lifecycle_topic
+from activities.fleet.relay import OutboxRelay
+from activities.fleet.repository import FleetRepository, InstanceSpec
+from activities.ledger import LedgerStore, reclaims_per_pool, spend
+from activities.ledger.consumer import LedgerConsumer
+from contracts.region import Region
+
+
+def run_lifecycles(repo: FleetRepository, region: Region, prefix: str, n: int) -> list[str]:
+    ids = []
+    for i in range(n):
+        iid = f"{prefix}-{i}"
+        repo.record_acquire(
+            InstanceSpec(
+                instance_id=iid,
+                region=region.id,
+                pool_id=region.pool_ids()[i % 3],
+                capacity_type=CapacityType.RECLAIMABLE,
+                workload=f"{prefix}-wl{i % 2}",
+                tier=2,
+            )
+        )
+        repo.record_event(iid, EventKind.READY)
+        ids.append(iid)
+    time.sleep(0.2)  # let the instances accrue a measurable amount of time
+    for iid in ids[: n // 2]:
+        repo.record_event(iid, EventKind.NOTICE)
+        repo.record_event(iid, EventKind.DELETE)
+    return ids
+
+
+def consume_all(bootstrap: str, store: LedgerStore, group: str, until: int) -> int:
+    consumer = LedgerConsumer(bootstrap, [lifecycle_topic("r1")], store, group_id=group)
+    deadline = time.monotonic() + 60
+    try:
+        while consumer.progress.inserted < until and time.monotonic() < deadline:
+            consumer.poll_batch(timeout=0.5)
+    finally:
+        consumer.close()
+    return consumer.progress.inserted
+
+
+def test_replaying_the_topic_gives_the_same_spend(
+    fleet_repo: FleetRepository,
+    region_r1: Region,
+    pg_dsn: str,
+    kafka_bootstrap: str,
+    tmp_path: Path,
+) -> None:
+    prefix = f"lp-{uuid.uuid4().hex[:6]}"
+    run_lifecycles(fleet_repo, region_r1, prefix, 20)
+    stop = threading.Event()
+    relay = OutboxRelay(pg_dsn, kafka_bootstrap, idle_poll_seconds=0.05)
+    thread = threading.Thread(target=relay.run, args=(stop,), daemon=True)
+    thread.start()
+    with psycopg.connect(pg_dsn) as conn:
+        total = int(conn.execute("SELECT count(*) FROM outbox").fetchone()[0])  # type: ignore[index]
+    deadline = time.monotonic() + 60
+    while relay.progress.published < total and time.monotonic() < deadline:
+        time.sleep(0.1)
+    stop.set()
+    thread.join(10)
+
+    store = LedgerStore(f"chdb://{tmp_path / 'ledger'}")
+    end = datetime.now(UTC) + timedelta(minutes=1)
+    start = end - timedelta(hours=1)
+
+    def totals() -> tuple[list[tuple[str | None, float]], list[tuple[str, int]]]:
+        rows = [
+            r for r in spend(store, start=start, end=end) if (r.workload or "").startswith(prefix)
+        ]
+        rec = [(r.pool_id, r.reclaims) for r in reclaims_per_pool(store, start=start, end=end)]
+        return [(r.workload, round(r.spend, 12)) for r in rows], rec
+
+    assert consume_all(kafka_bootstrap, store, f"ledger-{prefix}-a", total) >= total
+    first = totals()
+    assert len(first[0]) == 2 and all(s > 0 for _, s in first[0])
+    assert sum(n for _, n in first[1]) >= 10
+    # A second consumer group replays the whole topic into the same ledger.
+    assert consume_all(kafka_bootstrap, store, f"ledger-{prefix}-b", total) >= total
+    assert totals() == first
+    store.close()
+
+
+@pytest.mark.parametrize("payload", [b"not json", b'{"kind": "ready"}'])
+def test_a_malformed_event_is_skipped_not_fatal(
+    kafka_bootstrap: str, tmp_path: Path, payload: bytes
+) -> None:
+    from confluent_kafka import Producer
+
+    topic = lifecycle_topic("r3")
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    producer.produce(topic, key=b"x", value=payload)
+    producer.flush(10)
+    store = LedgerStore(f"chdb://{tmp_path / 'ledger'}")
+    consumer = LedgerConsumer(kafka_bootstrap, [topic], store, group_id=uuid.uuid4().hex)
+    deadline = time.monotonic() + 30
+    try:
+        while consumer.progress.malformed == 0 and time.monotonic() < deadline:
+            consumer.poll_batch(timeout=0.5)
+    finally:
+        consumer.close()
+        store.close()
+    assert consumer.progress.malformed >= 1
