@@ -52,7 +52,8 @@ class OutboxSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     batch_size: int = Field(default=2000, ge=1)
-    idle_poll_seconds: float = Field(default=0.2, gt=0)
+    # The relay wakes on NOTIFY; this is only the safety net for a lost notification.
+    idle_poll_seconds: float = Field(default=1.0, gt=0)
 
 
 class Settings(BaseSettings):

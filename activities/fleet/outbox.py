@@ -13,12 +13,17 @@ from psycopg.types.json import Jsonb
 
 from activities.events import LifecycleEvent
 
+#: The relay LISTENs here; NOTIFY is transactional, so it wakes the relay at commit.
+NOTIFY_CHANNEL = "sco_outbox"
+
 
 def enqueue(conn: psycopg.Connection[Any], event: LifecycleEvent) -> None:
     conn.execute(
         "INSERT INTO outbox (event_id, topic, key, payload) VALUES (%s, %s, %s, %s)",
         (event.event_id, event.topic(), event.instance_id, Jsonb(event.model_dump(mode="json"))),
     )
+    # Many changes in one transaction collapse into one notification.
+    conn.execute(f"NOTIFY {NOTIFY_CHANNEL}")
 
 
 def pending(conn: psycopg.Connection[Any]) -> tuple[int, float]:

@@ -21,6 +21,7 @@ from typing import Any
 import psycopg
 from confluent_kafka import KafkaError, Message, Producer
 
+from activities.fleet.outbox import NOTIFY_CHANNEL
 from activities.kafka import producer_config
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,7 @@ class OutboxRelay:
         bootstrap: str,
         *,
         batch_size: int = 2000,
-        idle_poll_seconds: float = 0.2,
+        idle_poll_seconds: float = 1.0,
         on_batch: Callable[[RelayProgress], None] | None = None,
     ) -> None:
         self._dsn = dsn
@@ -140,9 +141,14 @@ class OutboxRelay:
                     if not self._lead(conn, stop):
                         continue
                     log.info("relay: leading; publishing to %s", self._bootstrap)
+                    conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                    conn.commit()
                     while not stop.is_set():
                         if self.publish_batch(conn, stop) == 0:
-                            stop.wait(self._idle)
+                            # Wake on the next commit's NOTIFY; the timeout is the safety
+                            # net for a notification lost to a reconnect.
+                            for _ in conn.notifies(timeout=self._idle, stop_after=1):
+                                pass
             except psycopg.OperationalError as exc:
                 log.warning("relay: PostgreSQL unavailable (%s); retrying in 2 s", exc)
                 stop.wait(2.0)

@@ -50,6 +50,9 @@ class LedgerConsumer:
                 # for about half a session).
                 "session.timeout.ms": 6000,
                 "heartbeat.interval.ms": 500,
+                # The broker may hold a fetch this long when nothing is new; keep it short
+                # so a fresh event does not sit behind an idle long-poll.
+                "fetch.wait.max.ms": 100,
             }
         )
         self._consumer.subscribe(list(topics))
@@ -59,7 +62,12 @@ class LedgerConsumer:
 
     def poll_batch(self, timeout: float = 1.0) -> int:
         """Consume up to one batch, write it to the ledger, commit; return events inserted."""
-        messages = self._consumer.consume(self._batch_size, timeout=timeout)
+        # Wait for the first message only; then take whatever else is already here, so a
+        # quiet topic costs latency of one poll, not of a filled batch.
+        first = self._consumer.poll(timeout)
+        if first is None:
+            return 0
+        messages = [first, *self._consumer.consume(self._batch_size - 1, timeout=0)]
         events: list[LifecycleEvent] = []
         for msg in messages:
             err = msg.error()
@@ -87,9 +95,10 @@ class LedgerConsumer:
             self._consumer.commit(asynchronous=False)
         return len(events)
 
-    def run(self, stop: threading.Event) -> None:
+    def run(self, stop: threading.Event, poll_seconds: float = 0.2) -> None:
+        # A short poll keeps commit-to-ledger latency low; under load batches fill anyway.
         while not stop.is_set():
-            self.poll_batch()
+            self.poll_batch(timeout=poll_seconds)
 
     def close(self) -> None:
         self._consumer.close()

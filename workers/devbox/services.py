@@ -173,15 +173,26 @@ class NatsService(Service):
         return f"{host}:{port}"
 
     def probe(self) -> Health:
+        host, port = _host_port(self.s.nats_url, 4222)
+        if not process.port_open(host, port):
+            return Health(False, "no answer")
+
+        async def quiet(_exc: Exception) -> None:
+            """nats-py logs every failed attempt with a traceback; the probe says it once."""
+
         async def check() -> Health:
             import nats
 
             try:
-                nc = await nats.connect(
-                    self.s.nats_url,
-                    connect_timeout=2,
-                    max_reconnect_attempts=0,
-                    allow_reconnect=False,
+                nc = await asyncio.wait_for(
+                    nats.connect(
+                        self.s.nats_url,
+                        connect_timeout=2,
+                        max_reconnect_attempts=0,
+                        allow_reconnect=False,
+                        error_cb=quiet,
+                    ),
+                    timeout=5,
                 )
             except Exception as exc:  # nats raises several unrelated types here
                 return Health(False, f"no answer ({type(exc).__name__})")
