@@ -12,16 +12,16 @@ from workers.cli.main import app
 runner = CliRunner()
 
 
-def test_ledger_spend_rejects_an_unknown_group_key(tmp_path: Path,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ledger_spend_rejects_an_unknown_group_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("SCO_DATA_DIR", str(tmp_path))
     result = runner.invoke(app, ["ledger", "spend", "--by", "colour"])
     assert result.exit_code == 1
     assert "--by colour: not a ledger key" in result.output
 
 
-def test_ledger_spend_rejects_a_bad_window(tmp_path: Path,
-                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ledger_spend_rejects_a_bad_window(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SCO_DATA_DIR", str(tmp_path))
     result = runner.invoke(app, ["ledger", "spend", "--window", "yesterday"])
     assert result.exit_code == 2
@@ -45,7 +45,9 @@ def test_bad_settings_stop_every_command(tmp_path: Path, monkeypatch: pytest.Mon
 
 
 def test_db_migrate_against_a_dead_server_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SCO_POSTGRES_DSN", "postgresql://postgres@127.0.0.1:1/sco?connect_timeout=2")
+    monkeypatch.setenv(
+        "SCO_POSTGRES_DSN", "postgresql://postgres@127.0.0.1:1/sco?connect_timeout=2"
+    )
     result = runner.invoke(app, ["db", "migrate"])
     assert result.exit_code == 1
     assert result.output.startswith("error: ")

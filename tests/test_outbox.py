@@ -130,3 +130,31 @@ def test_ten_thousand_changes_survive_a_broker_outage(
     assert set(first_seen) == committed
     assert len(per_instance) == instances
     assert all(kinds == EXPECTED_KINDS for kinds in per_instance.values())
+
+
+def test_pruning_removes_only_sent_rows_past_retention(
+    fleet_repo: FleetRepository, region_r1: Region, pg_dsn: str, kafka_bootstrap: str
+) -> None:
+    relay = OutboxRelay(pg_dsn, kafka_bootstrap, retention_hours=0)
+    with psycopg.connect(pg_dsn) as conn:
+        while relay.publish_batch(conn):
+            pass
+        sent_before = conn.execute(
+            "SELECT count(*) FROM outbox WHERE sent_at IS NOT NULL"
+        ).fetchone()
+        conn.commit()
+        prefix = f"pr-{uuid.uuid4().hex[:8]}"
+        fleet_repo.record_acquire(
+            InstanceSpec(
+                instance_id=prefix,
+                region="r1",
+                pool_id=region_r1.pool_ids()[0],
+                capacity_type=CapacityType.RECLAIMABLE,
+                workload="ci-runners",
+                tier=3,
+            )
+        )
+        assert sent_before is not None
+        assert relay.prune(conn) == sent_before[0]
+        left = conn.execute("SELECT key, sent_at FROM outbox").fetchall()
+    assert left == [(prefix, None)]  # the unsent event stays

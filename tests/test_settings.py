@@ -7,8 +7,9 @@ import pytest
 from workers.settings import SettingsError, load_settings
 
 
-def test_defaults_are_the_local_region_in_a_box(monkeypatch: pytest.MonkeyPatch,
-                                                tmp_path: Path) -> None:
+def test_defaults_are_the_local_region_in_a_box(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     monkeypatch.chdir(tmp_path)
     s = load_settings()
     assert s.region == "r1" and s.temporal.address == "127.0.0.1:7233"
@@ -16,8 +17,9 @@ def test_defaults_are_the_local_region_in_a_box(monkeypatch: pytest.MonkeyPatch,
     assert s.temporal.namespace("r2") == "r2" and s.temporal.task_queue("r2") == "sco-r2"
 
 
-def test_environment_wins_over_the_toml_file(monkeypatch: pytest.MonkeyPatch,
-                                            tmp_path: Path) -> None:
+def test_environment_wins_over_the_toml_file(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     cfg = tmp_path / "sco.toml"
     cfg.write_text('region = "r2"\n[temporal]\naddress = "t:1"\nretention_days = 3\n')
     monkeypatch.setenv("SCO_CONFIG", str(cfg))
@@ -30,7 +32,7 @@ def test_a_bad_value_names_the_file_the_field_and_the_reason(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     cfg = tmp_path / "sco.toml"
-    cfg.write_text('[kafka]\npartitions = 0\nbogus = 1\n')
+    cfg.write_text("[kafka]\npartitions = 0\nbogus = 1\n")
     monkeypatch.setenv("SCO_CONFIG", str(cfg))
     with pytest.raises(SettingsError) as err:
         load_settings()
@@ -42,7 +44,7 @@ def test_a_bad_value_names_the_file_the_field_and_the_reason(
 
 def test_a_missing_config_file_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("SCO_CONFIG", str(tmp_path / "nope.toml"))
-    with pytest.raises(SettingsError, match="nope.toml: SCO_CONFIG names a file that does not"):
+    with pytest.raises(SettingsError, match=r"nope\.toml: SCO_CONFIG names a file that does not"):
         load_settings()
 
 
@@ -50,5 +52,5 @@ def test_a_toml_syntax_error_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path:
     cfg = tmp_path / "sco.toml"
     cfg.write_text("region = \n")
     monkeypatch.setenv("SCO_CONFIG", str(cfg))
-    with pytest.raises(SettingsError, match="sco.toml"):
+    with pytest.raises(SettingsError, match=r"sco\.toml"):
         load_settings()

@@ -23,16 +23,25 @@ from workflows.sync_pools import SyncPoolsWorkflow
 HISTORY = Path(__file__).parent / "histories" / "sync_pools.json"
 
 
-async def run_sync(env: WorkflowEnvironment, repo: FleetRepository, regions_dir: Path,
-                   region: str) -> tuple[SyncPoolsOutput, str]:
+async def run_sync(
+    env: WorkflowEnvironment, repo: FleetRepository, regions_dir: Path, region: str
+) -> tuple[SyncPoolsOutput, str]:
     queue = f"tq-{uuid.uuid4()}"
     fleet = FleetActivities(repo, regions_dir)
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        async with Worker(env.client, task_queue=queue, workflows=[SyncPoolsWorkflow],
-                          activities=[fleet.sync_pools], activity_executor=pool):
+        async with Worker(
+            env.client,
+            task_queue=queue,
+            workflows=[SyncPoolsWorkflow],
+            activities=[fleet.sync_pools],
+            activity_executor=pool,
+        ):
             handle = await env.client.start_workflow(
-                SyncPoolsWorkflow.run, SyncPoolsInput(region=region),
-                id=f"sync-{uuid.uuid4()}", task_queue=queue)
+                SyncPoolsWorkflow.run,
+                SyncPoolsInput(region=region),
+                id=f"sync-{uuid.uuid4()}",
+                task_queue=queue,
+            )
             out = await handle.result()
             history = await handle.fetch_history()
     return out, history.to_json()

@@ -54,6 +54,8 @@ class OutboxSettings(BaseModel):
     batch_size: int = Field(default=2000, ge=1)
     # The relay wakes on NOTIFY; this is only the safety net for a lost notification.
     idle_poll_seconds: float = Field(default=1.0, gt=0)
+    # Sent rows are kept this long (for audits and re-publishing), then deleted by the relay.
+    retention_hours: float = Field(default=24.0, ge=0)
 
 
 class Settings(BaseSettings):

@@ -50,6 +50,7 @@ class OutboxRelay:
         batch_size: int = 2000,
         idle_poll_seconds: float = 1.0,
         on_batch: Callable[[RelayProgress], None] | None = None,
+        retention_hours: float = 24.0,
     ) -> None:
         self._dsn = dsn
         self._producer = Producer(producer_config(bootstrap))
@@ -58,6 +59,8 @@ class OutboxRelay:
         self._idle = idle_poll_seconds
         self._on_batch = on_batch
         self.progress = RelayProgress()
+        self._retention_hours = retention_hours
+        self._next_prune = 0.0
 
     def publish_batch(
         self, conn: psycopg.Connection[Any], stop: threading.Event | None = None
@@ -144,6 +147,7 @@ class OutboxRelay:
                     conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
                     conn.commit()
                     while not stop.is_set():
+                        self._prune_if_due(conn)
                         if self.publish_batch(conn, stop) == 0:
                             # Wake on the next commit's NOTIFY; the timeout is the safety
                             # net for a notification lost to a reconnect.
@@ -152,6 +156,27 @@ class OutboxRelay:
             except psycopg.OperationalError as exc:
                 log.warning("relay: PostgreSQL unavailable (%s); retrying in 2 s", exc)
                 stop.wait(2.0)
+
+    def _prune_if_due(self, conn: psycopg.Connection[Any]) -> None:
+        if time.monotonic() >= self._next_prune:
+            self._next_prune = time.monotonic() + 60
+            self.prune(conn)
+
+    def prune(self, conn: psycopg.Connection[Any]) -> int:
+        """Delete sent rows past retention; unsent rows never go."""
+        cur = conn.execute(
+            "DELETE FROM outbox WHERE sent_at IS NOT NULL "
+            "AND sent_at < now() - make_interval(secs => %s)",
+            (self._retention_hours * 3600,),
+        )
+        conn.commit()
+        if cur.rowcount:
+            log.info(
+                "relay: pruned %d sent events older than %.0f h",
+                cur.rowcount,
+                self._retention_hours,
+            )
+        return max(cur.rowcount, 0)
 
     @staticmethod
     def _lead(conn: psycopg.Connection[Any], stop: threading.Event) -> bool:

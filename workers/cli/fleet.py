@@ -154,6 +154,7 @@ def outbox_relay() -> None:
         s.kafka.bootstrap_servers,
         batch_size=s.outbox.batch_size,
         idle_poll_seconds=s.outbox.idle_poll_seconds,
+        retention_hours=s.outbox.retention_hours,
         on_batch=report,
     )
     try:
