@@ -158,7 +158,8 @@ class FleetRepository:
         so a retried activity never emits a second ACQUIRE.
         """
         with self._pool.connection() as conn, conn.transaction():
-            row = conn.execute(
+            cur = conn.cursor(row_factory=class_row(InstanceRow))
+            row = cur.execute(
                 """INSERT INTO instances (instance_id, region, pool_id, hall, sku, size,
                                           capacity_type, workload, tier, price_per_hour,
                                           state, acquisition_id)
@@ -166,7 +167,7 @@ class FleetRepository:
                           p.price_per_hour, 'requested', %s
                    FROM pools p WHERE p.pool_id = %s AND p.region = %s
                    ON CONFLICT (instance_id) DO NOTHING
-                   RETURNING hall, sku, size, price_per_hour""",
+                   RETURNING *""",
                 (
                     spec.instance_id,
                     spec.region,
@@ -185,20 +186,7 @@ class FleetRepository:
                     f"pool {spec.pool_id!r} is not in fleet state for region {spec.region!r}; "
                     "run `sco pools sync` first"
                 )
-            event = LifecycleEvent(
-                kind=EventKind.ACQUIRE,
-                instance_id=spec.instance_id,
-                region=spec.region,
-                pool_id=spec.pool_id,
-                hall=row[0],
-                sku=row[1],
-                size=row[2],
-                capacity_type=spec.capacity_type,
-                workload=spec.workload,
-                tier=spec.tier,
-                price_per_hour=row[3],
-                reason=reason,
-            )
+            event = _event_for(row, EventKind.ACQUIRE, reason)
             outbox.enqueue(conn, event)
             return event
 
@@ -236,20 +224,7 @@ class FleetRepository:
                    WHERE instance_id = %s""",
                 (target.value, provider_id, instance_id),
             )
-            event = LifecycleEvent(
-                kind=kind,
-                instance_id=instance_id,
-                region=current.region,
-                pool_id=current.pool_id,
-                hall=current.hall,
-                sku=current.sku,
-                size=current.size,
-                capacity_type=current.capacity_type,
-                workload=current.workload,
-                tier=current.tier,
-                price_per_hour=current.price_per_hour,
-                reason=reason,
-            )
+            event = _event_for(current, kind, reason)
             outbox.enqueue(conn, event)
             return event
 
@@ -278,3 +253,26 @@ class FleetRepository:
     def outbox_backlog(self) -> tuple[int, float]:
         with self._pool.connection() as conn:
             return outbox.pending(conn)
+
+
+def _event_for(row: InstanceRow, kind: EventKind, reason: str) -> LifecycleEvent:
+    """The lifecycle event for a change of this instance: its row carries every field."""
+    return LifecycleEvent(
+        kind=kind,
+        reason=reason,
+        **row.model_dump(include=_EVENT_FIELDS_FROM_ROW),
+    )
+
+
+_EVENT_FIELDS_FROM_ROW = {
+    "instance_id",
+    "region",
+    "pool_id",
+    "hall",
+    "sku",
+    "size",
+    "capacity_type",
+    "workload",
+    "tier",
+    "price_per_hour",
+}
