@@ -6,7 +6,7 @@ import logging
 
 import typer
 
-from workers.cli import dev, fleet, ledger, temporal
+from workers.cli import contracts, dev, fleet, ledger, temporal
 
 app = typer.Typer(
     help="SCO: the Spot Capacity Orchestrator control plane.",
@@ -21,6 +21,7 @@ app.add_typer(fleet.instances_app, name="instances")
 app.add_typer(fleet.outbox_app, name="outbox")
 app.add_typer(fleet.worker_app, name="worker")
 app.add_typer(ledger.app, name="ledger")
+app.add_typer(contracts.app, name="contracts")
 
 
 def main() -> None:

@@ -1,0 +1,1 @@
+"""Admission filters for the schedulers, generated from the signed contract bundle."""

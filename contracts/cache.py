@@ -1,0 +1,108 @@
+"""The node's bundle cache: the last good bundle, on disk, and how new ones get in.
+
+A new bundle replaces the cached one only when it verifies against the trust directory
+and its serial is not lower (a rollback). An equal serial must be the same bytes. The
+cached file is replaced atomically, so a crash leaves the old or the new bundle. Nothing
+here needs the control plane; the distributor is optional.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from contracts.atomic import write_atomic
+from contracts.bundle import BundleRejected, VerifiedBundle, verify
+from contracts.keys import TrustStore
+
+log = logging.getLogger(__name__)
+
+BUNDLE_FILE = "bundle.json"
+REFRESH_SECONDS = 60.0
+
+
+@dataclass(frozen=True)
+class OfferResult:
+    accepted: bool
+    changed: bool
+    reason: str
+    bundle: VerifiedBundle | None  # what the cache holds now
+
+
+class BundleCache:
+    def __init__(
+        self,
+        cache_dir: Path,
+        trust: TrustStore,
+        *,
+        max_age: timedelta = timedelta(hours=24),
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.path = cache_dir / BUNDLE_FILE
+        self._trust = trust
+        self._max_age = max_age
+        self._clock = clock
+
+    def current(self) -> VerifiedBundle | None:
+        """The cached bundle, verified again (a file altered on disk is not trusted)."""
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            return None
+        try:
+            return verify(raw, self._trust, now=self._clock(), max_age=self._max_age)
+        except BundleRejected as exc:
+            log.error("cached bundle %s is not trusted: %s", self.path, exc)
+            return None
+
+    def offer(self, raw: bytes) -> OfferResult:
+        held = self.current()
+        try:
+            new = verify(raw, self._trust, now=self._clock(), max_age=self._max_age)
+        except BundleRejected as exc:
+            return OfferResult(False, False, f"refused: {exc}", held)
+        if held is not None:
+            if new.serial < held.serial:
+                return OfferResult(
+                    False,
+                    False,
+                    f"refused: serial {new.serial} is older than "
+                    f"the cached {held.serial} (rollback)",
+                    held,
+                )
+            if new.serial == held.serial:
+                if new.raw == held.raw:
+                    return OfferResult(True, False, f"unchanged (serial {new.serial})", held)
+                return OfferResult(
+                    False,
+                    False,
+                    f"refused: serial {new.serial} is already cached with different content",
+                    held,
+                )
+        write_atomic(self.path, raw)
+        return OfferResult(True, True, f"accepted serial {new.serial}", new)
+
+    async def refresh_forever(
+        self,
+        fetch: Callable[[], Awaitable[bytes | None]],
+        stop: asyncio.Event,
+        interval: float = REFRESH_SECONDS,
+    ) -> None:
+        """Offer what the distributor has every `interval`; its absence is not an error."""
+        while not stop.is_set():
+            try:
+                raw = await fetch()
+            except Exception as exc:  # any distributor failure: keep the cached bundle
+                log.warning("bundle refresh failed, keeping the cached bundle: %s", exc)
+                raw = None
+            if raw is not None:
+                result = self.offer(raw)
+                level = logging.INFO if result.accepted else logging.ERROR
+                log.log(level, "bundle refresh: %s", result.reason)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=interval)

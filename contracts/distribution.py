@@ -1,0 +1,63 @@
+"""The distributor: signed bundles in a NATS JetStream object store, one bucket per region.
+
+Publishing puts `bundle.json` in bucket `sco-contracts-<region>`; nodes fetch it from
+there. The store is only a carrier: nodes verify every bundle themselves, so a bad object
+in the bucket costs a refresh, never a drain.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import nats
+from nats.js.errors import BucketNotFoundError, NotFoundError, ObjectNotFoundError
+
+OBJECT_NAME = "bundle.json"
+
+
+def bucket_for(region: str) -> str:
+    return f"sco-contracts-{region}"
+
+
+@dataclass(frozen=True)
+class Published:
+    bucket: str
+    name: str
+    size: int
+    digest: str
+
+
+async def publish(nats_url: str, region: str, raw: bytes) -> Published:
+    nc = await nats.connect(nats_url, connect_timeout=5, max_reconnect_attempts=1)
+    try:
+        js = nc.jetstream()
+        bucket = bucket_for(region)
+        try:
+            store = await js.object_store(bucket)
+        except BucketNotFoundError:
+            store = await js.create_object_store(bucket, description="SCO contract bundles")
+        info = await store.put(OBJECT_NAME, raw)
+        return Published(bucket, OBJECT_NAME, info.size or len(raw), info.digest or "")
+    finally:
+        await nc.close()
+
+
+class NatsBundleSource:
+    """Fetches the region's current bundle; None when none was published yet."""
+
+    def __init__(self, nats_url: str, region: str) -> None:
+        self._url = nats_url
+        self._bucket = bucket_for(region)
+
+    async def fetch(self) -> bytes | None:
+        nc = await nats.connect(
+            self._url, connect_timeout=5, max_reconnect_attempts=1, allow_reconnect=False
+        )
+        try:
+            store = await nc.jetstream().object_store(self._bucket)
+            result = await store.get(OBJECT_NAME)
+            return bytes(result.data) if result.data is not None else None
+        except (BucketNotFoundError, ObjectNotFoundError, NotFoundError):
+            return None
+        finally:
+            await nc.close()

@@ -1,0 +1,153 @@
+"""The contract: the only way a workload may run on reclaimable capacity.
+
+Strict models: unknown fields are refused, types are not coerced. One contract per file
+in the contract repository; the compiler validates them, checks feasibility against the
+regions, and signs the result into a bundle.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
+from contracts.region import Size
+
+#: Kubernetes label on pods naming their contract; Slurm jobs carry it in --comment.
+CONTRACT_LABEL = "sco.io/contract"
+SLURM_TAG_PREFIX = "sco-contract="
+
+Name = Annotated[str, StringConstraints(pattern=r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")]
+LabelValue = Annotated[
+    str, StringConstraints(pattern=r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+]
+LabelKey = Annotated[
+    str,
+    StringConstraints(
+        pattern=r"^([a-z0-9.-]{1,253}/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+    ),
+]
+SlurmName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class WorkloadKind(enum.StrEnum):
+    SPARK = "spark"
+    TRAINING = "training"
+    CI = "ci"
+    SERVICE = "service"
+
+
+class DrainAction(enum.StrEnum):
+    DECOMMISSION = "decommission"  # Spark executor decommission: migrate blocks, exit
+    CHECKPOINT = "checkpoint"  # checkpoint now (PyTorch DCP), then exit
+    REQUEUE = "requeue"  # stateless: requeue / evict
+
+
+#: The drain a kind normally wants; another choice is allowed but reported as a warning.
+USUAL_DRAIN: dict[WorkloadKind, DrainAction] = {
+    WorkloadKind.SPARK: DrainAction.DECOMMISSION,
+    WorkloadKind.TRAINING: DrainAction.CHECKPOINT,
+    WorkloadKind.CI: DrainAction.REQUEUE,
+    WorkloadKind.SERVICE: DrainAction.REQUEUE,
+}
+
+
+class KubernetesSelector(_Strict):
+    """Pods in `namespace` whose labels include every pair of `labels`."""
+
+    namespace: Name
+    labels: dict[LabelKey, LabelValue] = {}
+
+
+class SlurmSelector(_Strict):
+    """Jobs of `account` on `partition` carrying `--comment=sco-contract=<tag>`."""
+
+    account: SlurmName
+    partition: SlurmName
+    tag: Name | None = None  # default: the contract's name
+
+
+class Selectors(_Strict):
+    kubernetes: list[KubernetesSelector] = []
+    slurm: list[SlurmSelector] = []
+
+    @model_validator(mode="after")
+    def _at_least_one(self) -> Selectors:
+        if not self.kubernetes and not self.slurm:
+            raise ValueError("a contract needs at least one kubernetes or slurm selector")
+        return self
+
+
+class UnitShape(_Strict):
+    """One normalised demand unit: what one unit of this workload needs."""
+
+    vcpu: int = Field(gt=0, le=512)
+    memory_gib: int = Field(gt=0, le=8192)
+    gpus: int = Field(default=0, ge=0, le=16)
+
+
+class Placement(_Strict):
+    skus: list[Name] = Field(min_length=1)
+    sizes: list[Size] = Field(min_length=1)
+    halls: list[Annotated[str, StringConstraints(pattern=r"^[A-Z]$")]] = Field(min_length=1)
+    max_units_per_region: int = Field(ge=0)
+    max_pool_share: float = Field(gt=0, le=1)  # of one pool's reclaimable units
+    spread_groups: list[Name] = []  # contracts sharing a group are spread over pools together
+
+
+class Drain(_Strict):
+    action: DrainAction
+    grace_seconds: int = Field(gt=0, le=3600)
+    checkpoint_uri: Annotated[str, StringConstraints(pattern=r"^(s3|file)://\S+$")] | None = None
+
+    @model_validator(mode="after")
+    def _checkpoint_needs_target(self) -> Drain:
+        if self.action is DrainAction.CHECKPOINT and self.checkpoint_uri is None:
+            raise ValueError("checkpoint_uri is required when action is checkpoint")
+        return self
+
+
+class Contract(_Strict):
+    name: Name
+    owner: Annotated[str, StringConstraints(min_length=1, max_length=200)]
+    tier: int = Field(ge=1, le=3)
+    kind: WorkloadKind
+    regions: list[Annotated[str, StringConstraints(pattern=r"^r[0-9]+$")]] = Field(min_length=1)
+    selectors: Selectors
+    unit: UnitShape
+    placement: Placement
+    # Units on committed capacity per region; tier 1 only.
+    floor: dict[str, int] = {}
+    drain: Drain
+    # Money per hour (the region's currency) that committed fallback may cost without an
+    # operator's approval.
+    max_fallback_spend_per_hour: float = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _floor_rules(self) -> Contract:
+        if self.floor and self.tier != 1:
+            raise ValueError("floor: only tier 1 contracts have a guaranteed floor")
+        for region, units in self.floor.items():
+            if region not in self.regions:
+                raise ValueError(f"floor: region {region} is not in this contract's regions")
+            if units < 0:
+                raise ValueError(f"floor: {region}: units must be >= 0")
+        return self
+
+    def slurm_tag(self, selector: SlurmSelector) -> str:
+        return selector.tag or self.name
+
+
+_TAG = re.compile(rf"(?:^|[\s,;]){re.escape(SLURM_TAG_PREFIX)}([a-z0-9-]+)")
+
+
+def contract_tag_in_comment(comment: str | None) -> str | None:
+    """The contract a Slurm job names in its comment (`sco-contract=<name>`), if any."""
+    match = _TAG.search(comment or "")
+    return match[1] if match else None

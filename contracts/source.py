@@ -1,0 +1,103 @@
+"""Reading contract files (YAML, one contract per file) with the line of every field."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from contracts.findings import Finding
+from contracts.model import Contract
+
+Loc = tuple[str | int, ...]
+SUFFIXES = (".yaml", ".yml")
+
+
+@dataclass
+class ContractSource:
+    path: str  # as shown in findings: relative to the source directory's parent
+    contract: Contract
+    lines: dict[Loc, int] = field(default_factory=dict)
+
+    def line(self, *loc: str | int) -> int:
+        return line_of(self.lines, loc)
+
+
+def line_of(lines: dict[Loc, int], loc: Loc) -> int:
+    """The line of the deepest known prefix of `loc` (1 when nothing matches)."""
+    for end in range(len(loc), -1, -1):
+        if loc[:end] in lines:
+            return lines[loc[:end]]
+    return 1
+
+
+def _line_map(node: yaml.Node, loc: Loc = ()) -> dict[Loc, int]:
+    lines: dict[Loc, int] = {loc: node.start_mark.line + 1}
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            name = key.value if isinstance(key, yaml.ScalarNode) else str(key.start_mark)
+            lines.update(_line_map(value, (*loc, name)))
+            lines[(*loc, name)] = key.start_mark.line + 1
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            lines.update(_line_map(item, (*loc, i)))
+    return lines
+
+
+def field_path(loc: Loc) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(document)"
+
+
+def read_contract(path: Path, shown: str) -> tuple[ContractSource | None, list[Finding]]:
+    """Parse and validate one file; every problem becomes a finding, nothing raises."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        return None, [Finding(shown, 1, "(document)", f"cannot read: {exc}")]
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data: Any = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else 1
+        problem = getattr(exc, "problem", None) or str(exc)
+        return None, [Finding(shown, line, "(document)", f"YAML syntax error: {problem}")]
+    lines = _line_map(node) if node is not None else {(): 1}
+    if not isinstance(data, dict):
+        kind = "empty" if data is None else type(data).__name__
+        return None, [Finding(shown, 1, "(document)", f"a contract is a mapping, not {kind}")]
+    try:
+        # strict=False: YAML gives ints for floats and lists for tuples; the model still
+        # refuses unknown fields and wrong types.
+        contract = Contract.model_validate(data, strict=False)
+    except ValidationError as exc:
+        found = []
+        for err in exc.errors():
+            loc = tuple(
+                p for p in err["loc"] if not isinstance(p, str) or not p.startswith("function-")
+            )
+            reason = err["msg"].removeprefix("Value error, ")
+            found.append(Finding(shown, line_of(lines, loc), field_path(loc), reason))
+        return None, found
+    return ContractSource(shown, contract, lines), []
+
+
+def read_contracts(src_dir: Path) -> tuple[list[ContractSource], list[Finding]]:
+    if not src_dir.is_dir():
+        return [], [Finding(str(src_dir), 1, "(directory)", "not a directory")]
+    files = sorted(p for p in src_dir.rglob("*") if p.suffix in SUFFIXES and p.is_file())
+    if not files:
+        return [], [Finding(str(src_dir), 1, "(directory)", "no *.yaml contract files")]
+    sources, findings = [], []
+    for path in files:
+        src, found = read_contract(path, str(path))
+        findings += found
+        if src is not None:
+            sources.append(src)
+    return sources, findings

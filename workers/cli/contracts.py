@@ -1,0 +1,134 @@
+"""`sco contracts`: keys, compile and sign, verify, publish, render admission."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+from pathlib import Path
+
+import typer
+from rich.markup import escape
+
+from contracts import keys
+from contracts.bundle import BundleRejected, VerifiedBundle, verify
+from contracts.compiler import compile_and_sign
+from contracts.findings import Severity
+from workers.cli.common import console, err_console, fail, settings
+from workers.cli.ledger import parse_window
+
+app = typer.Typer(
+    help="Contracts: compile, sign, verify, publish, admission.", no_args_is_help=True
+)
+
+
+@app.command()
+def keygen(out: Path = typer.Option(..., "--out", help="Directory for <key id>.key/.pub.")) -> None:
+    """Write a new Ed25519 key pair; a directory of .pub files is a trust directory."""
+    kid, private, public = keys.generate(out)
+    console.print(f"key id {kid}\n  private: {private} (keep secret)\n  public:  {public}")
+
+
+@app.command("compile")
+def compile_cmd(
+    src_dir: Path = typer.Argument(..., help="Directory of contract files (*.yaml)."),
+    regions: Path = typer.Option(Path("deploy/regions"), help="Directory of region files."),
+    key: Path = typer.Option(..., help="Private key (<key id>.key) to sign with."),
+    out: Path = typer.Option(..., help="Bundle to write (replaced atomically)."),
+    serial: int = typer.Option(None, min=1, help="Bundle serial; default: previous + 1."),
+    created_at: datetime = typer.Option(
+        None, help="Creation time (ISO 8601); default now. Same input and time give the same bytes."
+    ),
+) -> None:
+    """Validate and feasibility-check every contract, then sign. Writes nothing on error."""
+    try:
+        signing = keys.load_signing_key(key)
+    except keys.KeyError_ as exc:
+        fail(str(exc))
+    when = (created_at or datetime.now(UTC)).astimezone(UTC)
+    result, written = compile_and_sign(
+        src_dir, regions, signing, out, serial=serial, created_at=when
+    )
+    for finding in result.findings:
+        style = "yellow" if finding.severity is Severity.WARNING else "red"
+        err_console.print(f"[{style}]{escape(str(finding))}[/]", highlight=False, soft_wrap=True)
+    if written is None:
+        n = sum(1 for f in result.findings if f.severity is Severity.ERROR)
+        fail(f"{n} error(s); no bundle written")
+    console.print(
+        f"bundle {out}: serial {written}, {len(result.contracts)} contracts, "
+        f"signed by {keys.key_id(signing.verify_key)}"
+    )
+
+
+def _verified(bundle_path: Path, trust: Path, max_age: str) -> VerifiedBundle:
+    try:
+        store = keys.TrustStore.load(trust)
+        raw = bundle_path.read_bytes()
+        return verify(raw, store, max_age=parse_window(max_age))
+    except OSError as exc:
+        fail(f"{bundle_path}: {exc.strerror}")
+    except (keys.KeyError_, BundleRejected) as exc:
+        fail(f"{bundle_path}: REFUSED: {exc}")
+
+
+@app.command("verify")
+def verify_cmd(
+    bundle_path: Path = typer.Argument(..., metavar="BUNDLE"),
+    trust: Path = typer.Option(..., help="Trust directory of .pub files (and revoked.txt)."),
+    max_age: str = typer.Option("24h", help="Older than this is reported stale."),
+) -> None:
+    """OK (exit 0) or why not (exit 1)."""
+    b = _verified(bundle_path, trust, max_age)
+    stale = " [yellow](stale: still usable for drains)[/]" if b.stale else ""
+    console.print(
+        f"OK serial {b.serial}, {len(b.content.contracts)} contracts, key {b.key_id}, "
+        f"created {b.content.created_at.isoformat()}{stale}"
+    )
+
+
+@app.command()
+def publish(
+    bundle_path: Path = typer.Argument(..., metavar="BUNDLE"),
+    trust: Path = typer.Option(..., help="Trust directory: only a bundle that verifies goes out."),
+    region: list[str] = typer.Option(None, help="Region(s); default: the bundle's regions."),
+) -> None:
+    """Publish to each region's NATS JetStream object store, where nodes pull it."""
+    from contracts.distribution import publish as put
+
+    b = _verified(bundle_path, trust, "3650d")
+    s = settings()
+    for r in region or b.content.regions:
+        try:
+            info = asyncio.run(put(s.nats_url, r, b.raw))
+        except Exception as exc:  # nats raises several unrelated types
+            fail(f"publishing to {s.nats_url} for {r}: {exc}")
+        console.print(f"{r}: serial {b.serial} → {info.bucket}/{info.name} ({info.size} bytes)")
+
+
+@app.command("render-admission")
+def render_admission(
+    bundle_path: Path = typer.Argument(..., metavar="BUNDLE"),
+    trust: Path = typer.Option(..., help="Trust directory."),
+    out: Path = typer.Option(..., help="Directory for job_submit.lua and the Kyverno policy."),
+    slurm_partition: list[str] = typer.Option(["spot"], help="Reclaimable Slurm partition(s)."),
+    slurm_default_partition: str = typer.Option(None, help="Slurm's default partition name."),
+) -> None:
+    """Generate Slurm job_submit.lua and a Kyverno ClusterPolicy from a verified bundle."""
+    from contracts.admission.kyverno import render_cluster_policy_yaml
+
+    from contracts.admission.slurm import render_job_submit_lua
+    from contracts.atomic import write_atomic
+
+    b = _verified(bundle_path, trust, "3650d")
+    lua = render_job_submit_lua(
+        b.content.contracts,
+        serial=b.serial,
+        reclaimable_partitions=slurm_partition,
+        default_partition=slurm_default_partition,
+    )
+    policy = render_cluster_policy_yaml(b.content.contracts, serial=b.serial)
+    write_atomic(out / "job_submit.lua", lua.encode())
+    write_atomic(out / "kyverno-clusterpolicy.yaml", policy.encode())
+    console.print(
+        f"serial {b.serial}: {out / 'job_submit.lua'}, {out / 'kyverno-clusterpolicy.yaml'}"
+    )
