@@ -40,6 +40,7 @@ test: lint
 
 bench: $(STAMP)
 	$(BIN)/python bench/outbox_bench.py
+	$(BIN)/python bench/contracts_bench.py
 
 clean: down
 	rm -rf .sco

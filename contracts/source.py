@@ -68,7 +68,7 @@ def read_contract(path: Path, shown: str) -> tuple[ContractSource | None, list[F
         line = mark.line + 1 if mark is not None else 1
         problem = getattr(exc, "problem", None) or str(exc)
         return None, [Finding(shown, line, "(document)", f"YAML syntax error: {problem}")]
-    lines = _line_map(node) if node is not None else {(): 1}
+    lines: dict[Loc, int] = _line_map(node) if node is not None else {(): 1}
     if not isinstance(data, dict):
         kind = "empty" if data is None else type(data).__name__
         return None, [Finding(shown, 1, "(document)", f"a contract is a mapping, not {kind}")]

@@ -1,0 +1,95 @@
+"""Contract benchmark: compile and sign 1,000 contracts; verify a bundle as a node does.
+
+    .venv/bin/python bench/contracts_bench.py [--contracts 1000] [--verify-runs 200]
+
+Prints one JSON object. The contracts are variations of the shipped examples, each with
+its own namespace and Slurm tag so that no two selectors overlap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from contracts import bundle, keys  # noqa: E402
+from contracts.cache import BundleCache  # noqa: E402
+from contracts.compiler import compile_and_sign  # noqa: E402
+
+EXAMPLES = ROOT / "contracts" / "examples"
+
+
+def write_contracts(src: Path, n: int) -> None:
+    bases = [yaml.safe_load(p.read_text()) for p in sorted(EXAMPLES.glob("*.yaml"))]
+    for i in range(n):
+        doc = dict(bases[i % len(bases)])
+        doc["name"] = f"{doc['name']}-{i:04d}"
+        doc.pop("floor", None)  # 1,000 floors would not fit committed capacity
+        doc["tier"] = max(2, doc["tier"])
+        sel = {
+            "kubernetes": [{"namespace": f"ns-{i:04d}"}],
+            "slurm": [{"account": f"acct{i:04d}", "partition": "spot"}],
+        }
+        doc["selectors"] = sel
+        (src / f"c{i:04d}.yaml").write_text(yaml.safe_dump(doc))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--contracts", type=int, default=1000)
+    ap.add_argument("--verify-runs", type=int, default=200)
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="sco-contracts-bench-"))
+    src = tmp / "src"
+    src.mkdir()
+    write_contracts(src, args.contracts)
+    _, private, _ = keys.generate(tmp / "keys")
+    key = keys.load_signing_key(private)
+    out = tmp / "bundle.json"
+
+    started = time.perf_counter()
+    result, serial = compile_and_sign(
+        src, ROOT / "deploy" / "regions", key, out, serial=1, created_at=datetime.now(UTC)
+    )
+    compile_s = time.perf_counter() - started
+    assert serial == 1, [str(f) for f in result.findings if f.severity == "error"][:5]
+
+    trust = keys.TrustStore.load(tmp / "keys")
+    raw = out.read_bytes()
+    verify_ms = []
+    for _ in range(args.verify_runs):
+        t = time.perf_counter()
+        bundle.verify(raw, trust)
+        verify_ms.append((time.perf_counter() - t) * 1000)
+    cache = BundleCache(tmp / "cache", trust)
+    t = time.perf_counter()
+    cache.offer(raw)
+    offer_ms = (time.perf_counter() - t) * 1000
+    print(
+        json.dumps(
+            {
+                "contracts": args.contracts,
+                "compile_and_sign_s": round(compile_s, 3),
+                "bundle_bytes": len(raw),
+                "warnings": len(result.findings),
+                "verify_ms_p50": round(statistics.median(verify_ms), 2),
+                "verify_ms_max": round(max(verify_ms), 2),
+                "node_cache_offer_ms": round(offer_ms, 2),
+            },
+            indent=2,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
