@@ -51,3 +51,37 @@ def test_db_migrate_against_a_dead_server_is_one_line(monkeypatch: pytest.Monkey
     result = runner.invoke(app, ["db", "migrate"])
     assert result.exit_code == 1
     assert result.output.startswith("error: ")
+
+
+def test_contracts_keygen_compile_verify_round_trip(tmp_path: Path) -> None:
+    from tests.conftest import REGIONS_DIR
+    from tests.contract_fixtures import EXAMPLES
+
+    assert runner.invoke(app, ["contracts", "keygen", "--out", str(tmp_path / "k")]).exit_code == 0
+    key = next((tmp_path / "k").glob("*.key"))
+    out = tmp_path / "bundle.json"
+    compiled = runner.invoke(app, ["contracts", "compile", str(EXAMPLES), "--regions",
+                                   str(REGIONS_DIR), "--key", str(key), "--out", str(out)])
+    assert compiled.exit_code == 0, compiled.output
+    assert "serial 1, 4 contracts" in compiled.output
+    ok = runner.invoke(app, ["contracts", "verify", str(out), "--trust", str(tmp_path / "k")])
+    assert ok.exit_code == 0 and ok.output.startswith("OK serial 1")
+    out.write_bytes(out.read_bytes().replace(b'"tier":3', b'"tier":1'))
+    refused = runner.invoke(app, ["contracts", "verify", str(out), "--trust", str(tmp_path / "k")])
+    assert refused.exit_code == 1 and "REFUSED: bad signature" in refused.output
+
+
+def test_contracts_compile_reports_errors_and_writes_nothing(tmp_path: Path) -> None:
+    from tests.conftest import REGIONS_DIR
+
+    runner.invoke(app, ["contracts", "keygen", "--out", str(tmp_path / "k")])
+    key = next((tmp_path / "k").glob("*.key"))
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.yaml").write_text("name: a\ntier: 9\n")
+    out = tmp_path / "bundle.json"
+    result = runner.invoke(app, ["contracts", "compile", str(src), "--regions", str(REGIONS_DIR),
+                                 "--key", str(key), "--out", str(out)])
+    assert result.exit_code == 1
+    assert f"{src}/a.yaml:2: tier: Input should be less than or equal to 3" in result.output
+    assert "no bundle written" in result.output and not out.exists()

@@ -32,12 +32,18 @@ def example_contracts() -> list[Contract]:
     ]
 
 
-def render(contracts: list[Contract] | None = None, **kwargs: object) -> str:
-    options: dict[str, object] = {"serial": SERIAL, "reclaimable_partitions": ["spot"]}
-    options.update(kwargs)
+def render(
+    contracts: list[Contract] | None = None,
+    *,
+    serial: int = SERIAL,
+    reclaimable_partitions: tuple[str, ...] = ("spot",),
+    default_partition: str | None = None,
+) -> str:
     return render_job_submit_lua(
         example_contracts() if contracts is None else contracts,
-        **options,  # type: ignore[arg-type]
+        serial=serial,
+        reclaimable_partitions=reclaimable_partitions,
+        default_partition=default_partition,
     )
 
 
@@ -95,7 +101,7 @@ def test_rendering_is_deterministic() -> None:
     contracts = example_contracts()
     first = render(contracts)
     assert first == render(list(reversed(contracts)))
-    assert first == render(contracts, reclaimable_partitions=["spot", "spot"])
+    assert first == render(contracts, reclaimable_partitions=("spot", "spot"))
     assert f"serial {SERIAL}" in first
     assert render(contracts, serial=SERIAL + 1) != first
 
@@ -109,9 +115,9 @@ def test_a_hostile_owner_cannot_break_out_of_the_script(lua: str, tmp_path: Path
     owner = 'evil" ]] ]=] \'\n-- os.exit(3)\r\n\\" %s %d \x1b[31m é'
     raw = yaml.safe_load((EXAMPLES / "ci-runners.yaml").read_text())
     contract = Contract.model_validate({**raw, "owner": owner}, strict=False)
-    script = render([contract], reclaimable_partitions=["spot", 'sp"ot\n'])
+    script = render([contract], reclaimable_partitions=("spot", 'sp"ot\n'))
     syntax = subprocess.run(
-        [f"{lua[: -len('lua5.1')]}luac5.1", "-p", "-"],
+        ["luac5.1", "-p", "-"],  # same Debian package as lua5.1
         input=script,
         capture_output=True,
         text=True,
