@@ -138,26 +138,27 @@ def _start_munged(directory: Path, sock: Path) -> subprocess.Popen[bytes]:
     key = directory / "munge.key"
     key.write_bytes(os.urandom(1024))
     key.chmod(0o400)
-    proc = subprocess.Popen(
-        [
-            "munged",
-            "--foreground",
-            "--force",  # running as root and in a temp dir: warnings, not errors
-            f"--socket={sock}",
-            f"--key-file={key}",
-            f"--log-file={directory / 'munged.log'}",
-            f"--pid-file={directory / 'munged.pid'}",
-            f"--seed-file={directory / 'munged.seed'}",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    out = directory / "munged.out"
+    with out.open("wb") as sink:
+        proc = subprocess.Popen(
+            [
+                "munged",
+                "--foreground",
+                "--force",  # a lax /tmp (group-writable, no sticky bit) warns instead of failing
+                f"--socket={sock}",
+                f"--key-file={key}",
+                f"--log-file={directory / 'munged.log'}",
+                f"--pid-file={directory / 'munged.pid'}",
+                f"--seed-file={directory / 'munged.seed'}",
+            ],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
     deadline = time.monotonic() + 10
     while not sock.exists():
         if proc.poll() is not None or time.monotonic() > deadline:
             _stop(proc)
-            err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-            raise RuntimeError(f"munged did not start: {err}")
+            raise RuntimeError(f"munged did not start: {out.read_text(errors='replace')}")
         time.sleep(0.05)
     return proc
 
@@ -183,5 +184,3 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-    if proc.stderr:
-        proc.stderr.close()

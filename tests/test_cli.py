@@ -60,8 +60,20 @@ def test_contracts_keygen_compile_verify_round_trip(tmp_path: Path) -> None:
     assert runner.invoke(app, ["contracts", "keygen", "--out", str(tmp_path / "k")]).exit_code == 0
     key = next((tmp_path / "k").glob("*.key"))
     out = tmp_path / "bundle.json"
-    compiled = runner.invoke(app, ["contracts", "compile", str(EXAMPLES), "--regions",
-                                   str(REGIONS_DIR), "--key", str(key), "--out", str(out)])
+    compiled = runner.invoke(
+        app,
+        [
+            "contracts",
+            "compile",
+            str(EXAMPLES),
+            "--regions",
+            str(REGIONS_DIR),
+            "--key",
+            str(key),
+            "--out",
+            str(out),
+        ],
+    )
     assert compiled.exit_code == 0, compiled.output
     assert "serial 1, 4 contracts" in compiled.output
     ok = runner.invoke(app, ["contracts", "verify", str(out), "--trust", str(tmp_path / "k")])
@@ -80,8 +92,20 @@ def test_contracts_compile_reports_errors_and_writes_nothing(tmp_path: Path) -> 
     src.mkdir()
     (src / "a.yaml").write_text("name: a\ntier: 9\n")
     out = tmp_path / "bundle.json"
-    result = runner.invoke(app, ["contracts", "compile", str(src), "--regions", str(REGIONS_DIR),
-                                 "--key", str(key), "--out", str(out)])
+    result = runner.invoke(
+        app,
+        [
+            "contracts",
+            "compile",
+            str(src),
+            "--regions",
+            str(REGIONS_DIR),
+            "--key",
+            str(key),
+            "--out",
+            str(out),
+        ],
+    )
     assert result.exit_code == 1
     assert f"{src}/a.yaml:2: tier: Input should be less than or equal to 3" in result.output
     assert "no bundle written" in result.output and not out.exists()

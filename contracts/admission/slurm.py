@@ -11,6 +11,7 @@ job_submit/lua plugin against; nothing in it needs a later Lua.
 
 from __future__ import annotations
 
+import re
 import string
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
@@ -94,18 +95,20 @@ def render_job_submit_lua(
     reclaimable = "\n".join(
         f"  [{lua_string(p)}] = true," for p in sorted(set(reclaimable_partitions))
     )
-    default = "nil" if default_partition is None else lua_string(default_partition)
-    return (
-        _TEMPLATE.replace("@SERIAL@", str(serial))
-        .replace("@DEFAULT_PARTITION@", default)
-        .replace("@RECLAIMABLE@", reclaimable)
-        .replace("@CONTRACTS@", _contracts_table(allowances))
-        .replace("@KNOWN_TAGS@", lua_string(", ".join(tags) or "none"))
-        .replace("@TAG_PATTERN@", lua_pattern(SLURM_TAG_PREFIX))
-    )
+    values = {
+        "SERIAL": str(serial),
+        "DEFAULT_PARTITION": "nil" if default_partition is None else lua_string(default_partition),
+        "RECLAIMABLE": reclaimable,
+        "CONTRACTS": _contracts_table(allowances),
+        "KNOWN_TAGS": lua_string(", ".join(tags) or "none"),
+        "TAG_PATTERN": lua_pattern(SLURM_TAG_PREFIX),
+    }
+    # One pass, so text from a contract is never itself searched for placeholders.
+    return _PLACEHOLDER.sub(lambda m: values[m[1]], _TEMPLATE)
 
 
 # Placeholders are @NAME@ rather than str.format fields because Lua is full of braces.
+_PLACEHOLDER = re.compile(r"@([A-Z_]+)@")
 # Messages go through log_user("%s", msg): log_user formats its first argument, and a
 # job's comment or account must never be read as a format string.
 _TEMPLATE = """\
@@ -162,9 +165,9 @@ local function allowance(entries, account, partition)
 end
 
 -- Slurm (22.05 at least) discards log_user during job_modify, logging an error instead.
-local function refuse(rc, msg, tell_user)
+local function refuse(rc, what, msg, tell_user)
   if tell_user then slurm.log_user("%s", msg) end
-  slurm.log_info("sco bundle %d: refused: %s", SERIAL, msg)
+  slurm.log_info("sco bundle %d: %s refused: %s", SERIAL, what, msg)
   return rc
 end
 
@@ -178,19 +181,19 @@ local function admit(what, partition, account, comment, uid, tell_user)
   local where = table.concat(spot, ",")
   local tag = contract_tag(comment)
   if tag == nil then
-    return refuse(denied, string.format(
+    return refuse(denied, what, string.format(
       "jobs on reclaimable partition '%s' need a contract: "
         .. "add --comment=sco-contract=<name> (SCO bundle %d)",
       where, SERIAL), tell_user)
   end
   local contract = CONTRACTS[tag]
   if contract == nil then
-    return refuse(denied, string.format(
+    return refuse(denied, what, string.format(
       "unknown contract '%s' for reclaimable partition '%s' (SCO bundle %d knows: %s)",
       tag, where, SERIAL, KNOWN_TAGS), tell_user)
   end
   if account == nil or account == "" then
-    return refuse(slurm.ESLURM_INVALID_ACCOUNT or slurm.ERROR, string.format(
+    return refuse(slurm.ESLURM_INVALID_ACCOUNT or slurm.ERROR, what, string.format(
       "jobs on reclaimable partition '%s' need an account: pass --account=<account> "
         .. "(contract '%s' allows %s; SCO bundle %d)",
       where, tag, contract.allowed, SERIAL), tell_user)
@@ -200,7 +203,7 @@ local function admit(what, partition, account, comment, uid, tell_user)
   for _, name in ipairs(spot) do
     local entry = allowance(contract.entries, account, name)
     if entry == nil then
-      return refuse(denied, string.format(
+      return refuse(denied, what, string.format(
         "contract '%s' does not allow account '%s' on partition '%s' (it allows %s; SCO bundle %d)",
         tag, account, name, contract.allowed, SERIAL), tell_user)
     end

@@ -1,0 +1,1 @@
+"""The provider boundary: instances, capacity and committed reservations of one region."""

@@ -1,0 +1,100 @@
+"""The narrow provider interface (after Karpenter's CloudProvider).
+
+Contract of every implementation:
+- `create` is idempotent on `request.name`: when an instance of that name already exists
+  (a retry after a lost response), it is returned and nothing new is made.
+- `delete` of an instance that is already gone succeeds: deleting is a desired state.
+- `get` raises NotFound for an unknown or deleted instance.
+- `list_owned` returns only instances SCO made (SCO metadata), never anyone else's.
+- `free_capacity` is the number of instances of the pool's shape that could start now.
+- Errors are the typed ProviderError subclasses in `errors`; nothing else escapes.
+"""
+
+from __future__ import annotations
+
+import enum
+from datetime import datetime
+from typing import Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+#: Metadata key marking an instance as SCO's; its value is the region.
+OWNER_KEY = "sco-region"
+
+
+class InstanceStatus(enum.StrEnum):
+    BUILD = "BUILD"
+    ACTIVE = "ACTIVE"
+    ERROR = "ERROR"
+    DELETED = "DELETED"
+
+
+class CreateRequest(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    name: str  # deterministic: the idempotency key, and the instance id in fleet state
+    region: str
+    pool_id: str
+    hall: str  # availability zone
+    flavor: str
+    metadata: dict[str, str] = {}
+    reservation_id: str | None = None  # boot into a committed (Blazar) reservation
+    user_data: str | None = None
+
+
+class ProviderInstance(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    provider_id: str
+    name: str
+    pool_id: str
+    hall: str
+    status: InstanceStatus
+    metadata: dict[str, str] = {}
+    host: str | None = None
+
+
+class ReservationRequest(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    name: str  # idempotency key
+    region: str
+    hall: str
+    flavor: str
+    amount: int = Field(ge=1)
+    start: datetime | None = None  # None: now
+    end: datetime
+
+
+class Reservation(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    reservation_id: str
+    lease_id: str
+    name: str
+    hall: str
+    flavor: str
+    amount: int
+    status: str  # PENDING, ACTIVE, TERMINATED, ERROR
+    end: datetime
+
+
+@runtime_checkable
+class CloudProvider(Protocol):
+    async def create(self, request: CreateRequest) -> ProviderInstance: ...
+
+    async def delete(self, provider_id: str) -> None: ...
+
+    async def get(self, provider_id: str) -> ProviderInstance: ...
+
+    async def list_owned(self, region: str) -> list[ProviderInstance]: ...
+
+    async def free_capacity(self, pool_id: str) -> int: ...
+
+    async def create_reservation(self, request: ReservationRequest) -> Reservation: ...
+
+    async def extend_reservation(self, lease_id: str, end: datetime) -> Reservation: ...
+
+    async def delete_reservation(self, lease_id: str) -> None: ...
+
+    async def list_reservations(self, region: str) -> list[Reservation]: ...
