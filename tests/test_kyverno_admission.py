@@ -41,6 +41,7 @@ import celpy
 import jsonschema
 import pytest
 import yaml
+from celpy.adapter import json_to_cel
 
 from contracts.admission.kyverno import (
     CAPACITY_TYPE_LABEL,
@@ -227,9 +228,9 @@ def admit(
         "name": (pod or {}).get("metadata", {}).get("name", ""),
     }
     activation: dict[str, Any] = {
-        "object": celpy.json_to_cel(pod),
-        "oldObject": celpy.json_to_cel(pod if operation == "UPDATE" else None),
-        "request": celpy.json_to_cel(request),
+        "object": json_to_cel(pod),
+        "oldObject": json_to_cel(pod if operation == "UPDATE" else None),
+        "request": json_to_cel(request),
     }
     conditions = policy["spec"]["webhookConfiguration"]["matchConditions"]
     sent = all(bool(cel(c["expression"], activation)) for c in conditions)
@@ -360,7 +361,8 @@ def test_unknown_contract_is_refused(policy: dict[str, Any], case: str) -> None:
     pod = make_pod("ci", labels={CONTRACT_LABEL: "ci-runner"}, **BOUND[case])
     decision = admit(policy, pod, namespace="ci")
     assert decision.failures == (
-        f"{CONTRACT_LABEL} names unknown contract ci-runner (not in contract bundle serial {SERIAL})",
+        f"{CONTRACT_LABEL} names unknown contract ci-runner"
+        f" (not in contract bundle serial {SERIAL})",
     )
 
 

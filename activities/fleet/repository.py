@@ -236,16 +236,24 @@ class FleetRepository:
             ).fetchone()
 
     def list_instances(
-        self, region: str, states: Sequence[InstanceState] | None = None
+        self,
+        region: str,
+        states: Sequence[InstanceState] | None = None,
+        *,
+        hall: str | None = None,
+        pool_id: str | None = None,
     ) -> list[InstanceRow]:
         wanted = [s.value for s in states] if states else None
         with self._pool.connection() as conn:
             cur = conn.cursor(row_factory=class_row(InstanceRow))
             return cur.execute(
                 """SELECT * FROM instances
-                   WHERE region = %s AND (%s::text[] IS NULL OR state = ANY(%s))
+                   WHERE region = %(region)s
+                     AND (%(states)s::text[] IS NULL OR state = ANY(%(states)s))
+                     AND (%(hall)s::text IS NULL OR hall = %(hall)s)
+                     AND (%(pool)s::text IS NULL OR pool_id = %(pool)s)
                    ORDER BY created_at, instance_id""",
-                (region, wanted, wanted),
+                {"region": region, "states": wanted, "hall": hall, "pool": pool_id},
             ).fetchall()
 
     # -- outbox --------------------------------------------------------------------------

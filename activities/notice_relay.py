@@ -1,0 +1,128 @@
+"""The notice relay of one hall: reclaim decisions become notices with a deadline, and
+instances still there at the deadline are deleted.
+
+Durable by construction: the NOTICE is written to fleet state (with its lifecycle event)
+before the notice is published, and the deadline is derived from that row. After a
+restart the relay republishes the notices of its hall's noticed instances (same stable
+notice id, so agents act once) and deletes those past their deadline.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
+
+from nats.js.client import JetStreamContext
+
+from activities.events import EventKind, InstanceState
+from activities.fleet.repository import FleetRepository, InstanceRow
+from activities.provider.errors import ProviderError
+from activities.provider.interface import CloudProvider
+from contracts.notice import ReclaimNotice, ReclaimRequest, notice_stream
+
+log = logging.getLogger(__name__)
+
+_PENDING = [InstanceState.NOTICED, InstanceState.DRAINING]
+
+
+class NoticeRelay:
+    def __init__(
+        self,
+        *,
+        region: str,
+        hall: str,
+        lead: timedelta,
+        repo: FleetRepository,
+        provider: CloudProvider,
+        js: JetStreamContext,
+    ) -> None:
+        self.region, self.hall, self.lead = region, hall, lead
+        self._repo = repo
+        self._provider = provider
+        self._js = js
+
+    async def ensure_stream(self) -> None:
+        """The region's notice stream; notices are kept one day (far past any deadline)."""
+        name = notice_stream(self.region)
+        try:
+            await self._js.stream_info(name)
+        except Exception:  # nats-py raises NotFoundError; any failure here means "create"
+            await self._js.add_stream(
+                name=name, subjects=[f"sco.{self.region}.notice.>"], max_age=86400
+            )
+
+    def notice_for(self, row: InstanceRow) -> ReclaimNotice:
+        noticed_at = row.state_changed_at
+        return ReclaimNotice(
+            notice_id=ReclaimNotice.stable_id(row.region, row.instance_id, noticed_at),
+            region=row.region,
+            hall=row.hall,
+            node=row.instance_id,
+            pool_id=row.pool_id,
+            issued_at=noticed_at,
+            deadline=noticed_at + self.lead,
+            reason=f"reclaim notice for {row.pool_id}",
+        )
+
+    async def _publish(self, notice: ReclaimNotice) -> None:
+        # Msg-Id makes JetStream drop a republished notice within its dedupe window.
+        await self._js.publish(
+            notice.subject,
+            notice.model_dump_json().encode(),
+            headers={"Nats-Msg-Id": notice.notice_id},
+        )
+
+    async def reclaim(self, instance_ids: Iterable[str], reason: str) -> list[ReclaimNotice]:
+        """Notice the given instances of this hall that are active; others are skipped."""
+        notices = []
+        for iid in instance_ids:
+            row = self._repo.get_instance(iid)
+            if row is None or row.hall != self.hall or row.region != self.region:
+                log.warning("reclaim: %s is not an instance of %s/%s", iid, self.region, self.hall)
+                continue
+            if row.state is InstanceState.ACTIVE:
+                self._repo.record_event(iid, EventKind.NOTICE, reason=reason)
+                row = self._repo.get_instance(iid)
+            if row is None or row.state not in _PENDING:
+                continue
+            notice = self.notice_for(row)
+            await self._publish(notice)
+            notices.append(notice)
+        return notices
+
+    async def handle_request(self, request: ReclaimRequest) -> list[ReclaimNotice]:
+        ids = list(request.instances)
+        if request.pool_id:
+            ids += [
+                r.instance_id
+                for r in self._repo.list_instances(
+                    self.region, [InstanceState.ACTIVE], hall=self.hall, pool_id=request.pool_id
+                )
+            ]
+        by = f" by {request.requested_by}" if request.requested_by else ""
+        return await self.reclaim(ids, f"{request.reason}{by}")
+
+    async def recover(self) -> int:
+        """After a restart: republish the notices of this hall's noticed instances."""
+        rows = self._repo.list_instances(self.region, _PENDING, hall=self.hall)
+        for row in rows:
+            await self._publish(self.notice_for(row))
+        return len(rows)
+
+    async def sweep(self, now: datetime | None = None) -> list[str]:
+        """Delete instances whose deadline has passed; return their ids."""
+        now = now or datetime.now(UTC)
+        deleted = []
+        for row in self._repo.list_instances(self.region, _PENDING, hall=self.hall):
+            if self.notice_for(row).deadline > now:
+                continue
+            try:
+                if row.provider_id:
+                    await self._provider.delete(row.provider_id)
+            except ProviderError as exc:
+                log.warning("sweep: deleting %s failed, will retry: %s", row.instance_id, exc)
+                continue
+            self._repo.record_event(row.instance_id, EventKind.DELETE, reason="reclaim deadline")
+            deleted.append(row.instance_id)
+        return deleted

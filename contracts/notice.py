@@ -1,0 +1,77 @@
+"""Reclaim notices: what the notice relay publishes and the node agent acts on.
+
+Subjects (one region never sees another's):
+    sco.<region>.notice.<hall>.<node>     a notice for one node
+    sco.<region>.notice.<hall>.>          everything for a hall (what a hall's agents watch)
+    sco.<region>.reclaim.<hall>           operators' reclaim requests to that hall's relay
+Notices are kept in the JetStream stream `SCO_NOTICES_<REGION>`, so an agent that was
+disconnected still finds a notice whose deadline has not passed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from datetime import datetime
+
+from pydantic import BaseModel, ConfigDict, Field
+
+_TOKEN = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def _token(value: str, what: str) -> str:
+    if not _TOKEN.match(value):
+        raise ValueError(f"{what} {value!r} cannot be a NATS subject token")
+    return value
+
+
+def notice_subject(region: str, hall: str, node: str) -> str:
+    return f"sco.{_token(region, 'region')}.notice.{_token(hall, 'hall')}.{_token(node, 'node')}"
+
+
+def hall_notice_subjects(region: str, hall: str) -> str:
+    return f"sco.{_token(region, 'region')}.notice.{_token(hall, 'hall')}.>"
+
+
+def reclaim_subject(region: str, hall: str) -> str:
+    return f"sco.{_token(region, 'region')}.reclaim.{_token(hall, 'hall')}"
+
+
+def notice_stream(region: str) -> str:
+    return f"SCO_NOTICES_{_token(region, 'region').upper()}"
+
+
+class ReclaimNotice(BaseModel):
+    """One reclaim of one node. `notice_id` is stable: a repeat of the same reclaim has the
+    same id, so agents act once."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    notice_id: str
+    region: str
+    hall: str
+    node: str  # the instance name, which is the node's hostname
+    pool_id: str
+    issued_at: datetime
+    deadline: datetime  # the instance is deleted at this time
+    reason: str = ""
+
+    @staticmethod
+    def stable_id(region: str, node: str, noticed_at: datetime) -> str:
+        raw = f"{region}/{node}/{noticed_at.isoformat()}".encode()
+        return hashlib.sha256(raw).hexdigest()[:24]
+
+    @property
+    def subject(self) -> str:
+        return notice_subject(self.region, self.hall, self.node)
+
+
+class ReclaimRequest(BaseModel):
+    """An operator's `sco reclaim`: instances by name, or every instance of a pool."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    instances: list[str] = []
+    pool_id: str | None = None
+    reason: str = Field(default="operator reclaim", max_length=200)
+    requested_by: str = ""

@@ -1,0 +1,112 @@
+"""The notice relay on real NATS JetStream and real PostgreSQL, with the simulated cloud."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from datetime import timedelta
+
+import nats
+import psycopg
+from nats.aio.msg import Msg
+
+from activities.events import CapacityType, EventKind, InstanceState
+from activities.fleet.repository import FleetRepository, InstanceSpec
+from activities.notice_relay import NoticeRelay
+from activities.provider.errors import NotFound
+from activities.provider.interface import CreateRequest
+from activities.provider.simulator import SimulatedCloud
+from contracts.notice import ReclaimNotice, ReclaimRequest, hall_notice_subjects
+from contracts.region import Region
+
+NATS_URL = "nats://127.0.0.1:4222"
+
+
+async def launch(cloud: SimulatedCloud, repo: FleetRepository, region: Region, pool_id: str) -> str:
+    name = f"sco-r1-{uuid.uuid4().hex[:10]}"
+    pool = region.pool(pool_id)
+    inst = await cloud.create(
+        CreateRequest(name=name, region="r1", pool_id=pool_id, hall=pool.hall, flavor=pool.flavor)
+    )
+    repo.record_acquire(
+        InstanceSpec(
+            instance_id=name,
+            region="r1",
+            pool_id=pool_id,
+            capacity_type=CapacityType.RECLAIMABLE,
+            workload="ci-runners",
+            tier=3,
+        )
+    )
+    repo.record_event(name, EventKind.READY, provider_id=inst.provider_id)
+    return name
+
+
+async def test_a_reclaim_notices_the_node_then_deletes_it_after_the_deadline(
+    fleet_repo: FleetRepository, region_r1: Region, pg_dsn: str
+) -> None:
+    cloud = SimulatedCloud(region_r1, clock=lambda: 0.0)
+    nc = await nats.connect(NATS_URL)
+    try:
+        relay = NoticeRelay(
+            region="r1",
+            hall="D",
+            lead=timedelta(seconds=120),
+            repo=fleet_repo,
+            provider=cloud,
+            js=nc.jetstream(),
+        )
+        await relay.ensure_stream()
+        pool_id = "r1.D.cpu.l"
+        nodes = [await launch(cloud, fleet_repo, region_r1, pool_id) for _ in range(3)]
+        received: list[ReclaimNotice] = []
+
+        async def collect(msg: Msg) -> None:
+            received.append(ReclaimNotice.model_validate_json(msg.data))
+
+        sub = await nc.subscribe(hall_notice_subjects("r1", "D"), cb=collect)
+
+        notices = await relay.handle_request(
+            ReclaimRequest(instances=[nodes[0]], requested_by="alice")
+        )
+        assert [n.node for n in notices] == [nodes[0]]
+        notice = notices[0]
+        assert notice.deadline - notice.issued_at == timedelta(seconds=120)
+        assert "by alice" in notice_reason(pg_dsn, nodes[0])  # who asked is on the record
+        # A repeated request neither records nor changes the notice: same stable id.
+        again = await relay.handle_request(ReclaimRequest(instances=[nodes[0]]))
+        assert again[0].notice_id == notice.notice_id
+        # A pool-wide reclaim notices the rest of the pool.
+        pool_wide = await relay.handle_request(ReclaimRequest(pool_id=pool_id))
+        assert {n.node for n in pool_wide} >= set(nodes[1:])
+        for _ in range(50):
+            if {n.node for n in received} >= set(nodes):
+                break
+            await asyncio.sleep(0.05)
+        assert {n.node for n in received} >= set(nodes)
+        assert all(n.subject.startswith("sco.r1.notice.D.") for n in received)
+        await sub.unsubscribe()
+
+        # After a restart the relay republishes what is still pending.
+        assert await relay.recover() >= 3
+        assert await relay.sweep(now=notice.issued_at + timedelta(seconds=60)) == []
+        gone = await relay.sweep(now=notice.deadline + timedelta(seconds=1))
+        assert set(nodes) <= set(gone)
+        row = fleet_repo.get_instance(nodes[0])
+        assert row is not None and row.state is InstanceState.DELETED
+        try:
+            await cloud.get(row.provider_id or "")
+            raise AssertionError("the instance should be gone")
+        except NotFound:
+            pass
+    finally:
+        await nc.close()
+
+
+def notice_reason(dsn: str, instance_id: str) -> str:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(
+            "SELECT payload->>'reason' FROM outbox WHERE key = %s AND payload->>'kind' = 'notice'",
+            (instance_id,),
+        ).fetchone()
+    return str(row[0]) if row else ""
