@@ -112,10 +112,14 @@ def render_admission(
     out: Path = typer.Option(..., help="Directory for job_submit.lua and the Kyverno policy."),
     slurm_partition: list[str] = typer.Option(["spot"], help="Reclaimable Slurm partition(s)."),
     slurm_default_partition: str = typer.Option(None, help="Slurm's default partition name."),
+    k8s_exempt_namespace: list[str] = typer.Option(
+        ["kube-system"],
+        help="Namespaces Kyverno does not check (DaemonSets that tolerate "
+        "every taint, such as CNI and kube-proxy).",
+    ),
 ) -> None:
     """Generate Slurm job_submit.lua and a Kyverno ClusterPolicy from a verified bundle."""
     from contracts.admission.kyverno import render_cluster_policy_yaml
-
     from contracts.admission.slurm import render_job_submit_lua
     from contracts.atomic import write_atomic
 
@@ -126,7 +130,9 @@ def render_admission(
         reclaimable_partitions=slurm_partition,
         default_partition=slurm_default_partition,
     )
-    policy = render_cluster_policy_yaml(b.content.contracts, serial=b.serial)
+    policy = render_cluster_policy_yaml(
+        b.content.contracts, serial=b.serial, exempt_namespaces=k8s_exempt_namespace
+    )
     write_atomic(out / "job_submit.lua", lua.encode())
     write_atomic(out / "kyverno-clusterpolicy.yaml", policy.encode())
     console.print(
