@@ -69,7 +69,8 @@ def test_up_is_idempotent_status_is_healthy_and_down_leaves_nothing(
     assert first["postgres"].mode == "external" and first["nats"].mode == "external"
     assert first["kafka"].mode == "managed" and first["temporal"].mode == "managed"
     assert first["ledger"].mode == "embedded"
-    assert {"worker-r1", "relay-r1", "ledger-consumer"} <= set(first)
+    assert {"sim-r1", "worker-r1", "relay-r1", "ledger-consumer"} <= set(first)
+    assert {f"notice-relay-r1-{h}" for h in "ABCD"} <= set(first)
 
     second = {s.name: s for s in box.up()}
     assert {n: s.pid for n, s in second.items()} == {n: s.pid for n, s in first.items()}
@@ -83,6 +84,10 @@ def test_up_is_idempotent_status_is_healthy_and_down_leaves_nothing(
     synced = sco(box_env, "pools", "sync", "--region", "r1")
     assert synced.returncode == 0, synced.stderr
     assert "144 pools" in synced.stdout
+
+    # The hall's notice relay answers an operator's reclaim (nothing runs in the pool yet).
+    reclaimed = sco(box_env, "reclaim", "--pool", "r1.B.gp.l")
+    assert reclaimed.returncode == 0 and "0 noticed" in reclaimed.stdout, reclaimed.stderr
 
     records = list(box.state_file.read().processes.values())
     down = sco(box_env, "dev", "down")

@@ -58,8 +58,13 @@ async def cloud(request: pytest.FixtureRequest, region_r1: Region) -> AsyncItera
 
 def request(region: Region, pool_id: str, name: str | None = None) -> CreateRequest:
     pool = region.pool(pool_id)
-    return CreateRequest(name=name or f"sco-{uuid.uuid4().hex[:10]}", region=region.id,
-                         pool_id=pool_id, hall=pool.hall, flavor=pool.flavor)
+    return CreateRequest(
+        name=name or f"sco-{uuid.uuid4().hex[:10]}",
+        region=region.id,
+        pool_id=pool_id,
+        hall=pool.hall,
+        flavor=pool.flavor,
+    )
 
 
 async def test_implementations_are_cloud_providers(cloud: Cloud) -> None:
@@ -98,21 +103,28 @@ async def test_an_exhausted_pool_raises_insufficient_capacity(
         await cloud.provider.create(request(region_r1, pool_id))
 
 
-async def test_a_reservation_admits_its_amount_and_no_more(
-    cloud: Cloud, region_r1: Region
-) -> None:
+async def test_a_reservation_admits_its_amount_and_no_more(cloud: Cloud, region_r1: Region) -> None:
     p = cloud.provider
-    lease = await p.create_reservation(ReservationRequest(
-        name="sco-r1-floor-search-api-A", region="r1", hall="A", flavor="cpu.xl", amount=2,
-        end=datetime.now(UTC) + timedelta(days=1)))
+    lease = await p.create_reservation(
+        ReservationRequest(
+            name="sco-r1-floor-search-api-A",
+            region="r1",
+            hall="A",
+            flavor="cpu.xl",
+            amount=2,
+            end=datetime.now(UTC) + timedelta(days=1),
+        )
+    )
     assert lease.status == "ACTIVE"
     req = request(region_r1, "r1.A.cpu.xl")
     for n in range(2):
-        await p.create(req.model_copy(update={"name": f"floor-{n}",
-                                              "reservation_id": lease.reservation_id}))
+        await p.create(
+            req.model_copy(update={"name": f"floor-{n}", "reservation_id": lease.reservation_id})
+        )
     with pytest.raises(InsufficientCapacity, match="No valid host"):
-        await p.create(req.model_copy(update={"name": "floor-3",
-                                              "reservation_id": lease.reservation_id}))
+        await p.create(
+            req.model_copy(update={"name": "floor-3", "reservation_id": lease.reservation_id})
+        )
     later = datetime.now(UTC) + timedelta(days=2)
     assert (await p.extend_reservation(lease.lease_id, later)).end == later
     await p.delete_reservation(lease.lease_id)
@@ -146,8 +158,7 @@ async def test_a_lost_hall_fails_its_instances_and_refuses_new_ones(
 
 
 def test_reclaim_bursts_cluster_within_three_minutes() -> None:
-    model = ReclaimModel(base_per_instance_hour=0.0, bursts_per_pool_hour=1.0,
-                         burst_fraction=0.5)
+    model = ReclaimModel(base_per_instance_hour=0.0, bursts_per_pool_hour=1.0, burst_fraction=0.5)
     events = model.sample([f"i{n}" for n in range(100)], hours=1.0, rng=random.Random(7))
     assert events, "a one-hour window at one burst per hour should see a burst"
     first = events[0][0]

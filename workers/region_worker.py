@@ -15,6 +15,8 @@ from temporalio.worker import Worker
 from activities.fleet.activities import FleetActivities
 from activities.fleet.db import open_pool
 from activities.fleet.repository import FleetRepository
+from activities.provider.activities import ProviderActivities, all_activities
+from workers.provider_factory import provider_for
 from workers.settings import Settings
 from workflows.sync_pools import SyncPoolsWorkflow
 
@@ -35,6 +37,7 @@ async def run_worker(settings: Settings, region: str) -> None:
     client = await connect(settings, region)
     pool = open_pool(settings.postgres_dsn)
     fleet = FleetActivities(FleetRepository(pool), settings.regions_dir)
+    cloud = ProviderActivities(provider_for(settings, region))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -44,7 +47,12 @@ async def run_worker(settings: Settings, region: str) -> None:
             client,
             task_queue=settings.temporal.task_queue(region),
             workflows=WORKFLOWS,
-            activities=[fleet.sync_pools, fleet.record_acquire, fleet.record_event],
+            activities=[
+                fleet.sync_pools,
+                fleet.record_acquire,
+                fleet.record_event,
+                *all_activities(cloud),
+            ],
             activity_executor=executor,
             graceful_shutdown_timeout=timedelta(seconds=20),
         )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_settings import (
@@ -48,6 +48,17 @@ class KafkaSettings(BaseModel):
     replication_factor: int = Field(default=1, ge=1)
 
 
+class ProviderSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    # simulator: the simulated cloud service (`sco sim serve`), the embedded default.
+    # openstack: the region's OpenStack through openstacksdk (clouds.yaml, OS_CLOUD, OS_*).
+    kind: Literal["simulator", "openstack"] = "simulator"
+    openstack_cloud: str = "sco-testcloud"  # the clouds.yaml entry of this region
+    image: str = "sco-node"
+    network: str = "none"
+
+
 class OutboxSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -76,6 +87,7 @@ class Settings(BaseSettings):
     temporal: TemporalSettings = TemporalSettings()
     kafka: KafkaSettings = KafkaSettings()
     outbox: OutboxSettings = OutboxSettings()
+    provider: ProviderSettings = ProviderSettings()
 
     @property
     def effective_ledger_dsn(self) -> str:

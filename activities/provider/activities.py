@@ -9,9 +9,9 @@ the heartbeat timeout and the retry resumes the wait, not the create.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from pydantic import BaseModel
 from temporalio import activity
@@ -136,7 +136,7 @@ class ProviderActivities:
         )
 
 
-def all_activities(acts: ProviderActivities) -> list[object]:
+def all_activities(acts: ProviderActivities) -> list[Callable[..., Any]]:
     return [
         acts.create_instance,
         acts.wait_active,

@@ -33,8 +33,14 @@ from activities.provider.simulator import SimulatedCloud
 log = logging.getLogger(__name__)
 
 _ERRORS: dict[str, type[errors.ProviderError]] = {
-    cls.__name__: cls for cls in (errors.InsufficientCapacity, errors.NotFound,
-                                  errors.RateLimited, errors.Transient, errors.Permanent)
+    cls.__name__: cls
+    for cls in (
+        errors.InsufficientCapacity,
+        errors.NotFound,
+        errors.RateLimited,
+        errors.Transient,
+        errors.Permanent,
+    )
 }
 _INSTANCES = TypeAdapter(list[ProviderInstance])
 _RESERVATIONS = TypeAdapter(list[Reservation])
@@ -64,8 +70,7 @@ async def _dispatch(cloud: SimulatedCloud, op: str, args: dict[str, Any]) -> Any
     if op == "delete_reservation":
         return await cloud.delete_reservation(args["lease_id"])
     if op == "list_reservations":
-        return _RESERVATIONS.dump_python(await cloud.list_reservations(args["region"]),
-                                         mode="json")
+        return _RESERVATIONS.dump_python(await cloud.list_reservations(args["region"]), mode="json")
     if op == "fail_hall":
         cloud.fail_hall(args["hall"])
         return None
@@ -85,8 +90,11 @@ async def serve(cloud: SimulatedCloud, nc: NATS, *, prefix: str = "sco") -> None
             reply: dict[str, Any] = {"ok": result}
         except errors.ProviderError as exc:
             retry = getattr(exc, "retry_after", None)
-            reply = {"error": type(exc).__name__, "message": str(exc),
-                     "retry_after": retry.total_seconds() if retry else None}
+            reply = {
+                "error": type(exc).__name__,
+                "message": str(exc),
+                "retry_after": retry.total_seconds() if retry else None,
+            }
         except Exception as exc:  # a malformed request must not kill the simulator
             reply = {"error": "Permanent", "message": f"bad request: {exc}"}
         await msg.respond(json.dumps(reply).encode())
@@ -113,9 +121,11 @@ class SimulatorClient:
         if self._nc is None or not self._nc.is_connected:
             self._nc = await nats.connect(self._url, connect_timeout=5)
         try:
-            msg = await self._nc.request(subject(self._region, op, self._prefix),
-                                         json.dumps(args).encode(),
-                                         timeout=self._timeout)
+            msg = await self._nc.request(
+                subject(self._region, op, self._prefix),
+                json.dumps(args).encode(),
+                timeout=self._timeout,
+            )
         except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as exc:
             raise errors.Transient(f"simulator for {self._region} does not answer: {exc}") from exc
         reply = json.loads(msg.data)
@@ -132,13 +142,16 @@ class SimulatorClient:
 
     async def create(self, request: CreateRequest) -> ProviderInstance:
         return ProviderInstance.model_validate(
-            await self._call("create", request.model_dump(mode="json")))
+            await self._call("create", request.model_dump(mode="json"))
+        )
 
     async def delete(self, provider_id: str) -> None:
         await self._call("delete", {"provider_id": provider_id})
 
     async def get(self, provider_id: str) -> ProviderInstance:
-        return ProviderInstance.model_validate(await self._call("get", {"provider_id": provider_id}))
+        return ProviderInstance.model_validate(
+            await self._call("get", {"provider_id": provider_id})
+        )
 
     async def list_owned(self, region: str) -> list[ProviderInstance]:
         return _INSTANCES.validate_python(await self._call("list_owned", {"region": region}))
@@ -148,18 +161,21 @@ class SimulatorClient:
 
     async def create_reservation(self, request: ReservationRequest) -> Reservation:
         return Reservation.model_validate(
-            await self._call("create_reservation", request.model_dump(mode="json")))
+            await self._call("create_reservation", request.model_dump(mode="json"))
+        )
 
     async def extend_reservation(self, lease_id: str, end: datetime) -> Reservation:
-        return Reservation.model_validate(await self._call(
-            "extend_reservation", {"lease_id": lease_id, "end": end.isoformat()}))
+        return Reservation.model_validate(
+            await self._call("extend_reservation", {"lease_id": lease_id, "end": end.isoformat()})
+        )
 
     async def delete_reservation(self, lease_id: str) -> None:
         await self._call("delete_reservation", {"lease_id": lease_id})
 
     async def list_reservations(self, region: str) -> list[Reservation]:
         return _RESERVATIONS.validate_python(
-            await self._call("list_reservations", {"region": region}))
+            await self._call("list_reservations", {"region": region})
+        )
 
     async def fail_hall(self, hall: str) -> None:
         await self._call("fail_hall", {"hall": hall})

@@ -122,7 +122,9 @@ def seed_aggregates(c: Any, region: Region) -> Tally:
             agg = c.compute.create_aggregate(name=hall_aggregate(hall), availability_zone=hall)
             t.created += 1
         elif agg.availability_zone != hall:
-            raise SystemExit(f"aggregate {agg.name} has AZ {agg.availability_zone!r}, want {hall!r}")
+            raise SystemExit(
+                f"aggregate {agg.name} has AZ {agg.availability_zone!r}, want {hall!r}"
+            )
         changed = False
         for host in (spot_host(hall), committed_host(hall)):
             if host not in (agg.hosts or []):
@@ -275,8 +277,13 @@ def _wanted_nodes(region: Region) -> set[str]:
 
 def _make_available(c: Any, nodes: Iterable[Any]) -> None:
     """enroll -> manageable -> available, all nodes at once; other states are left alone."""
-    for state, verb, target in (("enroll", "manage", "manageable"), ("manageable", "provide", "available")):
-        batch = [n for n in (c.baremetal.get_node(n.id) for n in nodes) if n.provision_state == state]
+    for state, verb, target in (
+        ("enroll", "manage", "manageable"),
+        ("manageable", "provide", "available"),
+    ):
+        batch = [
+            n for n in (c.baremetal.get_node(n.id) for n in nodes) if n.provision_state == state
+        ]
         for n in batch:
             c.baremetal.set_node_provision_state(n, verb)
         if batch:

@@ -6,7 +6,7 @@ import logging
 
 import typer
 
-from workers.cli import contracts, dev, fleet, ledger, temporal
+from workers.cli import cloud, contracts, dev, fleet, ledger, temporal
 
 app = typer.Typer(
     help="SCO: the Spot Capacity Orchestrator control plane.",
@@ -22,6 +22,9 @@ app.add_typer(fleet.outbox_app, name="outbox")
 app.add_typer(fleet.worker_app, name="worker")
 app.add_typer(ledger.app, name="ledger")
 app.add_typer(contracts.app, name="contracts")
+app.add_typer(cloud.sim_app, name="sim")
+app.command("notice-relay")(cloud.notice_relay)
+app.command("reclaim")(cloud.reclaim)
 
 
 def main() -> None:

@@ -22,6 +22,7 @@ import psycopg
 from activities.events import lifecycle_topic
 from activities.fleet.migrate import ensure_database, migrate
 from activities.kafka import ensure_topics, kafka_answers
+from contracts.region import RegionFileError, load_region
 from workers.devbox import process
 from workers.devbox.process import DevboxError, ProcessRecord
 from workers.settings import Settings
@@ -390,7 +391,7 @@ class ChildProcessService(Service):
         # one /proc shows, which is how `down` knows the pid is still ours.
         argv = [sys.executable, "-m", "workers.cli", *self._argv]
         rec = process.start(argv, self._log(), env=_settings_env(self.s))
-        process.wait_until(self.name, lambda: _ran_for(rec, 2.0), timeout=10, record=rec)
+        process.wait_until(self.name, lambda: _ran_for(rec, 1.0), timeout=10, record=rec)
         return rec
 
 
@@ -411,6 +412,8 @@ def _settings_env(s: Settings) -> dict[str, str]:
         "SCO_LEDGER_DSN": s.effective_ledger_dsn,
         "SCO_TEMPORAL__ADDRESS": s.temporal.address,
         "SCO_KAFKA__BOOTSTRAP_SERVERS": s.kafka.bootstrap_servers,
+        "SCO_PROVIDER__KIND": s.provider.kind,
+        "SCO_PROVIDER__OPENSTACK_CLOUD": s.provider.openstack_cloud,
     }
 
 
@@ -425,9 +428,26 @@ def infrastructure(settings: Settings) -> list[Service]:
 
 
 def region_processes(settings: Settings) -> list[Service]:
+    """The region's own processes: the simulated cloud (unless OpenStack is configured),
+    the worker, one notice relay per hall, the outbox relay and the ledger consumer."""
     r = settings.region
+    try:
+        halls = list(load_region(settings.region_file(r)).halls)
+    except (RegionFileError, FileNotFoundError) as exc:
+        raise DevboxError(f"region {r}: {exc}") from exc
+    cloud: list[Service] = []
+    if settings.provider.kind == "simulator":
+        cloud = [ChildProcessService(settings, f"sim-{r}", ["sim", "serve", "--region", r])]
+    relays: list[Service] = [
+        ChildProcessService(
+            settings, f"notice-relay-{r}-{h}", ["notice-relay", "--region", r, "--hall", h]
+        )
+        for h in halls
+    ]
     return [
+        *cloud,
         ChildProcessService(settings, f"worker-{r}", ["worker", "run", "--region", r]),
+        *relays,
         ChildProcessService(settings, f"relay-{r}", ["outbox", "relay"]),
         ChildProcessService(settings, "ledger-consumer", ["ledger", "consume"]),
     ]
