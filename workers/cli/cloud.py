@@ -4,6 +4,7 @@ operator's reclaim."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import getpass
 import signal
 from datetime import timedelta
@@ -62,10 +63,8 @@ def sim_serve(
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, task.cancel)
         console.print(f"simulated cloud for {region_id} on NATS {s.nats_url}")
-        try:
+        with contextlib.suppress(asyncio.CancelledError):
             await task
-        except asyncio.CancelledError:
-            pass
         await nc.close()
 
     asyncio.run(run())
@@ -113,10 +112,8 @@ def notice_relay(
         while not stop.is_set():
             for iid in await relay.sweep():
                 console.print(f"deadline passed: deleted {iid}")
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), sweep_seconds)
-            except TimeoutError:
-                pass
         await nc.close()
 
     asyncio.run(run())
