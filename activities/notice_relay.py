@@ -103,6 +103,22 @@ class NoticeRelay:
         by = f" by {request.requested_by}" if request.requested_by else ""
         return await self.reclaim(ids, f"{request.reason}{by}")
 
+    async def poll_provider(self) -> list[ReclaimNotice]:
+        """Turn the provider's reclaim decisions for this hall into notices."""
+        try:
+            decisions = await self._provider.pending_reclaims(self.region, self.hall)
+        except ProviderError as exc:
+            log.warning("reclaim decisions unavailable, will retry: %s", exc)
+            return []
+        notices = []
+        for decision in decisions:
+            row = self._repo.get_instance_by_provider_id(decision.provider_id)
+            if row is None:
+                log.info("reclaim of %s: not an SCO instance in fleet state", decision.provider_id)
+                continue
+            notices += await self.reclaim([row.instance_id], decision.reason)
+        return notices
+
     async def recover(self) -> int:
         """After a restart: republish the notices of this hall's noticed instances."""
         rows = self._repo.list_instances(self.region, _PENDING, hall=self.hall)

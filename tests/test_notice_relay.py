@@ -15,7 +15,7 @@ from activities.fleet.repository import FleetRepository, InstanceSpec
 from activities.notice_relay import NoticeRelay
 from activities.provider.errors import NotFound
 from activities.provider.interface import CreateRequest
-from activities.provider.simulator import SimulatedCloud
+from activities.provider.simulator import ReclaimModel, SimulatedCloud
 from contracts.notice import ReclaimNotice, ReclaimRequest, hall_notice_subjects
 from contracts.region import Region
 
@@ -110,3 +110,35 @@ def notice_reason(dsn: str, instance_id: str) -> str:
             (instance_id,),
         ).fetchone()
     return str(row[0]) if row else ""
+
+
+async def test_provider_reclaim_decisions_become_notices(
+    fleet_repo: FleetRepository, region_r1: Region
+) -> None:
+    now = [0.0]
+    cloud = SimulatedCloud(
+        region_r1,
+        clock=lambda: now[0],
+        reclaims=ReclaimModel(base_per_instance_hour=3600.0, bursts_per_pool_hour=0.0),
+    )
+    nc = await nats.connect(NATS_URL)
+    try:
+        relay = NoticeRelay(
+            region="r1",
+            hall="A",
+            lead=timedelta(seconds=120),
+            repo=fleet_repo,
+            provider=cloud,
+            js=nc.jetstream(),
+        )
+        await relay.ensure_stream()
+        node = await launch(cloud, fleet_repo, region_r1, "r1.A.mem.xl")
+        assert await relay.poll_provider() == []  # starts the reclaim clock
+        now[0] += 60.0  # at one reclaim per instance-second, a minute reclaims it
+        notices = await relay.poll_provider()
+        assert [n.node for n in notices] == [node]
+        assert await relay.poll_provider() == []  # each decision is acted on once
+        row = fleet_repo.get_instance(node)
+        assert row is not None and row.state is InstanceState.NOTICED
+    finally:
+        await nc.close()

@@ -235,6 +235,13 @@ class FleetRepository:
                 "SELECT * FROM instances WHERE instance_id = %s", (instance_id,)
             ).fetchone()
 
+    def get_instance_by_provider_id(self, provider_id: str) -> InstanceRow | None:
+        with self._pool.connection() as conn:
+            cur = conn.cursor(row_factory=class_row(InstanceRow))
+            return cur.execute(
+                "SELECT * FROM instances WHERE provider_id = %s", (provider_id,)
+            ).fetchone()
+
     def list_instances(
         self,
         region: str,

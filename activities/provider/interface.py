@@ -7,6 +7,8 @@ Contract of every implementation:
 - `get` raises NotFound for an unknown or deleted instance.
 - `list_owned` returns only instances SCO made (SCO metadata), never anyone else's.
 - `free_capacity` is the number of instances of the pool's shape that could start now.
+- `pending_reclaims` returns each reclaim decision once; deciding is the provider's
+  business, noticing and deleting is the notice relay's.
 - Errors are the typed ProviderError subclasses in `errors`; nothing else escapes.
 """
 
@@ -79,6 +81,16 @@ class Reservation(BaseModel):
     end: datetime
 
 
+class ReclaimDecision(BaseModel):
+    """The provider takes this instance back (a Blazar lease starting on its host, a
+    simulated reclaim); the hall's notice relay turns it into a notice with a deadline."""
+
+    model_config = ConfigDict(frozen=True)
+
+    provider_id: str
+    reason: str
+
+
 @runtime_checkable
 class CloudProvider(Protocol):
     async def create(self, request: CreateRequest) -> ProviderInstance: ...
@@ -98,3 +110,7 @@ class CloudProvider(Protocol):
     async def delete_reservation(self, lease_id: str) -> None: ...
 
     async def list_reservations(self, region: str) -> list[Reservation]: ...
+
+    async def pending_reclaims(self, region: str, hall: str) -> list[ReclaimDecision]:
+        """Reclaims decided since the last call (each decision is returned once)."""
+        ...

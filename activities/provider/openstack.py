@@ -42,12 +42,15 @@ from activities.provider.interface import (
     CreateRequest,
     InstanceStatus,
     ProviderInstance,
+    ReclaimDecision,
     Reservation,
     ReservationRequest,
 )
 
 T = TypeVar("T")
 POOL_KEY = "sco-pool"
+CAPACITY_KEY = "sco-capacity"  # reclaimable | committed
+CAPACITY_KEY = "sco-capacity"  # reclaimable | committed
 _BLAZAR_TIME = "%Y-%m-%d %H:%M"
 
 
@@ -100,6 +103,7 @@ class OpenStackProvider:
         self._network = network
         self._hall_property = hall_property
         self._image_id: str | None = None
+        self._decided: set[str] = set()
 
     @classmethod
     def from_cloud(cls, cloud: str, **kwargs: Any) -> OpenStackProvider:
@@ -159,7 +163,12 @@ class OpenStackProvider:
                 flavor_id=flavor_id,
                 image_id=self._image_ref(),
                 networks=self._network,
-                metadata={**request.metadata, OWNER_KEY: request.region, POOL_KEY: request.pool_id},
+                metadata={
+                    **request.metadata,
+                    OWNER_KEY: request.region,
+                    POOL_KEY: request.pool_id,
+                    CAPACITY_KEY: "committed" if request.reservation_id else "reclaimable",
+                },
                 **kwargs,
             )
 
@@ -289,6 +298,45 @@ class OpenStackProvider:
             await self._run(lambda: self._blazar("delete", f"/leases/{lease_id}"))
         except NotFound:
             return
+
+    async def pending_reclaims(self, region: str, hall: str) -> list[ReclaimDecision]:
+        """Reclaimable instances on hosts that a started Blazar host lease now claims."""
+
+        def go() -> list[ReclaimDecision]:
+            live = {
+                lease["id"]
+                for lease in self._blazar("get", "/leases")["leases"]
+                if lease["status"] in ("STARTING", "ACTIVE")
+            }
+            names = {
+                str(h["id"]): h["hypervisor_hostname"]
+                for h in self._blazar("get", "/os-hosts")["hosts"]
+            }
+            claimed = {
+                names.get(str(alloc["resource_id"]), "")
+                for alloc in self._blazar("get", "/os-hosts/allocations")["allocations"]
+                if any(r.get("lease_id") in live for r in alloc.get("reservations", []))
+            }
+            out = []
+            for server in self._conn.compute.servers(details=True):
+                meta = server.metadata or {}
+                if (
+                    meta.get(OWNER_KEY) == region
+                    and meta.get(CAPACITY_KEY) == "reclaimable"
+                    and server.availability_zone == hall
+                    and server.compute_host in claimed
+                    and server.id not in self._decided
+                ):
+                    self._decided.add(server.id)
+                    out.append(
+                        ReclaimDecision(
+                            provider_id=server.id,
+                            reason=f"Blazar lease claims host {server.compute_host}",
+                        )
+                    )
+            return out
+
+        return await self._run(go)
 
     async def list_reservations(self, region: str) -> list[Reservation]:
         leases = await self._run(lambda: self._blazar("get", "/leases")["leases"])

@@ -25,6 +25,7 @@ from activities.provider import errors
 from activities.provider.interface import (
     CreateRequest,
     ProviderInstance,
+    ReclaimDecision,
     Reservation,
     ReservationRequest,
 )
@@ -71,6 +72,12 @@ async def _dispatch(cloud: SimulatedCloud, op: str, args: dict[str, Any]) -> Any
         return await cloud.delete_reservation(args["lease_id"])
     if op == "list_reservations":
         return _RESERVATIONS.dump_python(await cloud.list_reservations(args["region"]), mode="json")
+    if op == "pending_reclaims":
+        found = await cloud.pending_reclaims(args["region"], args["hall"])
+        return [d.model_dump(mode="json") for d in found]
+    if op == "reclaim":
+        cloud.reclaim(list(args["provider_ids"]))
+        return None
     if op == "fail_hall":
         cloud.fail_hall(args["hall"])
         return None
@@ -176,6 +183,10 @@ class SimulatorClient:
         return _RESERVATIONS.validate_python(
             await self._call("list_reservations", {"region": region})
         )
+
+    async def pending_reclaims(self, region: str, hall: str) -> list[ReclaimDecision]:
+        found = await self._call("pending_reclaims", {"region": region, "hall": hall})
+        return [ReclaimDecision.model_validate(d) for d in found]
 
     async def fail_hall(self, hall: str) -> None:
         await self._call("fail_hall", {"hall": hall})

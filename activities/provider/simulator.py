@@ -29,6 +29,7 @@ from activities.provider.interface import (
     CreateRequest,
     InstanceStatus,
     ProviderInstance,
+    ReclaimDecision,
     Reservation,
     ReservationRequest,
 )
@@ -109,6 +110,7 @@ class SimulatedCloud:
     faults: Faults = field(default_factory=Faults)
     seed: int = 0
     clock: Callable[[], float] = field(default_factory=lambda: asyncio.get_event_loop().time)
+    reclaims: ReclaimModel | None = None  # None: the simulated provider never reclaims
 
     def __post_init__(self) -> None:
         self._rng = random.Random(self.seed)
@@ -121,6 +123,8 @@ class SimulatedCloud:
         self._queued: list[ProviderError] = []
         self._next_id = 0
         self.calls: Counter[str] = Counter()
+        self._reclaim_due: list[tuple[float, str]] = []  # (clock time, provider id)
+        self._reclaim_sampled_until: float | None = None
 
     # -- fault control -------------------------------------------------------------------
 
@@ -234,6 +238,46 @@ class SimulatedCloud:
         if pool.hall in self._halls_down:
             return 0
         return max(0, pool.reclaimable_units - self._used[pool_id])
+
+    def reclaim(self, provider_ids: list[str], at: float | None = None) -> None:
+        """Decide reclaims by hand (tests, `sco sim`): due at `at` (default: now)."""
+        when = self.clock() if at is None else at
+        self._reclaim_due += [(when, pid) for pid in provider_ids]
+
+    def _sample_reclaims(self) -> None:
+        """Advance the reclaim processes of every pool to now."""
+        now = self.clock()
+        since = self._reclaim_sampled_until
+        self._reclaim_sampled_until = now
+        if self.reclaims is None or since is None or now <= since:
+            return
+        hours = (now - since) / 3600
+        for pool in self.region.pools:
+            ids = self.instances_in_pool(self.region.pool_id(pool))
+            if ids:
+                for offset, pid in self.reclaims.sample(ids, hours, self._rng):
+                    self._reclaim_due.append((since + offset, pid))
+
+    async def pending_reclaims(self, region: str, hall: str) -> list[ReclaimDecision]:
+        await self._call("pending_reclaims")
+        self._sample_reclaims()
+        now = self.clock()
+        due: list[tuple[float, str]] = []
+        later: list[tuple[float, str]] = []
+        out: list[ReclaimDecision] = []
+        seen: set[str] = set()
+        for when, pid in sorted(self._reclaim_due):
+            (due if when <= now else later).append((when, pid))
+        for when, pid in due:
+            inst = self._by_id.get(pid)
+            if inst is None or inst.info.hall != hall or pid in seen:
+                if inst is not None and inst.info.hall != hall:
+                    later.append((when, pid))  # another hall's relay will ask
+                continue
+            seen.add(pid)
+            out.append(ReclaimDecision(provider_id=pid, reason="simulated reclaim"))
+        self._reclaim_due = later
+        return out
 
     def instances_in_pool(self, pool_id: str) -> list[str]:
         return [i.info.provider_id for i in self._by_id.values() if i.info.pool_id == pool_id]

@@ -40,10 +40,10 @@ PIP_PACKAGES="nova openstack-placement keystone glance neutron blazar blazar-nov
 VENV=$BASE/venv V=$BASE/venv/bin
 E=$BASE/etc L=$BASE/logs R=$BASE/run D=$BASE/data W=$BASE/wsgi S=$BASE/state
 export PYTHONWARNINGS=ignore OS_CLIENT_CONFIG_FILE=$BASE/clouds.yaml OS_CLOUD=$CLOUD
-T0=${EPOCHREALTIME/./}
+T0=${EPOCHREALTIME//[.,]/}
 
 # ------------------------------------------------------------------------------ helpers
-say() { local us=$(( ${EPOCHREALTIME/./} - T0 )); printf '[%4d.%01ds] %s\n' $((us / 1000000)) $((us / 100000 % 10)) "$*"; }
+say() { local us=$(( ${EPOCHREALTIME//[.,]/} - T0 )); printf '[%4d.%01ds] %s\n' $((us / 1000000)) $((us / 100000 % 10)) "$*"; }
 die() { echo "testcloud: error: $*" >&2; exit 1; }
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 port_owner() { command -v ss >/dev/null && ss -Hltnp "sport = :$1" 2>/dev/null | grep -o 'users:(("[^"]*",pid=[0-9]*' | head -1 | sed 's/users:(("/process /; s/",pid=/ pid /'; }
@@ -101,7 +101,7 @@ APIS="keystone:5000 placement:8778 glance:9292 neutron:9696 nova-api:8774 blazar
 for np in $APIS; do
   n=${np%%:*} p=${np##*:}
   if ! ours "$n" && port_open "$p"; then
-    die "port $p (for $n) is already in use${p:+ by $(port_owner "$p" || echo 'another process')}; free it or stop that process"
+    die "port $p (for $n) is already in use by $(port_owner "$p" || echo 'another process'); free it and rerun"
   fi
 done
 say "testcloud in $BASE (region $(basename "$REGION_FILE" .toml), hosts: $HOSTS)"
@@ -421,7 +421,7 @@ $AUTH
 EOF
 # WSGI entry points for gunicorn. Keystone and Neutron parse sys.argv with oslo.config and
 # would choke on gunicorn's arguments, so every wrapper hides them.
-mk_wsgi() { printf 'import os\nimport sys\n\nsys.argv = sys.argv[:1]\nos.environ.setdefault("%s", "%s")\n%s\n' "$2" "$3" "$4" | put "$W/$1.py"; }
+mk_wsgi() { printf 'import os\nimport sys\n\nsys.argv = sys.argv[:1]\nos.environ.setdefault("%s", "%s")\n%b\n' "$2" "$3" "$4" | put "$W/$1.py"; }
 mk_wsgi ks_app        OS_KEYSTONE_CONFIG_FILES "$E/keystone/keystone.conf" 'from keystone.wsgi.api import application  # noqa'
 mk_wsgi placement_app OS_PLACEMENT_CONFIG_DIR  "$E/placement" 'from placement.wsgi.api import application  # noqa'
 mk_wsgi glance_app    OS_GLANCE_CONFIG_DIR     "$E/glance"    'from glance.wsgi.api import application  # noqa'
@@ -472,7 +472,10 @@ STARTED=()
 if [ "$FRESH" = 1 ]; then
   say "fresh cloud: creating databases"
   # stop whatever an older cloud of this folder still runs (it would talk to dropped databases)
-  for f in "$R"/*.pid; do n=$(basename "$f" .pid); case $n in mariadbd|rabbitmq|epmd) ;; *) ours "$n" && stop_one "$n";; esac; done
+  for f in "$R"/*.pid; do
+    n=$(basename "$f" .pid)
+    case $n in mariadbd|rabbitmq|epmd) ;; *) if ours "$n"; then stop_one "$n"; fi;; esac
+  done
   rm -f "$S/initialised"
   rm -rf "$E"/keystone/{fernet-keys,credential-keys,receipt-keys} "$D"/nova-* "$D"/glance/images/*
   GRANT_DB=$(printf '%s' "$DB_PREFIX" | sed 's/_/\\_/g')
@@ -531,9 +534,10 @@ say "all APIs answer"
 "$V/python" "$HERE/bootstrap.py" wait-computes $HOSTS || die "compute hosts did not come up; see $L/nova-compute-*.log"
 touch "$S/initialised"
 
-"$SCO_PYTHON" "$HERE/seed.py" seed --region "$REGION_FILE" --cloud "$CLOUD" 2> "$L/seed.err" \
-  | while IFS= read -r line; do say "$line"; done
-[ "${PIPESTATUS[0]}" = 0 ] || { tail -3 "$L/seed.err" >&2; die "seeding failed; see $L/seed.err"; }
+if ! "$SCO_PYTHON" "$HERE/seed.py" seed --region "$REGION_FILE" --cloud "$CLOUD" 2> "$L/seed.err" \
+     | while IFS= read -r line; do say "$line"; done; then
+  tail -3 "$L/seed.err" >&2; die "seeding failed; see $L/seed.err"
+fi
 
 say "ready. Use it with:"
 echo "    export OS_CLIENT_CONFIG_FILE=$BASE/clouds.yaml OS_CLOUD=$CLOUD"

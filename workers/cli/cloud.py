@@ -110,6 +110,8 @@ def notice_relay(
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         while not stop.is_set():
+            for notice in await relay.poll_provider():
+                console.print(f"noticed {notice.node} (deadline {notice.deadline:%H:%M:%S})")
             for iid in await relay.sweep():
                 console.print(f"deadline passed: deleted {iid}")
             with contextlib.suppress(TimeoutError):
