@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -193,7 +194,9 @@ class SimulatedCloud:
             self._used[request.pool_id] += 1
         self._next_id += 1
         info = ProviderInstance(
-            provider_id=f"sim-{self._next_id:08d}",
+            # Unique across simulator runs, as a real cloud's uuids are: fleet state keeps
+            # the ids of instances from earlier runs.
+            provider_id=f"sim-{uuid.uuid4()}",
             name=request.name,
             pool_id=request.pool_id,
             hall=request.hall,
