@@ -70,6 +70,22 @@ def kafka_bootstrap(tansu: process.ProcessRecord) -> str:
 
 
 @pytest.fixture(scope="session")
+async def dev_server_env() -> AsyncIterator[WorkflowEnvironment]:
+    """Temporal's dev server: the real server's semantics where the time-skipping test
+    server differs (it ignores an activity error's next_retry_delay, for one)."""
+    import sys
+
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=str(Path(sys.executable).parent / "temporal"),
+        data_converter=pydantic_data_converter,
+        ui=False,
+    )
+    await ensure_search_attributes(env.client, env.client.namespace)
+    yield env
+    await env.shutdown()
+
+
+@pytest.fixture(scope="session")
 async def workflow_env() -> AsyncIterator[WorkflowEnvironment]:
     env = await WorkflowEnvironment.start_time_skipping(
         test_server_existing_path=services.test_server_binary(),

@@ -107,20 +107,27 @@ done
 say "testcloud in $BASE (region $(basename "$REGION_FILE" .toml), hosts: $HOSTS)"
 
 # ------------------------------------------------------------------------------ venv
-STAMP=$( { cat "$HERE/constraints.txt"; echo "$PIP_PACKAGES"; "$PY" -V; cat "$HERE"/plugins/pyproject.toml "$HERE"/plugins/sco_testcloud_plugins/*.py; } | sha1sum | cut -c1-16)
+# two stamps: the OpenStack packages (slow, ~1.5 min) and our plugins (seconds)
+STAMP=$( { cat "$HERE/constraints.txt"; echo "$PIP_PACKAGES"; "$PY" -V; } | sha1sum | cut -c1-16)
+PLUGIN_STAMP=$(cat "$HERE"/plugins/pyproject.toml "$HERE"/plugins/sco_testcloud_plugins/*.py | sha1sum | cut -c1-16)
 if [ "$(cat "$VENV/.sco-stamp" 2>/dev/null)" != "$STAMP" ] || ! "$V/python" -c '' 2>/dev/null; then
   say "installing OpenStack into $VENV (pip, about 1.5 min on a fresh machine)"
   rm -rf "$VENV"; "$PY" -m venv "$VENV"
   # shellcheck disable=SC2086
   "$V/pip" install -q -c "$HERE/constraints.txt" $PIP_PACKAGES > "$L/pip.log" 2>&1 \
     || { tail -5 "$L/pip.log" >&2; die "pip install failed; see $L/pip.log"; }
-  rm -rf "$BASE/src"; mkdir -p "$BASE/src"; cp -r "$HERE/plugins" "$BASE/src/"
-  "$V/pip" install -q --no-deps --no-build-isolation "$BASE/src/plugins" >> "$L/pip.log" 2>&1 \
-    || die "installing deploy/testcloud/plugins failed; see $L/pip.log"
   echo "$STAMP" > "$VENV/.sco-stamp"
   say "venv ready ($(du -sh "$VENV" | cut -f1))"
 else
   say "venv up to date"
+fi
+if [ "$(cat "$VENV/.sco-plugins-stamp" 2>/dev/null)" != "$PLUGIN_STAMP" ]; then
+  # a copy, so the build leaves nothing in the repo
+  rm -rf "$BASE/src"; mkdir -p "$BASE/src"; cp -r "$HERE/plugins" "$BASE/src/"
+  "$V/pip" install -q --no-deps --force-reinstall "$BASE/src/plugins" > "$L/pip-plugins.log" 2>&1 \
+    || die "installing deploy/testcloud/plugins failed; see $L/pip-plugins.log"
+  echo "$PLUGIN_STAMP" > "$VENV/.sco-plugins-stamp"
+  say "test-cloud plugins installed"
 fi
 
 # ------------------------------------------------------------------------------ MariaDB
@@ -451,7 +458,7 @@ EOF
 svc() {
   local name=$1 port=$2 files=() hash; shift 2
   while [ "$1" != -- ]; do files+=("$1"); shift; done; shift
-  hash=$( { cat "${files[@]}"; echo "$*"; cat "$VENV/.sco-stamp"; } | sha1sum | cut -c1-16)
+  hash=$( { cat "${files[@]}"; echo "$*"; cat "$VENV"/.sco-*stamp; } | sha1sum | cut -c1-16)
   if ours "$name"; then
     [ "$(cat "$R/$name.cfg" 2>/dev/null)" = "$hash" ] && return 0
     say "restarting $name (its configuration changed)"; stop_one "$name"
