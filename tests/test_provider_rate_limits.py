@@ -69,6 +69,7 @@ async def test_retries_honour_retry_after_and_create_nothing_twice(
         )
 
     assert len(set(ids)) == 5
+    cloud.faults = Faults()
     assert len(await cloud.list_owned("r1")) == 5  # nothing created twice
     retried = [a for a in attempts if a[1] > 1]
     assert retried, "with 50 % throttling some creates must have been retried"
