@@ -41,6 +41,7 @@ test: lint
 bench: $(STAMP)
 	$(BIN)/python bench/outbox_bench.py
 	$(BIN)/python bench/contracts_bench.py
+	$(BIN)/python bench/simulator_bench.py
 
 clean: down
 	rm -rf .sco
