@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Stop the SCO test cloud: exactly the processes up.sh started, found by its pid files (a pid
-# is signalled only while its process still carries up.sh's SCO_TESTCLOUD_OWNER mark), each
-# with its whole process group. The machine's own MariaDB and RabbitMQ are never touched.
+# is signalled only while its process has the start time up.sh recorded beside it, so a
+# reused pid is never hit), each with its whole process group. The machine's own MariaDB and RabbitMQ are never touched.
 #
 # Usage: deploy/testcloud/down.sh            stop; keep data (the next up.sh restarts in ~30 s)
 #        deploy/testcloud/down.sh --purge    stop, then drop the test cloud's databases, user
@@ -21,10 +21,13 @@ esac
 BASE=$(cd "$BASE" && pwd)
 R=$BASE/run
 
+start_time() { sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f20; }
+# alive PID: exists and is not a zombie (an orphan's zombie may wait a while for init)
+alive() { local st; st=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1); [ -n "$st" ] && [ "$st" != Z ]; }
 ours() {
   local pid; pid=$(cat "$R/$1.pid" 2>/dev/null) || return 1
-  [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || return 1
-  tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null | grep -qxF "SCO_TESTCLOUD_OWNER=$BASE"
+  [ -n "$pid" ] && alive "$pid" || return 1
+  [ "$(start_time "$pid")" = "$(cat "$R/$1.start" 2>/dev/null)" ]
 }
 # stop NAME...: TERM each one's process group, wait up to 15 s for all, then KILL the rest
 stop() {
@@ -36,12 +39,12 @@ stop() {
     elif [ -f "$R/$n.pid" ]; then
       echo "  $n: not running (stale pid file removed)"
     fi
-    rm -f "$R/$n.pid" "$R/$n.cfg"
+    rm -f "$R/$n".{pid,start,cfg}
   done
   [ ${#pids[@]} -gt 0 ] || return 0
   for _ in $(seq 60); do
     local alive=0 p
-    for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
+    for p in "${pids[@]}"; do alive "$p" && alive=1; done
     [ $alive = 0 ] && break; sleep 0.25
   done
   for p in "${pids[@]}"; do kill -KILL -- "-$p" 2>/dev/null; done

@@ -47,22 +47,27 @@ say() { local us=$(( ${EPOCHREALTIME//[.,]/} - T0 )); printf '[%4d.%01ds] %s\n' 
 die() { echo "testcloud: error: $*" >&2; exit 1; }
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 port_owner() { command -v ss >/dev/null && ss -Hltnp "sport = :$1" 2>/dev/null | grep -o 'users:(("[^"]*",pid=[0-9]*' | head -1 | sed 's/users:(("/process /; s/",pid=/ pid /'; }
-# ours NAME: the pid file names a live process that up.sh started for this data folder
+# A pid file NAME.pid comes with NAME.start, the process's start time (field 22 of
+# /proc/PID/stat): a pid reused by an unrelated process never passes for ours.
+start_time() { sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f20; }
+# alive PID: exists and is not a zombie (an orphan's zombie may wait a while for init)
+alive() { local st; st=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1); [ -n "$st" ] && [ "$st" != Z ]; }
+# ours NAME: the pid file names a live process that up.sh started
 ours() {
   local pid; pid=$(cat "$R/$1.pid" 2>/dev/null) || return 1
-  [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || return 1
-  tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null | grep -qxF "SCO_TESTCLOUD_OWNER=$BASE"
+  [ -n "$pid" ] && alive "$pid" || return 1
+  [ "$(start_time "$pid")" = "$(cat "$R/$1.start" 2>/dev/null)" ]
 }
 # bg NAME CMD...: own session (so down.sh can stop its whole process group), pid file, log
 bg() {
   local name=$1; shift
-  SCO_TESTCLOUD_OWNER=$BASE setsid nohup "$@" > "$L/$name.out" 2>&1 < /dev/null &
-  echo $! > "$R/$name.pid"
+  setsid nohup "$@" > "$L/$name.out" 2>&1 < /dev/null &
+  echo $! > "$R/$name.pid"; start_time $! > "$R/$name.start"
 }
 stop_one() { # NAME: TERM the process group, KILL after 15 s
   local pid; pid=$(cat "$R/$1.pid"); kill -TERM -- "-$pid" 2>/dev/null || true
-  for _ in $(seq 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
-  kill -KILL -- "-$pid" 2>/dev/null || true; rm -f "$R/$1.pid" "$R/$1.cfg"
+  for _ in $(seq 60); do alive "$pid" || break; sleep 0.25; done
+  kill -KILL -- "-$pid" 2>/dev/null || true; rm -f "$R/$1".{pid,start,cfg}
 }
 # put FILE: write stdin to FILE only when it differs (keeps a healthy second run a no-op)
 put() { local t="$1.tmp.$$"; cat > "$t"; if cmp -s "$t" "$1"; then rm -f "$t"; else mv "$t" "$1"; fi; }
