@@ -29,7 +29,6 @@ import argparse
 import os
 import sys
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -275,19 +274,19 @@ def _wanted_nodes(region: Region) -> set[str]:
     }
 
 
-def _make_available(c: Any, nodes: Iterable[Any]) -> None:
+def _make_available(c: Any, nodes: list[Any]) -> None:
     """enroll -> manageable -> available, all nodes at once; other states are left alone."""
     for state, verb, target in (
         ("enroll", "manage", "manageable"),
         ("manageable", "provide", "available"),
     ):
-        batch = [
-            n for n in (c.baremetal.get_node(n.id) for n in nodes) if n.provision_state == state
-        ]
+        batch = [n for n in nodes if n.provision_state == state]
         for n in batch:
             c.baremetal.set_node_provision_state(n, verb)
         if batch:
-            c.baremetal.wait_for_nodes_provision_state(batch, target, timeout=300)
+            waited = c.baremetal.wait_for_nodes_provision_state(batch, target, timeout=300)
+            done = {n.id: n for n in waited}
+            nodes = [done.get(n.id, n) for n in nodes]
 
 
 # ----------------------------------------------------------------------------- main

@@ -320,7 +320,8 @@ put "$E/nova/api-paste.ini" < "$VENV/etc/nova/api-paste.ini"
 put "$E/nova/nova-common.conf" <<EOF
 [DEFAULT]
 transport_url = $RABBIT
-compute_driver = sco_testcloud_plugins.nova_fake.SizedFakeDriver
+# added to nova.virt.fake by sco-testcloud-nova-compute (plugins/sco_testcloud_plugins/nova_fake.py)
+compute_driver = fake.SizedFakeDriver
 state_path = $D/nova
 my_ip = 127.0.0.1
 host = controller
@@ -532,7 +533,7 @@ gun nova-api  8774 nova_api_app  2 4 "$E/nova/nova.conf" "$E/nova/api-paste.ini"
 svc nova-conductor - "$E/nova/nova.conf" -- "$V/nova-conductor" --config-file "$E/nova/nova.conf" --log-file "$L/nova-conductor.log"
 svc nova-scheduler - "$E/nova/nova.conf" -- "$V/nova-scheduler" --config-file "$E/nova/nova.conf" --log-file "$L/nova-scheduler.log"
 for h in $HOSTS; do
-  svc "nova-compute-$h" - "$E/nova/nova-common.conf" "$E/nova/compute-$h.conf" -- "$V/nova-compute" \
+  svc "nova-compute-$h" - "$E/nova/nova-common.conf" "$E/nova/compute-$h.conf" -- "$V/sco-testcloud-nova-compute" \
     --config-file "$E/nova/nova-common.conf" --config-file "$E/nova/compute-$h.conf" --log-file "$L/nova-compute-$h.log"
 done
 svc blazar-manager - "$E/blazar/blazar.conf" -- "$V/blazar-manager" --config-file "$E/blazar/blazar.conf" --log-file "$L/blazar-manager.log"
@@ -543,7 +544,7 @@ if [ ${#STARTED[@]} -gt 0 ]; then say "started: ${STARTED[*]}"; else say "all se
 for np in $APIS; do wait_http "http://127.0.0.1:${np##*:}/" "${np%%:*}"; done
 say "all APIs answer"
 # shellcheck disable=SC2086
-"$V/python" "$HERE/bootstrap.py" wait-computes $HOSTS || die "compute hosts did not come up; see $L/nova-compute-*.log"
+say "$("$V/python" "$HERE/bootstrap.py" wait-computes $HOSTS)" || die "compute hosts did not come up; see $L/nova-compute-*.log"
 touch "$S/initialised"
 
 if ! "$SCO_PYTHON" "$HERE/seed.py" seed --region "$REGION_FILE" --cloud "$CLOUD" 2> "$L/seed.err" \
