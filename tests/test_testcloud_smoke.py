@@ -18,7 +18,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import openstack
 import pytest
@@ -41,13 +41,13 @@ BOOT_TIMEOUT = 120
 LEASE_TIMEOUT = 90  # Blazar's manager starts leases on a 10 s poll
 
 
-def _unavailable(reason: str) -> None:
+def _unavailable(reason: str) -> NoReturn:
     if os.environ.get("SCO_REQUIRE_TESTCLOUD") == "1":
         pytest.fail(f"SCO_REQUIRE_TESTCLOUD=1 but {reason}", pytrace=False)
     pytest.skip(reason)
 
 
-def _clouds_yaml() -> Path | None:
+def _clouds_yaml() -> Path:
     if os.environ.get("OS_CLIENT_CONFIG_FILE"):
         return Path(os.environ["OS_CLIENT_CONFIG_FILE"])
     base = Path(os.environ.get("SCO_TESTCLOUD_DIR") or REPO / ".sco" / "testcloud")
@@ -57,7 +57,7 @@ def _clouds_yaml() -> Path | None:
 @pytest.fixture(scope="module")
 def conn() -> Iterator[Any]:
     path = _clouds_yaml()
-    if path is None or not path.is_file():
+    if not path.is_file():
         _unavailable(
             f"no clouds.yaml for {CLOUD!r} at {path} "
             "(start the test cloud with deploy/testcloud/up.sh, or set OS_CLIENT_CONFIG_FILE)"
@@ -96,7 +96,8 @@ def _boot(c: Any, name: str, flavor_id: str, hall: str) -> Any:
         image_id=img.id,
         networks=[{"uuid": net.id}],
         availability_zone=hall,
-        metadata={"sco-region": "r1", "sco-test": "testcloud-smoke"},
+        # not "sco-region": that would make the server look like SCO's own to the provider
+        metadata={"sco-test": "testcloud-smoke"},
     )
     return c.compute.wait_for_server(server, interval=0.5, wait=BOOT_TIMEOUT)
 

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Stop the SCO test cloud: exactly the processes up.sh started, found by its pid files (a pid
 # is signalled only while its process has the start time up.sh recorded beside it, so a
-# reused pid is never hit), each with its whole process group. The machine's own MariaDB and RabbitMQ are never touched.
+# reused pid is never hit), each with its whole process group. The machine's own MariaDB
+# and RabbitMQ are never touched; private ones that up.sh had to start are stopped.
 #
-# Usage: deploy/testcloud/down.sh            stop; keep data (the next up.sh restarts in ~30 s)
+# Usage: deploy/testcloud/down.sh            stop; keep data (the next up.sh takes ~35 s)
 #        deploy/testcloud/down.sh --purge    stop, then drop the test cloud's databases, user
 #                                            and vhost, and delete the data folder
 set -uo pipefail

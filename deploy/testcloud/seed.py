@@ -29,6 +29,7 @@ import argparse
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,6 +76,12 @@ class Tally:
     total: int = 0
     created: int = 0
     updated: int = 0
+
+    def count(self, change: str) -> None:
+        """One more item; ``change`` is "created", "updated" or "" (unchanged)."""
+        self.total += 1
+        self.created += change == "created"
+        self.updated += change == "updated"
 
     def __str__(self) -> str:
         changes = [f"{n} {w}" for n, w in ((self.created, "created"), (self.updated, "updated"))]
@@ -138,9 +145,9 @@ def seed_flavors(c: Any, region: Region) -> Tally:
     t = Tally("flavors")
     existing = {f.name: f for f in c.compute.flavors(details=True, is_public=None)}
     for name, pool in sorted(flavor_shapes(region).items()):
-        t.total += 1
         spec, extra = flavor_spec(region, pool)
         fl = existing.get(name)
+        change = ""
         if fl is not None and (fl.vcpus, fl.ram, fl.disk) != (
             spec["vcpus"],
             spec["ram"],
@@ -148,27 +155,25 @@ def seed_flavors(c: Any, region: Region) -> Tally:
         ):
             # A flavor cannot be resized; servers keep an embedded copy, so replace it.
             c.compute.delete_flavor(fl)
-            fl = None
-            t.updated += 1
+            fl, change = None, "updated"
         if fl is None:
             fl = c.compute.create_flavor(name=name, is_public=True, **spec)
-            if not t.updated:
-                t.created += 1
+            change = change or "created"
         current = dict(fl.extra_specs or {})
         if any(current.get(k) != v for k, v in extra.items()):
             c.compute.create_flavor_extra_specs(fl, extra)
-            if name in existing:
-                t.updated += 1
+            change = change or "updated"
+        t.count(change)
     return t
 
 
 def seed_image(c: Any) -> Tally:
-    t = Tally("images", total=1)
+    t = Tally("images")
     img = next(iter(c.image.images(name=IMAGE)), None)
+    change = ""
     if img is not None and img.status != "active":
         c.image.delete_image(img)  # an upload that was interrupted
-        img = None
-        t.updated += 1
+        img, change = None, "updated"
     if img is None:
         c.image.create_image(
             name=IMAGE,
@@ -177,16 +182,18 @@ def seed_image(c: Any) -> Tally:
             container_format="bare",
             visibility="public",
         )
-        t.created += 0 if t.updated else 1
+        change = change or "created"
+    t.count(change)
     return t
 
 
 def seed_network(c: Any) -> Tally:
-    t = Tally("networks", total=1)
+    t = Tally("networks")
     net = c.network.find_network(NETWORK)
+    change = ""
     if net is None:
         net = c.network.create_network(name=NETWORK, is_shared=True)
-        t.created += 1
+        change = "created"
     if c.network.find_subnet(SUBNET) is None:
         c.network.create_subnet(
             name=SUBNET,
@@ -196,7 +203,8 @@ def seed_network(c: Any) -> Tally:
             gateway_ip=None,
             is_dhcp_enabled=False,
         )
-        t.updated += 0 if t.created else 1
+        change = change or "updated"
+    t.count(change)
     return t
 
 
@@ -302,14 +310,15 @@ def cmd_seed(region: Region, cloud: str) -> None:
     import openstack
 
     c = openstack.connect(cloud=cloud)
-    for step in (
+    steps: list[Callable[[], Tally]] = [
         lambda: seed_aggregates(c, region),
         lambda: seed_flavors(c, region),
         lambda: seed_image(c),
         lambda: seed_network(c),
         lambda: seed_blazar(c, region),
         lambda: seed_ironic(c, region),
-    ):
+    ]
+    for step in steps:
         t0 = time.monotonic()
         tally = step()
         print(f"seed: {tally} [{time.monotonic() - t0:.1f}s]", flush=True)

@@ -29,8 +29,10 @@ SCO_PYTHON=${SCO_PYTHON:-$REPO/.venv/bin/python}
 DB_PORT=${SCO_TESTCLOUD_DB_PORT:-3306}
 RABBIT_PORT=${SCO_TESTCLOUD_RABBIT_PORT:-5672}
 DB_PREFIX=${SCO_TESTCLOUD_DB_PREFIX:-sco_tc_}
-DB_USER=sco_testcloud DB_PASS=sco_testcloud
-VHOST=sco_testcloud
+# everything of this test cloud in MariaDB and RabbitMQ is named after the prefix, so a
+# second data folder with another prefix (e.g. CI's) never touches this one's
+DB_USER=${DB_PREFIX%_} DB_PASS=sco_testcloud
+VHOST=${DB_PREFIX%_}
 CLOUD=sco-testcloud
 DATABASES="keystone placement glance neutron nova_api nova nova_cell0 blazar ironic"
 # Everything the venv gets; versions pinned by constraints.txt (resolved together, pip check clean).
@@ -64,13 +66,9 @@ bg() {
   setsid nohup "$@" > "$L/$name.out" 2>&1 < /dev/null &
   echo $! > "$R/$name.pid"; start_time $! > "$R/$name.start"
 }
-stop_one() { # NAME: TERM the process group, KILL after 15 s
-  local pid; pid=$(cat "$R/$1.pid"); kill -TERM -- "-$pid" 2>/dev/null || true
-  for _ in $(seq 60); do alive "$pid" || break; sleep 0.25; done
-  kill -KILL -- "-$pid" 2>/dev/null || true; rm -f "$R/$1".{pid,start,cfg}
-}
 # put FILE: write stdin to FILE only when it differs (keeps a healthy second run a no-op)
-put() { local t="$1.tmp.$$"; cat > "$t"; if cmp -s "$t" "$1"; then rm -f "$t"; else mv "$t" "$1"; fi; }
+# (the temporary file lives in $TMPDIR, so not even a folder's mtime changes)
+put() { local t; t=$(mktemp); cat > "$t"; if cmp -s "$t" "$1"; then rm -f "$t"; else cat "$t" > "$1"; rm -f "$t"; fi; }
 wait_http() { # URL NAME [timeout-s]
   local code n=$(( ${3:-120} * 4 ))
   for _ in $(seq "$n"); do
@@ -98,9 +96,10 @@ PY=${SCO_TESTCLOUD_PYTHON:-$(command -v python3.11 || command -v python3 || true
   || die "$PY must be Python >= 3.10 with venv and ensurepip (Debian: apt-get install python3-venv)"
 [ -x "$SCO_PYTHON" ] || die "project venv missing: $SCO_PYTHON (make the repo's .venv first, e.g. 'make lint', or set SCO_PYTHON)"
 [ -f "$REGION_FILE" ] || die "region file not found: $REGION_FILE"
-HOSTS=$("$SCO_PYTHON" "$HERE/seed.py" hosts --region "$REGION_FILE" 2>"$L/seed-hosts.err" | awk '{print $1}') \
+# the compute hosts, one line per host: "hall-a A spot", "hall-a-committed A committed", ...
+HOSTS=$("$SCO_PYTHON" "$HERE/seed.py" hosts --region "$REGION_FILE" 2>"$L/seed-hosts.err" | awk '{printf "%s ", $1}') \
   || die "$SCO_PYTHON cannot load $REGION_FILE with contracts.region; see $L/seed-hosts.err"
-HOSTS=$(echo $HOSTS)
+HOSTS=${HOSTS% }
 # name:port of every API; a port that someone else holds is a one-line error, before anything starts
 APIS="keystone:5000 placement:8778 glance:9292 neutron:9696 nova-api:8774 blazar-api:1234 ironic:6385"
 for np in $APIS; do
@@ -150,7 +149,8 @@ else
   MARIADBD=$(command -v mariadbd || echo /usr/sbin/mariadbd)
   if [ ! -d "$D/mysql/mysql" ]; then
     say "initialising a private MariaDB in $D/mysql"
-    mariadb-install-db --datadir="$D/mysql" --user=root --auth-root-authentication-method=normal \
+    # --no-defaults first: the machine's /etc/mysql/my.cnf (user=mysql, its datadir, logs) must not apply
+    mariadb-install-db --no-defaults --datadir="$D/mysql" --user=root --auth-root-authentication-method=normal \
       --skip-test-db > "$L/mysql-install.log" 2>&1 || die "mariadb-install-db failed; see $L/mysql-install.log"
   fi
   bg mariadbd "$MARIADBD" --no-defaults --datadir="$D/mysql" --socket="$R/mysqld.sock" \
@@ -187,8 +187,13 @@ export RABBITMQ_NODENAME=sco-testcloud@localhost RABBITMQ_NODE_IP_ADDRESS=127.0.
 export RABBITMQ_NODE_PORT=$RABBIT_PORT RABBITMQ_DIST_PORT=$((RABBIT_PORT + 20000))
 export RABBITMQ_ENABLED_PLUGINS_FILE=$D/rabbit/enabled_plugins RABBITMQ_PID_FILE=$R/rabbit.pidfile
 export ERL_EPMD_ADDRESS=127.0.0.1
+# our own config files, so that none of the machine's /etc/rabbitmq applies
+export RABBITMQ_CONFIG_FILE=$D/rabbit/rabbitmq.conf RABBITMQ_CONF_ENV_FILE=$D/rabbit/rabbitmq-env.conf
+export RABBITMQ_ADVANCED_CONFIG_FILE=$D/rabbit/advanced.config
 EOF
   echo '[].' > "$D/rabbit/enabled_plugins"
+  echo "listeners.tcp.local = 127.0.0.1:$RABBIT_PORT" > "$D/rabbit/rabbitmq.conf"
+  : > "$D/rabbit/rabbitmq-env.conf"
   # Erlang's port mapper: reuse a running one, else run our own (so down.sh can stop it)
   if ! port_open 4369; then (. "$RABBIT_ENV"; bg epmd epmd); fi
   (. "$RABBIT_ENV"; bg rabbitmq /usr/lib/rabbitmq/bin/rabbitmq-server)
@@ -198,6 +203,13 @@ EOF
 fi
 rabbitctl() { if [ "$RABBIT_MODE" = own ]; then (. "$RABBIT_ENV"; /usr/lib/rabbitmq/bin/rabbitmqctl "$@"); else rabbitmqctl "$@"; fi; }
 
+# The services' database user (every run: it may have been dropped; a no-op when present)
+GRANT_DB=$(printf '%s' "$DB_PREFIX" | sed 's/_/\\_/g')
+for h in 127.0.0.1 localhost; do
+  echo "CREATE USER IF NOT EXISTS '$DB_USER'@'$h' IDENTIFIED BY '$DB_PASS';"
+  echo "GRANT ALL ON \`$GRANT_DB%\`.* TO '$DB_USER'@'$h';"
+done | sql || die "could not create MariaDB user $DB_USER on 127.0.0.1:$DB_PORT"
+
 # ------------------------------------------------------------------------------ fresh or not
 # Fresh = never initialised here, or the databases are gone (e.g. another MariaDB): then
 # databases, vhost, keys and compute state are (re)made from scratch.
@@ -206,20 +218,26 @@ FRESH=0
 [ -n "$(sql -e "SHOW DATABASES LIKE '${DB_PREFIX}keystone'")" ] || FRESH=1
 [ -n "$(ls "$E/keystone/fernet-keys" 2>/dev/null)" ] || FRESH=1
 
+# The vhost: a clean one for a fresh cloud (stale queues of an older cloud would be
+# consumed), re-made when it went missing. Without rabbitmqctl (the machine's broker seen
+# only over AMQP), or when it fails, the default vhost "/".
+ensure_vhost() {
+  command -v rabbitmqctl >/dev/null || [ "$RABBIT_MODE" = own ] || return 1
+  rabbitctl -q list_vhosts 2>/dev/null | grep -qxF "$1" && return 0
+  { rabbitctl -q add_vhost "$1" && rabbitctl -q set_permissions -p "$1" guest '.*' '.*' '.*'; } \
+    > "$L/rabbit-vhost.log" 2>&1
+}
 if [ "$FRESH" = 1 ]; then
-  # vhost: a clean one per fresh cloud (stale queues of an older cloud would be consumed)
   if command -v rabbitmqctl >/dev/null || [ "$RABBIT_MODE" = own ]; then
     rabbitctl -q delete_vhost "$VHOST" >/dev/null 2>&1 || true
-    rabbitctl -q add_vhost "$VHOST" > "$L/rabbit-vhost.log" 2>&1 \
-      && rabbitctl -q set_permissions -p "$VHOST" guest '.*' '.*' '.*' >> "$L/rabbit-vhost.log" 2>&1 \
-      || VHOST=""
-  else
-    VHOST=""
   fi
-  echo "${VHOST:-/}" > "$S/vhost"
+  ensure_vhost "$VHOST" || VHOST=/
+  echo "$VHOST" > "$S/vhost"
+else
+  VHOST=$(cat "$S/vhost" 2>/dev/null || echo /)
+  [ "$VHOST" = / ] || ensure_vhost "$VHOST" || true
 fi
-VHOST=$(cat "$S/vhost" 2>/dev/null || echo /)
-amqp_ok "$VHOST" || die "RabbitMQ vhost '$VHOST' not usable by guest (rm -r $BASE and rerun)"
+amqp_ok "$VHOST" || die "RabbitMQ vhost '$VHOST' is not usable by guest (see $L/rabbit-vhost.log)"
 [ "$VHOST" = / ] && VH="" || VH=$VHOST
 say "RabbitMQ on 127.0.0.1:$RABBIT_PORT ($RABBIT_MODE, vhost ${VHOST})"
 printf 'DB_MODE=%s\nDB_PORT=%s\nDB_PREFIX=%s\nDB_USER=%s\nRABBIT_MODE=%s\nRABBIT_PORT=%s\nVHOST=%s\n' \
@@ -328,14 +346,23 @@ host = controller
 heal_instance_info_cache_interval = -1
 sync_power_state_interval = -1
 update_resources_interval = 60
+# periodic tasks start after a random delay of up to 60 s by default; the scheduler's host
+# discovery (below) is one, and a fresh cloud would wait for it
+periodic_fuzzy_delay = 0
+graceful_shutdown_timeout = 5
 cpu_allocation_ratio = 1.0
 ram_allocation_ratio = 1.0
 disk_allocation_ratio = 1.0
+# nothing held back: the host sizes below are exactly what instances can use
+reserved_host_memory_mb = 0
+reserved_host_cpus = 0
 [sco_fake]
-# per fake host: 4096 vCPU, 16 TiB RAM, ~1 PB disk (gpu-a.4xl, 64 vCPU / 768 GiB, fits 21 times)
-vcpus = 4096
-memory_mb = 16777216
-local_gb = 1000000
+# size of every fake host: 1024 vCPU, 1 TiB RAM, 100 TB disk. RAM decides: the largest shape
+# (gpu-a.4xl, 768 GiB) fits once per host, every other shape at least twice (hmem.4xl and
+# gpu-l.4xl, 512 GiB: 2; gpu-a.2xl: 2; mem.4xl: 4; gp.l, 16 GiB: 64).
+vcpus = 1024
+memory_mb = 1048576
+local_gb = 100000
 [wsgi]
 api_paste_config = $E/nova/api-paste.ini
 [conductor]
@@ -374,6 +401,7 @@ for h in $HOSTS; do
 done
 put "$E/blazar/blazar.conf" <<EOF
 [DEFAULT]
+graceful_shutdown_timeout = 5
 log_file = $L/blazar.log
 transport_url = $RABBIT
 os_auth_host = 127.0.0.1
@@ -398,6 +426,7 @@ lock_path = $D/locks
 EOF
 put "$E/ironic/ironic.conf" <<EOF
 [DEFAULT]
+graceful_shutdown_timeout = 5
 log_file = $L/ironic.log
 host = ironic-local
 auth_strategy = keystone
@@ -459,25 +488,37 @@ clouds:
 EOF
 
 # ------------------------------------------------------------------------------ services
-# svc NAME PORT|- CONFIG-FILES... -- CMD...: start NAME unless it runs with the same config;
-# restart it when its config changed.
+# svc NAME PORT|- CONFIG-FILES... -- CMD...: start NAME unless it runs with the same config.
+# services() declares them all; it runs twice: SVC_MODE=plan collects the running services
+# whose config changed (stopped together, in parallel), SVC_MODE=start starts what is down.
 svc() {
   local name=$1 port=$2 files=() hash; shift 2
   while [ "$1" != -- ]; do files+=("$1"); shift; done; shift
   hash=$( { cat "${files[@]}"; echo "$*"; cat "$VENV"/.sco-*stamp; } | sha1sum | cut -c1-16)
-  if ours "$name"; then
-    [ "$(cat "$R/$name.cfg" 2>/dev/null)" = "$hash" ] && return 0
-    say "restarting $name (its configuration changed)"; stop_one "$name"
+  if [ "$SVC_MODE" = plan ]; then
+    if ours "$name" && [ "$(cat "$R/$name.cfg" 2>/dev/null)" != "$hash" ]; then STALE+=("$name"); fi
+    return 0
   fi
+  ours "$name" && return 0
   if [ "$port" != - ] && port_open "$port"; then die "port $port (for $name) is already in use by $(port_owner "$port" || echo 'another process')"; fi
   bg "$name" "$@"; echo "$hash" > "$R/$name.cfg"; STARTED+=("$name")
+}
+stop_many() { # NAME...: TERM every process group at once, wait up to 15 s, KILL the rest
+  local n p pids=()
+  for n in "$@"; do p=$(cat "$R/$n.pid"); pids+=("$p"); kill -TERM -- "-$p" 2>/dev/null || true; done
+  for _ in $(seq 60); do
+    local up=0; for p in "${pids[@]}"; do if alive "$p"; then up=1; fi; done
+    [ $up = 0 ] && break; sleep 0.25
+  done
+  for p in "${pids[@]}"; do kill -KILL -- "-$p" 2>/dev/null || true; done
+  for n in "$@"; do rm -f "$R/$n".{pid,start,cfg}; done
 }
 gun() { # NAME PORT MODULE WORKERS THREADS CONFIG-FILES...
   local name=$1 port=$2 mod=$3 workers=$4 threads=$5; shift 5
   # --limit-request-line 0: nova asks neutron for ports with one device_id= per server
   # (a list of > ~60 servers breaks the 4094-byte default); no control socket: gunicorn
   # would put every master's at ~/.gunicorn/gunicorn.ctl
-  svc "$name" "$port" "$W/$mod.py" "$@" -- "$V/gunicorn" --no-control-socket --limit-request-line 0 \
+  svc "$name" "$port" "$W/$mod.py" "$@" -- "$V/gunicorn" --no-control-socket --limit-request-line 0 --graceful-timeout 5 \
     -w "$workers" --threads "$threads" -b "127.0.0.1:$port" --chdir "$W" --access-logfile "$L/$name-access.log" "$mod:application"
 }
 STARTED=()
@@ -485,18 +526,16 @@ STARTED=()
 if [ "$FRESH" = 1 ]; then
   say "fresh cloud: creating databases"
   # stop whatever an older cloud of this folder still runs (it would talk to dropped databases)
+  OLD=()
   for f in "$R"/*.pid; do
     n=$(basename "$f" .pid)
-    case $n in mariadbd|rabbitmq|epmd) ;; *) if ours "$n"; then stop_one "$n"; fi;; esac
+    case $n in mariadbd|rabbitmq|epmd) ;; *) if ours "$n"; then OLD+=("$n"); fi;; esac
   done
+  if [ ${#OLD[@]} -gt 0 ]; then stop_many "${OLD[@]}"; fi
   rm -f "$S/initialised"
   rm -rf "$E"/keystone/{fernet-keys,credential-keys,receipt-keys} "$D"/nova-* "$D"/glance/images/*
-  GRANT_DB=$(printf '%s' "$DB_PREFIX" | sed 's/_/\\_/g')
-  { for db in $DATABASES; do echo "DROP DATABASE IF EXISTS \`$DB_PREFIX$db\`; CREATE DATABASE \`$DB_PREFIX$db\`;"; done
-    for h in 127.0.0.1 localhost; do
-      echo "CREATE USER IF NOT EXISTS '$DB_USER'@'$h' IDENTIFIED BY '$DB_PASS';"
-      echo "GRANT ALL ON \`$GRANT_DB%\`.* TO '$DB_USER'@'$h';"
-    done; } | sql || die "could not create the test cloud's databases in MariaDB on 127.0.0.1:$DB_PORT"
+  for db in $DATABASES; do echo "DROP DATABASE IF EXISTS \`$DB_PREFIX$db\`; CREATE DATABASE \`$DB_PREFIX$db\`;"; done \
+    | sql || die "could not create the test cloud's databases in MariaDB on 127.0.0.1:$DB_PORT"
   for h in $HOSTS; do mkdir -p "$D/nova-$h"; done
   mkdir -p "$E"/keystone/{fernet-keys,credential-keys,receipt-keys}
   KC=(--config-file "$E/keystone/keystone.conf")
@@ -508,7 +547,7 @@ if [ "$FRESH" = 1 ]; then
       --bootstrap-internal-url http://127.0.0.1:5000/v3/; } > "$L/sync-keystone.log" 2>&1 \
     || die "keystone db_sync/bootstrap failed; see $L/sync-keystone.log"
   say "keystone database ready"
-  gun keystone 5000 ks_app 1 8 "$E/keystone/keystone.conf"
+  SVC_MODE=start gun keystone 5000 ks_app 1 8 "$E/keystone/keystone.conf"
   # every other schema in parallel (wait on these pids only: the daemons are children too)
   NM=("$V/nova-manage" --config-file "$E/nova/nova.conf")
   PIDS=()
@@ -525,6 +564,7 @@ if [ "$FRESH" = 1 ]; then
   say "all schemas migrated, catalog registered"
 fi
 
+services() {
 gun keystone  5000 ks_app        1 8 "$E/keystone/keystone.conf"
 gun placement 8778 placement_app 1 8 "$E/placement/placement.conf"
 gun glance    9292 glance_app    1 8 "$E/glance/glance-api.conf" "$E/glance/glance-api-paste.ini"
@@ -539,13 +579,20 @@ done
 svc blazar-manager - "$E/blazar/blazar.conf" -- "$V/blazar-manager" --config-file "$E/blazar/blazar.conf" --log-file "$L/blazar-manager.log"
 gun blazar-api 1234 blazar_app 1 8 "$E/blazar/blazar.conf"
 svc ironic 6385 "$E/ironic/ironic.conf" -- "$V/ironic" --config-file "$E/ironic/ironic.conf"
+}
+STALE=()
+SVC_MODE=plan services
+if [ ${#STALE[@]} -gt 0 ]; then say "restarting (configuration changed): ${STALE[*]}"; stop_many "${STALE[@]}"; fi
+SVC_MODE=start services
 if [ ${#STARTED[@]} -gt 0 ]; then say "started: ${STARTED[*]}"; else say "all services already running"; fi
 
 for np in $APIS; do wait_http "http://127.0.0.1:${np##*:}/" "${np%%:*}"; done
 say "all APIs answer"
 # shellcheck disable=SC2086
-say "$("$V/python" "$HERE/bootstrap.py" wait-computes $HOSTS)" || die "compute hosts did not come up; see $L/nova-compute-*.log"
-touch "$S/initialised"
+COMPUTES=$("$V/python" "$HERE/bootstrap.py" wait-computes $HOSTS 2>&1) \
+  || die "compute hosts did not come up ($COMPUTES); see $L/nova-compute-*.log"
+say "$COMPUTES"
+[ -f "$S/initialised" ] || touch "$S/initialised"
 
 if ! "$SCO_PYTHON" "$HERE/seed.py" seed --region "$REGION_FILE" --cloud "$CLOUD" 2> "$L/seed.err" \
      | while IFS= read -r line; do say "$line"; done; then

@@ -1,10 +1,10 @@
 """Nova's fake virt driver with a configurable size per compute host.
 
 Nova's ``fake.FakeDriverWithoutFakeNodes`` reports a fixed 1000 vCPU, 800000 MB and
-600000 GB per host, which fits only one instance of the region's largest shapes
-(``gpu-a.4xl``: 64 vCPU, 768 GiB). Blazar sizes instance reservations from the same
-hypervisor numbers, so allocation ratios would not help it. ``SizedFakeDriver`` takes its
-size from ``[sco_fake]`` in the compute's config file.
+600000 GB per host: one instance of each of the region's three largest shapes, and a fixed
+size that a test cannot choose. Blazar sizes instance reservations from the same hypervisor
+numbers, so allocation ratios would not help it. ``SizedFakeDriver`` takes its size from
+``[sco_fake]`` in the compute's config file.
 
 Nova loads virt drivers from the ``nova.virt`` package only (``compute_driver = fake.X``
 means ``nova.virt.fake.X``), so the console script ``sco-testcloud-nova-compute`` (this
@@ -19,9 +19,9 @@ from typing import Any
 from oslo_config import cfg
 
 OPTS = [
-    cfg.IntOpt("vcpus", default=4096, min=1, help="vCPUs the fake host reports"),
-    cfg.IntOpt("memory_mb", default=16 * 1024 * 1024, min=1, help="RAM (MB) it reports"),
-    cfg.IntOpt("local_gb", default=1_000_000, min=1, help="local disk (GB) it reports"),
+    cfg.IntOpt("vcpus", default=1024, min=1, help="vCPUs the fake host reports"),
+    cfg.IntOpt("memory_mb", default=1024 * 1024, min=1, help="RAM (MB) it reports"),
+    cfg.IntOpt("local_gb", default=100_000, min=1, help="local disk (GB) it reports"),
 ]
 
 
