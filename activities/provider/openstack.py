@@ -82,6 +82,15 @@ def translate(exc: Exception) -> ProviderError:
     return Transient(f"{type(exc).__name__}: {exc}")
 
 
+def _free(inventories: dict[str, Any], usages: dict[str, int], resource: str) -> float:
+    """Free amount of a Placement resource class on one provider."""
+    inv = inventories.get(resource)
+    if inv is None:
+        return 0.0
+    capacity = (inv["total"] - inv.get("reserved", 0)) * inv.get("allocation_ratio", 1.0)
+    return float(capacity - usages.get(resource, 0))
+
+
 def _status(server: Any) -> InstanceStatus:
     status = str(server.status or "").upper()
     if status in ("ACTIVE", "ERROR", "DELETED"):
@@ -149,11 +158,12 @@ class OpenStackProvider:
                 return existing
             kwargs: dict[str, Any] = {}
             if request.reservation_id is not None:
+                # An instance reservation is booted through the flavor Blazar made for it;
+                # the `reservation` scheduler hint is for host reservations only.
                 flavor_id = self._reservation_flavor(request.reservation_id)
-                kwargs["scheduler_hints"] = {"reservation": request.reservation_id}
             else:
                 flavor_id = self._conn.compute.find_flavor(request.flavor, ignore_missing=False).id
-                kwargs["availability_zone"] = request.hall
+            kwargs["availability_zone"] = request.hall
             if request.user_data:
                 import base64
 
@@ -196,31 +206,34 @@ class OpenStackProvider:
         return out
 
     async def free_capacity(self, pool_id: str) -> int:
-        """Instances of the pool's flavor that fit the free resources of the hall's hosts."""
+        """Instances of the pool's flavor that fit the hall's free Placement inventory,
+        leaving out Blazar's reservable hosts (the `freepool` aggregate: committed)."""
         _, hall, sku, size = pool_id.split(".")
 
         def go() -> int:
             flavor = self._conn.compute.find_flavor(f"{sku}.{size}", ignore_missing=False)
+            hosts: set[str] = set()
+            committed: set[str] = set()
+            for agg in self._conn.compute.aggregates():
+                if agg.availability_zone == hall:
+                    hosts |= set(agg.hosts or [])
+                if agg.name == "freepool":
+                    committed |= set(agg.hosts or [])
+            place = self._conn.placement
             total = 0
-            for hv in self._conn.compute.hypervisors(details=True):
-                host = hv.name
-                if hall not in self._halls_of(host):
+            for rp in place.get("/resource_providers").json()["resource_providers"]:
+                if rp["name"] not in hosts - committed:
                     continue
-                free_vcpu = (hv.vcpus or 0) - (hv.vcpus_used or 0)
-                free_ram = (hv.memory_size or 0) - (hv.memory_used or 0)
+                inventory = place.get(f"/resource_providers/{rp['uuid']}/inventories").json()
+                usages = place.get(f"/resource_providers/{rp['uuid']}/usages").json()
+                free_vcpu = _free(inventory["inventories"], usages["usages"], "VCPU")
+                free_ram = _free(inventory["inventories"], usages["usages"], "MEMORY_MB")
                 total += max(
-                    0, min(free_vcpu // max(flavor.vcpus, 1), free_ram // max(flavor.ram, 1))
+                    0, int(min(free_vcpu // max(flavor.vcpus, 1), free_ram // max(flavor.ram, 1)))
                 )
             return total
 
         return await self._run(go)
-
-    def _halls_of(self, host: str) -> set[str]:
-        halls = set()
-        for agg in self._conn.compute.aggregates():
-            if host in (agg.hosts or []) and agg.availability_zone:
-                halls.add(agg.availability_zone)
-        return halls
 
     # -- Blazar ----------------------------------------------------------------------------
 
