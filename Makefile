@@ -4,6 +4,14 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 REGION  ?= r1
 STAMP   := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+# CLOUD=simulator (default): the simulated cloud service. CLOUD=testcloud: the real
+# OpenStack test cloud (`make testcloud-up` first) through openstacksdk.
+CLOUD   ?= simulator
+ifeq ($(CLOUD),testcloud)
+export SCO_PROVIDER__KIND := openstack
+export SCO_PROVIDER__IMAGE := sco-image
+export OS_CLIENT_CONFIG_FILE := $(CURDIR)/.sco/testcloud/clouds.yaml
+endif
 
 .PHONY: up down status test lint unit bench clean testcloud-up testcloud-down testcloud-test
 

@@ -55,7 +55,7 @@ class ProviderSettings(BaseModel):
     # openstack: the region's OpenStack through openstacksdk (clouds.yaml, OS_CLOUD, OS_*).
     kind: Literal["simulator", "openstack"] = "simulator"
     openstack_cloud: str = "sco-testcloud"  # the clouds.yaml entry of this region
-    image: str = "sco-node"
+    image: str = "sco-image"
     network: str = "none"
 
 
