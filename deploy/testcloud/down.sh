@@ -22,14 +22,8 @@ esac
 BASE=$(cd "$BASE" && pwd)
 R=$BASE/run
 
-start_time() { sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f20; }
-# alive PID: exists and is not a zombie (an orphan's zombie may wait a while for init)
-alive() { local st; st=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1); [ -n "$st" ] && [ "$st" != Z ]; }
-ours() {
-  local pid; pid=$(cat "$R/$1.pid" 2>/dev/null) || return 1
-  [ -n "$pid" ] && alive "$pid" || return 1
-  [ "$(start_time "$pid")" = "$(cat "$R/$1.start" 2>/dev/null)" ]
-}
+# start_time, alive, ours: shared with the other script
+. "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/pids.sh"
 # stop NAME...: TERM each one's process group, wait up to 15 s for all, then KILL the rest
 stop() {
   local n pids=() names=()

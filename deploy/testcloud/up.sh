@@ -49,17 +49,8 @@ say() { local us=$(( ${EPOCHREALTIME//[.,]/} - T0 )); printf '[%4d.%01ds] %s\n' 
 die() { echo "testcloud: error: $*" >&2; exit 1; }
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 port_owner() { command -v ss >/dev/null && ss -Hltnp "sport = :$1" 2>/dev/null | grep -o 'users:(("[^"]*",pid=[0-9]*' | head -1 | sed 's/users:(("/process /; s/",pid=/ pid /'; }
-# A pid file NAME.pid comes with NAME.start, the process's start time (field 22 of
-# /proc/PID/stat): a pid reused by an unrelated process never passes for ours.
-start_time() { sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f20; }
-# alive PID: exists and is not a zombie (an orphan's zombie may wait a while for init)
-alive() { local st; st=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1); [ -n "$st" ] && [ "$st" != Z ]; }
-# ours NAME: the pid file names a live process that up.sh started
-ours() {
-  local pid; pid=$(cat "$R/$1.pid" 2>/dev/null) || return 1
-  [ -n "$pid" ] && alive "$pid" || return 1
-  [ "$(start_time "$pid")" = "$(cat "$R/$1.start" 2>/dev/null)" ]
-}
+# start_time, alive, ours: shared with the other script
+. "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/pids.sh"
 # bg NAME CMD...: own session (so down.sh can stop its whole process group), pid file, log
 bg() {
   local name=$1; shift
