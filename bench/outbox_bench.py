@@ -37,20 +37,22 @@ REGION_FILE = Path(__file__).resolve().parent.parent / "deploy" / "regions" / "r
 BASE_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 
+def bench_spec(iid: str, pools: list[str], n: int) -> InstanceSpec:
+    return InstanceSpec(
+        instance_id=iid,
+        region="r1",
+        pool_id=pools[n % len(pools)],
+        capacity_type=CapacityType.RECLAIMABLE,
+        workload="bench",
+        tier=3,
+    )
+
+
 def fill(repo: FleetRepository, pools: list[str], prefix: str, events: int) -> None:
     """`events` committed state changes (acquire + ready per instance)."""
     for n in range(events // 2):
         iid = f"{prefix}-{n}"
-        repo.record_acquire(
-            InstanceSpec(
-                instance_id=iid,
-                region="r1",
-                pool_id=pools[n % len(pools)],
-                capacity_type=CapacityType.RECLAIMABLE,
-                workload="bench",
-                tier=3,
-            )
-        )
+        repo.record_acquire(bench_spec(iid, pools, n))
         repo.record_event(iid, EventKind.READY)
 
 
@@ -108,16 +110,7 @@ def main() -> None:
         n = 0
         while time.monotonic() < deadline:
             iid = f"lat-{n}"
-            event = repo.record_acquire(
-                InstanceSpec(
-                    instance_id=iid,
-                    region="r1",
-                    pool_id=pools[n % len(pools)],
-                    capacity_type=CapacityType.RECLAIMABLE,
-                    workload="bench",
-                    tier=3,
-                )
-            )
+            event = repo.record_acquire(bench_spec(iid, pools, n))
             assert event is not None
             committed_at[str(event.event_id)] = time.time()
             n += 1

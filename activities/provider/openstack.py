@@ -19,6 +19,7 @@ openstacksdk is synchronous: every call runs in a worker thread.
 from __future__ import annotations
 
 import asyncio
+import base64
 import re
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -165,8 +166,6 @@ class OpenStackProvider:
                 flavor_id = self._conn.compute.find_flavor(request.flavor, ignore_missing=False).id
             kwargs["availability_zone"] = request.hall
             if request.user_data:
-                import base64
-
                 kwargs["user_data"] = base64.b64encode(request.user_data.encode()).decode()
             return self._conn.compute.create_server(
                 name=request.name,
