@@ -81,3 +81,10 @@ class LifecycleEvent(BaseModel):
 def lifecycle_topic(region: str) -> str:
     """One lifecycle topic per region: regions share no event path."""
     return f"sco.{region}.lifecycle"
+
+
+def region_topics(region: str) -> list[str]:
+    """Every topic of one region: lifecycle events and decisions."""
+    from activities.decisions import decisions_topic
+
+    return [lifecycle_topic(region), decisions_topic(region)]

@@ -1,4 +1,10 @@
-"""The region worker: one process per replica, serving one region's task queue."""
+"""The region worker: one process per replica, serving one region's task queue.
+
+It hosts every workflow and activity of the region, exposes Prometheus metrics (Temporal's
+runtime telemetry, which also carries SCO's own counters from workflow and activity metric
+meters) and a health endpoint, makes sure the region's controllers and token budget run,
+and on SIGTERM stops polling and lets running activities finish (graceful shutdown).
+"""
 
 from __future__ import annotations
 
@@ -7,56 +13,151 @@ import concurrent.futures
 import logging
 import signal
 from datetime import timedelta
+from typing import Any
 
 from temporalio.client import Client
+from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from temporalio.worker import Worker
 
+from activities.budget import BudgetActivities
+from activities.control import ControlActivities
 from activities.fleet.activities import FleetActivities
+from activities.fleet.control_state import ControlRepository
 from activities.fleet.db import open_pool
 from activities.fleet.repository import FleetRepository
+from activities.ledger.store import LedgerStore
 from activities.provider.activities import ProviderActivities, all_activities
+from workers.health import serve_health
 from workers.provider_factory import provider_for
 from workers.settings import Settings
+from workflows.acquisition.workflow import AcquisitionWorkflow
+from workflows.budget.workflow import TokenBudgetWorkflow
+from workflows.controller.models import ControllerConfig, ControllerInput, controller_workflow_id
+from workflows.controller.workflow import RegionControllerWorkflow
 from workflows.sync_pools import SyncPoolsWorkflow
 
 log = logging.getLogger(__name__)
 
-WORKFLOWS = [SyncPoolsWorkflow]
+WORKFLOWS = [SyncPoolsWorkflow, AcquisitionWorkflow, RegionControllerWorkflow, TokenBudgetWorkflow]
 
 
-async def connect(settings: Settings, region: str) -> Client:
+def controller_config(settings: Settings) -> ControllerConfig:
+    c = settings.control
+    return ControllerConfig(
+        tick_seconds=c.tick_seconds,
+        release_idle_seconds=c.release_idle_seconds,
+        approval_timeout_seconds=c.approval_timeout_seconds,
+        fallback_lease_hours=c.fallback_lease_hours,
+        spread_max_pool_fraction=c.spread_max_pool_fraction,
+        max_instances_per_acquisition=c.max_instances_per_acquisition,
+        reclaim_window_hours=c.reclaim_window_hours,
+        partitions=c.partitions,
+    )
+
+
+async def connect(settings: Settings, region: str, runtime: Runtime | None = None) -> Client:
     return await Client.connect(
         settings.temporal.address,
         namespace=settings.temporal.namespace(region),
         data_converter=pydantic_data_converter,
+        runtime=runtime,
     )
 
 
-async def run_worker(settings: Settings, region: str) -> None:
-    client = await connect(settings, region)
+async def ensure_controllers(client: Client, settings: Settings, region: str) -> list[str]:
+    """Start the region's controller partitions that are not running; idempotent."""
+    started = []
+    for partition in range(settings.control.partitions):
+        handle = await client.start_workflow(
+            RegionControllerWorkflow.run,
+            ControllerInput(region=region, partition=partition, config=controller_config(settings)),
+            id=controller_workflow_id(region, partition),
+            task_queue=settings.temporal.task_queue(region),
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        )
+        started.append(handle.id)
+    return started
+
+
+def build_activities(settings: Settings, region: str, client: Client) -> tuple[list[Any], Any]:
+    """Every activity of the region worker, and the connection pool to close after."""
     pool = open_pool(settings.postgres_dsn)
-    fleet = FleetActivities(FleetRepository(pool), settings.regions_dir)
-    cloud = ProviderActivities(provider_for(settings, region))
+    fleet_repo = FleetRepository(pool)
+    provider = provider_for(settings, region)
+    fleet = FleetActivities(fleet_repo, settings.regions_dir)
+    cloud = ProviderActivities(provider)
+    control = ControlActivities(
+        fleet_repo,
+        ControlRepository(pool),
+        provider,
+        regions_dir=settings.regions_dir,
+        bundle_cache_dir=settings.bundle_cache_dir,
+        trust_dir=settings.trust_dir,
+        # A short lock wait: the ledger consumer holds an embedded ledger in bursts, and
+        # a tick would rather plan with the last known reclaim rates than wait.
+        ledger=LedgerStore(settings.effective_ledger_dsn, lock_timeout=2.0),
+    )
+    budget = BudgetActivities(
+        client,
+        settings.temporal.task_queue(region),
+        rate_per_second=settings.control.budget_rate_per_second,
+        burst=settings.control.budget_burst,
+    )
+    activities = [
+        fleet.sync_pools,
+        fleet.record_acquire,
+        fleet.record_event,
+        *all_activities(cloud),
+        control.snapshot,
+        control.record_acquisition,
+        control.record_decision,
+        control.mark_surplus,
+        budget.ensure,
+    ]
+    return activities, pool
+
+
+async def run_worker(settings: Settings, region: str) -> None:
+    runtime = None
+    if settings.worker.metrics_port:
+        runtime = Runtime(
+            telemetry=TelemetryConfig(
+                metrics=PrometheusConfig(bind_address=f"0.0.0.0:{settings.worker.metrics_port}")
+            )
+        )
+    client = await connect(settings, region, runtime)
+    activities, pool = build_activities(settings, region, client)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    running = False
+    health = None
+    if settings.worker.health_port:
+        health = await serve_health("0.0.0.0", settings.worker.health_port, lambda: running)
     with concurrent.futures.ThreadPoolExecutor(max_workers=16) as executor:
         worker = Worker(
             client,
             task_queue=settings.temporal.task_queue(region),
             workflows=WORKFLOWS,
-            activities=[
-                fleet.sync_pools,
-                fleet.record_acquire,
-                fleet.record_event,
-                *all_activities(cloud),
-            ],
+            activities=activities,
             activity_executor=executor,
-            graceful_shutdown_timeout=timedelta(seconds=20),
+            graceful_shutdown_timeout=timedelta(seconds=settings.worker.graceful_shutdown_seconds),
         )
         log.info("worker for %s on %s", region, settings.temporal.task_queue(region))
         async with worker:
+            running = True
+            if settings.worker.start_controllers:
+                ids = await ensure_controllers(client, settings, region)
+                log.info("controllers running: %s", ", ".join(ids))
             await stop.wait()
+            running = False
+            log.info(
+                "stopping: no new tasks; running activities get %.0f s",
+                settings.worker.graceful_shutdown_seconds,
+            )
+    if health is not None:
+        health.close()
     pool.close()

@@ -69,6 +69,55 @@ class OutboxSettings(BaseModel):
     retention_hours: float = Field(default=24.0, ge=0)
 
 
+class ContractSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    # The control plane reads contracts from the same signed bundle nodes and admission
+    # use (never from the source repository). Empty: under <data_dir>/contracts/.
+    cache_dir: Path | None = None
+    trust_dir: Path | None = None
+    # The contract sources `sco dev up` compiles and signs (with a local key under
+    # <data_dir>/contracts/keys) for the region in a box.
+    source_dir: Path = Path("contracts/examples")
+
+
+class ControlSettings(BaseModel):
+    """The region controller, the acquisitions it starts, and the region's API budget."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # Contracts are hashed to a partition; one controller workflow per region x partition.
+    partitions: int = Field(default=4, ge=1, le=64)
+    tick_seconds: float = Field(default=60.0, gt=0)
+    # Reclaimable instances nobody has needed for this long are released.
+    release_idle_seconds: float = Field(default=900.0, ge=0)
+    # The region's provider API budget for mutating calls, shared by all acquisitions.
+    budget_rate_per_second: float = Field(default=10.0, gt=0)
+    budget_burst: int = Field(default=20, ge=1)
+    # A fallback above a contract's spend authority waits this long for an operator.
+    approval_timeout_seconds: float = Field(default=1800.0, gt=0)
+    # Committed fallback capacity is reserved for this long (Blazar lease length).
+    fallback_lease_hours: float = Field(default=24.0, gt=0)
+    # Members of one spread group hold at most this share of their units in one pool.
+    spread_max_pool_fraction: float = Field(default=0.25, gt=0, le=1)
+    # Reclaim rates come from the ledger over this window.
+    reclaim_window_hours: float = Field(default=168.0, gt=0)
+    # At most this many instances per acquisition workflow (a bigger need is split).
+    max_instances_per_acquisition: int = Field(default=200, ge=1)
+
+
+class WorkerSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    # Prometheus metrics (Temporal runtime telemetry and SCO's counters); 0 turns them off.
+    metrics_port: int = Field(default=9464, ge=0, le=65535)
+    # Liveness/readiness (GET /healthz, /readyz); 0 turns it off.
+    health_port: int = Field(default=8080, ge=0, le=65535)
+    graceful_shutdown_seconds: float = Field(default=20.0, ge=0)
+    # Start the region's controller partitions (idempotent) when the worker starts.
+    start_controllers: bool = True
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="SCO_",
@@ -88,6 +137,17 @@ class Settings(BaseSettings):
     kafka: KafkaSettings = KafkaSettings()
     outbox: OutboxSettings = OutboxSettings()
     provider: ProviderSettings = ProviderSettings()
+    contracts: ContractSettings = ContractSettings()
+    control: ControlSettings = ControlSettings()
+    worker: WorkerSettings = WorkerSettings()
+
+    @property
+    def bundle_cache_dir(self) -> Path:
+        return self.contracts.cache_dir or self.data_dir / "contracts" / "cache"
+
+    @property
+    def trust_dir(self) -> Path:
+        return self.contracts.trust_dir or self.data_dir / "contracts" / "trust"
 
     @property
     def effective_ledger_dsn(self) -> str:

@@ -60,6 +60,9 @@ class InstanceSpec(BaseModel):
     workload: str
     tier: int
     acquisition_id: str | None = None
+    # The rate the ledger charges; None: the pool's reclaimable price. Committed capacity
+    # (fallback, floors) is priced by the region's committed rate instead.
+    price_per_hour: float | None = None
 
 
 class InstanceRow(BaseModel):
@@ -79,6 +82,7 @@ class InstanceRow(BaseModel):
     created_at: datetime
     state_changed_at: datetime
     version: int
+    surplus_since: datetime | None = None
 
 
 class PoolRow(BaseModel):
@@ -164,7 +168,7 @@ class FleetRepository:
                                           capacity_type, workload, tier, price_per_hour,
                                           state, acquisition_id)
                    SELECT %s, %s, p.pool_id, p.hall, p.sku, p.size, %s, %s, %s,
-                          p.price_per_hour, 'requested', %s
+                          coalesce(%s, p.price_per_hour), 'requested', %s
                    FROM pools p WHERE p.pool_id = %s AND p.region = %s
                    ON CONFLICT (instance_id) DO NOTHING
                    RETURNING *""",
@@ -174,6 +178,7 @@ class FleetRepository:
                     spec.capacity_type.value,
                     spec.workload,
                     spec.tier,
+                    spec.price_per_hour,
                     spec.acquisition_id,
                     spec.pool_id,
                     spec.region,

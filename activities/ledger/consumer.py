@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from confluent_kafka import Consumer, KafkaError
 from pydantic import ValidationError
 
+from activities.decisions import Decision
 from activities.events import LifecycleEvent
 from activities.ledger.store import LedgerStore
 
@@ -69,6 +70,7 @@ class LedgerConsumer:
             return 0
         messages = [first, *self._consumer.consume(self._batch_size - 1, timeout=0)]
         events: list[LifecycleEvent] = []
+        decisions: list[Decision] = []
         for msg in messages:
             err = msg.error()
             if err is not None:
@@ -77,7 +79,11 @@ class LedgerConsumer:
                 continue
             self.progress.consumed += 1
             try:
-                events.append(LifecycleEvent.model_validate_json(msg.value() or b""))
+                # Topics are sco.<region>.lifecycle and sco.<region>.decisions.
+                if (msg.topic() or "").endswith(".decisions"):
+                    decisions.append(Decision.model_validate_json(msg.value() or b""))
+                else:
+                    events.append(LifecycleEvent.model_validate_json(msg.value() or b""))
             except ValidationError as exc:
                 # A malformed event must not wedge the ledger; it is counted and logged.
                 self.progress.malformed += 1
@@ -91,9 +97,12 @@ class LedgerConsumer:
         if events:
             self._store.insert_events(events)
             self.progress.inserted += len(events)
+        if decisions:
+            self._store.insert_decisions(decisions)
+            self.progress.inserted += len(decisions)
         if any(msg.error() is None for msg in messages):
             self._consumer.commit(asynchronous=False)
-        return len(events)
+        return len(events) + len(decisions)
 
     def run(self, stop: threading.Event, poll_seconds: float = 0.2) -> None:
         # A short poll keeps commit-to-ledger latency low; under load batches fill anyway.

@@ -24,6 +24,7 @@ import clickhouse_connect
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import OperationalError
 
+from activities.decisions import Decision
 from activities.events import LifecycleEvent
 
 TABLE = "lifecycle_events"
@@ -56,6 +57,31 @@ _COLUMN_DDL = "".join(f"    {name} {type_},\n" for name, type_ in EVENT_COLUMNS)
 _SCHEMA = f"""CREATE TABLE IF NOT EXISTS {TABLE} (
 {_COLUMN_DDL}    inserted_at DateTime64(3, 'UTC') DEFAULT now64(3),
     INDEX idx_instance_id instance_id TYPE bloom_filter GRANULARITY 4
+)
+ENGINE = ReplacingMergeTree
+PARTITION BY toYYYYMM(occurred_at)
+ORDER BY event_id
+"""
+
+DECISIONS_TABLE = "decisions"
+DECISION_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("event_id", "UUID"),
+    ("occurred_at", "DateTime64(3, 'UTC')"),
+    ("region", "LowCardinality(String)"),
+    ("kind", "LowCardinality(String)"),
+    ("subject", "String"),
+    ("outcome", "LowCardinality(String)"),
+    ("actor", "String"),
+    ("reason", "String"),
+    ("amount_per_hour", "Float64"),
+    ("units", "Int64"),
+    ("workflow_id", "String"),
+)
+DECISION_COLUMN_NAMES: tuple[str, ...] = tuple(name for name, _ in DECISION_COLUMNS)
+_DECISION_DDL = "".join(f"    {name} {type_},\n" for name, type_ in DECISION_COLUMNS)
+# Same dedupe and partitioning as the lifecycle table: a replayed decision is one row.
+_DECISIONS_SCHEMA = f"""CREATE TABLE IF NOT EXISTS {DECISIONS_TABLE} (
+{_DECISION_DDL}    inserted_at DateTime64(3, 'UTC') DEFAULT now64(3)
 )
 ENGINE = ReplacingMergeTree
 PARTITION BY toYYYYMM(occurred_at)
@@ -252,12 +278,14 @@ class LedgerStore:
         # Queries on a fresh ledger should see an empty table, not a missing one.
         if not self._schema_ready:
             client.command(_SCHEMA)
+            client.command(_DECISIONS_SCHEMA)
             self._schema_ready = True
 
     def ensure_schema(self) -> None:
         """Create the table if it does not exist; safe to call any number of times."""
         with self.session() as client:
             client.command(_SCHEMA)
+            client.command(_DECISIONS_SCHEMA)
             self._schema_ready = True
 
     def insert_events(self, events: Sequence[LifecycleEvent]) -> int:
@@ -267,6 +295,18 @@ class LedgerStore:
         rows = [_event_row(event) for event in events]
         with self.session() as client:
             client.insert(TABLE, rows, column_names=list(EVENT_COLUMN_NAMES))
+        return len(rows)
+
+    def insert_decisions(self, decisions: Sequence[Decision]) -> int:
+        """Insert a batch of decisions; a replay never duplicates one."""
+        if not decisions:
+            return 0
+        rows = [[getattr(d, name) for name in DECISION_COLUMN_NAMES] for d in decisions]
+        for row in rows:
+            row[1] = as_utc(row[1])
+            row[3] = str(row[3])
+        with self.session() as client:
+            client.insert(DECISIONS_TABLE, rows, column_names=list(DECISION_COLUMN_NAMES))
         return len(rows)
 
     def close(self) -> None:

@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.provider.errors import InsufficientCapacity, ProviderError
+from activities.provider.errors import InsufficientCapacity, NotFound, ProviderError
 from activities.provider.interface import (
     CloudProvider,
     CreateRequest,
@@ -55,6 +55,12 @@ class ExtendReservationInput(BaseModel):
 
 class LeaseRef(BaseModel):
     lease_id: str
+
+
+class WaitReservationInput(BaseModel):
+    region: str
+    lease_id: str
+    poll_seconds: float = 2.0
 
 
 class RegionRef(BaseModel):
@@ -129,6 +135,26 @@ class ProviderActivities:
     async def delete_reservation(self, ref: LeaseRef) -> None:
         await _typed(self._provider.delete_reservation(ref.lease_id))
 
+    @activity.defn(name="provider.wait_reservation_active")
+    async def wait_reservation_active(self, inp: WaitReservationInput) -> Reservation:
+        """Poll until the lease is ACTIVE (Blazar starts leases on its own poll, ~10 s);
+        a lease that ended or failed is a capacity failure."""
+        polls = 0
+        while True:
+            leases = await _typed(self._provider.list_reservations(inp.region))
+            lease = next((r for r in leases if r.lease_id == inp.lease_id), None)
+            if lease is None:
+                raise NotFound(f"lease {inp.lease_id} is gone").to_application_error()
+            if lease.status == "ACTIVE":
+                return lease
+            if lease.status in ("ERROR", "TERMINATED"):
+                raise InsufficientCapacity(
+                    f"lease {inp.lease_id} is {lease.status}"
+                ).to_application_error()
+            polls += 1
+            activity.heartbeat(polls)
+            await asyncio.sleep(inp.poll_seconds)
+
     @activity.defn(name="provider.list_reservations")
     async def list_reservations(self, ref: RegionRef) -> ReservationList:
         return ReservationList(
@@ -147,6 +173,7 @@ def all_activities(acts: ProviderActivities) -> list[Callable[..., Any]]:
         acts.create_reservation,
         acts.extend_reservation,
         acts.delete_reservation,
+        acts.wait_reservation_active,
         acts.list_reservations,
     ]
 

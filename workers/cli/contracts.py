@@ -87,6 +87,31 @@ def verify_cmd(
 
 
 @app.command()
+def install(
+    bundle_path: Path = typer.Argument(..., metavar="BUNDLE"),
+    trust: Path = typer.Option(
+        None, help="Trust directory; default: the control plane's (contracts.trust_dir)."
+    ),
+) -> None:
+    """Install a bundle for this control plane (verified; never a rollback)."""
+    from contracts.cache import BundleCache
+
+    s = settings()
+    trust_dir = trust or s.trust_dir
+    try:
+        store = keys.TrustStore.load(trust_dir)
+        raw = bundle_path.read_bytes()
+    except OSError as exc:
+        fail(f"{bundle_path}: {exc.strerror}")
+    except keys.KeyError_ as exc:
+        fail(str(exc))
+    result = BundleCache(s.bundle_cache_dir, store).offer(raw)
+    if not result.accepted:
+        fail(f"{bundle_path}: {result.reason}")
+    console.print(f"{s.bundle_cache_dir}: {result.reason}")
+
+
+@app.command()
 def publish(
     bundle_path: Path = typer.Argument(..., metavar="BUNDLE"),
     trust: Path = typer.Option(..., help="Trust directory: only a bundle that verifies goes out."),

@@ -1,4 +1,4 @@
-"""`sco db | pools | instances | outbox | worker`: fleet state and the region's processes."""
+"""`sco db | pools | instances | outbox`: fleet state and the region's outbox relay."""
 
 from __future__ import annotations
 
@@ -24,7 +24,6 @@ db_app = typer.Typer(help="Fleet-state database.", no_args_is_help=True)
 pools_app = typer.Typer(help="Pools (hall x SKU x size) in fleet state.", no_args_is_help=True)
 instances_app = typer.Typer(help="SCO-owned instances in fleet state.", no_args_is_help=True)
 outbox_app = typer.Typer(help="The lifecycle-event outbox.", no_args_is_help=True)
-worker_app = typer.Typer(help="The region's Temporal worker.", no_args_is_help=True)
 
 
 def _repo() -> FleetRepository:
@@ -67,13 +66,13 @@ def pools_sync(region: str = typer.Option(None, help="Region; default from setti
         )
         return out
 
-    with console.status(f"syncing pools of {r} (is `sco worker run --region {r}` running?)"):
+    with console.status(f"syncing pools of {r} (is `sco worker --region {r}` running?)"):
         try:
             out = asyncio.run(asyncio.wait_for(run(), timeout=120))
         except TimeoutError:
             fail(
                 f"no worker answered on {s.temporal.task_queue(r)} within 120 s; "
-                f"start one with `sco worker run --region {r}`"
+                f"start one with `sco worker --region {r}`"
             )
         except Exception as exc:  # Temporal client errors come in several types
             fail(f"sync failed: {exc}")
@@ -162,13 +161,3 @@ def outbox_relay() -> None:
     except KeyboardInterrupt:
         stop.set()
     console.print(f"relay stopped after {relay.progress.published} events")
-
-
-@worker_app.command("run")
-def worker_run(region: str = typer.Option(None, help="Region; default from settings.")) -> None:
-    """Serve the region's task queue until SIGTERM/Ctrl-C (graceful shutdown)."""
-    from workers.region_worker import run_worker
-
-    s = settings()
-    with errors_as_exit(psycopg.Error, RuntimeError, OSError):
-        asyncio.run(run_worker(s, region or s.region))

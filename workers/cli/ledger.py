@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 import typer
 
-from activities.events import lifecycle_topic
+from activities.events import region_topics
 from activities.ledger import GROUP_KEYS, LedgerStore, LedgerUnavailable, reclaims_per_pool, spend
 from activities.ledger.consumer import LedgerConsumer
 from workers.cli.common import console, errors_as_exit, fail, print_json, settings, table
@@ -90,10 +90,10 @@ def consume_cmd() -> None:
     with errors_as_exit(LedgerUnavailable):
         store.ensure_schema()
     consumer = LedgerConsumer(
-        s.kafka.bootstrap_servers, [lifecycle_topic(r) for r in s.regions], store
+        s.kafka.bootstrap_servers, [t for r in s.regions for t in region_topics(r)], store
     )
     console.print(
-        f"ledger consumer: {', '.join(lifecycle_topic(r) for r in s.regions)} "
+        f"ledger consumer: {', '.join(t for r in s.regions for t in region_topics(r))} "
         f"→ {s.effective_ledger_dsn}"
     )
     try:

@@ -6,7 +6,7 @@ import logging
 
 import typer
 
-from workers.cli import cloud, contracts, dev, fleet, ledger, temporal
+from workers.cli import cloud, contracts, control, dev, fleet, ledger, temporal
 
 app = typer.Typer(
     help="SCO: the Spot Capacity Orchestrator control plane.",
@@ -19,7 +19,11 @@ app.add_typer(fleet.db_app, name="db")
 app.add_typer(fleet.pools_app, name="pools")
 app.add_typer(fleet.instances_app, name="instances")
 app.add_typer(fleet.outbox_app, name="outbox")
-app.add_typer(fleet.worker_app, name="worker")
+app.command("worker")(control.worker)
+app.add_typer(control.demand_app, name="demand")
+app.add_typer(control.acq_app, name="acquisitions")
+app.add_typer(control.controller_app, name="controller")
+app.add_typer(control.budget_app, name="budget")
 app.add_typer(ledger.app, name="ledger")
 app.add_typer(contracts.app, name="contracts")
 app.add_typer(cloud.sim_app, name="sim")

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 import psycopg
 
-from activities.events import lifecycle_topic
+from activities.events import region_topics
 from activities.fleet.migrate import ensure_database, migrate
 from activities.kafka import ensure_topics, kafka_answers
 from contracts.region import RegionFileError, load_region
@@ -261,7 +261,7 @@ class KafkaService(Service):
     def prepare(self) -> str:
         created = ensure_topics(
             self.s.kafka.bootstrap_servers,
-            [lifecycle_topic(r) for r in self.s.regions],
+            [t for r in self.s.regions for t in region_topics(r)],
             partitions=self.s.kafka.partitions,
             replication_factor=self.s.kafka.replication_factor,
         )
@@ -375,6 +375,67 @@ class LedgerService(Service):
         raise DevboxError(f"ledger: {self.address} does not answer: {self.probe().detail}")
 
 
+class ContractsService(Service):
+    """The region in a box's contracts: the example sources, compiled and signed with a
+    local key (made once under <data_dir>/contracts/keys), installed for the control plane.
+
+    Only when the bundle cache and trust directories are the box's defaults; otherwise the
+    operator installs bundles (`sco contracts install`) and this leaves them alone.
+    """
+
+    name = "contracts"
+    answering_mode = "embedded"
+
+    @property
+    def address(self) -> str:
+        return str(self.s.bundle_cache_dir)
+
+    def probe(self) -> Health:
+        return Health(True, "local signed bundle")
+
+    def start(self) -> ProcessRecord:
+        raise DevboxError("contracts: nothing to start")
+
+    def prepare(self) -> str:
+        from datetime import UTC, datetime
+
+        from contracts import keys
+        from contracts.cache import BundleCache
+        from contracts.compiler import compile_and_sign
+
+        if self.s.contracts.cache_dir is not None or self.s.contracts.trust_dir is not None:
+            return "bundle managed by the operator (contracts.cache_dir/trust_dir set)"
+        base = self.s.data_dir / "contracts"
+        key_dir = base / "keys"
+        private = sorted(key_dir.glob("*.key")) if key_dir.is_dir() else []
+        if not private:
+            _, key_path, _ = keys.generate(key_dir)
+            private = [key_path]
+        self.s.trust_dir.mkdir(parents=True, exist_ok=True)
+        for pub in key_dir.glob("*.pub"):
+            shutil.copyfile(pub, self.s.trust_dir / pub.name)
+        out = base / "compiled" / "bundle.json"
+        result, serial = compile_and_sign(
+            self.s.contracts.source_dir,
+            self.s.regions_dir,
+            keys.load_signing_key(private[0]),
+            out,
+            serial=None,
+            created_at=datetime.now(UTC),
+        )
+        if serial is None:
+            errors = "; ".join(str(f) for f in result.findings)
+            raise DevboxError(
+                f"contracts: {self.s.contracts.source_dir} does not compile: {errors}"
+            )
+        offered = BundleCache(
+            self.s.bundle_cache_dir, keys.TrustStore.load(self.s.trust_dir)
+        ).offer(out.read_bytes())
+        if not offered.accepted:
+            raise DevboxError(f"contracts: {offered.reason}")
+        return f"{len(result.contracts)} contracts, serial {serial}, installed"
+
+
 class ChildProcessService(Service):
     """An SCO process of our own (worker, relay, ledger consumer): always managed."""
 
@@ -430,6 +491,7 @@ def infrastructure(settings: Settings) -> list[Service]:
         KafkaService(settings),
         TemporalService(settings),
         LedgerService(settings),
+        ContractsService(settings),
     ]
 
 
@@ -452,7 +514,7 @@ def region_processes(settings: Settings) -> list[Service]:
     ]
     return [
         *cloud,
-        ChildProcessService(settings, f"worker-{r}", ["worker", "run", "--region", r]),
+        ChildProcessService(settings, f"worker-{r}", ["worker", "--region", r]),
         *relays,
         ChildProcessService(settings, f"relay-{r}", ["outbox", "relay"]),
         ChildProcessService(settings, "ledger-consumer", ["ledger", "consume"]),

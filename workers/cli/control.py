@@ -1,0 +1,454 @@
+"""`sco worker | demand | acquisitions | controller | budget`: the control plane."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import psycopg
+import typer
+from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
+
+from activities.budget import BudgetStatus, SetRateInput, budget_workflow_id
+from activities.fleet.control_state import ControlRepository
+from activities.fleet.db import open_pool
+from contracts.cache import BundleCache
+from contracts.keys import KeyError_, TrustStore
+from workers.cli.common import console, errors_as_exit, fail, print_json, settings, table
+from workers.settings import Settings
+from workflows import search_attributes as sa
+from workflows.acquisition.models import (
+    AcquisitionProgress,
+    ApprovalInput,
+    ControlAck,
+    OperatorInput,
+)
+from workflows.acquisition.workflow import AcquisitionWorkflow
+from workflows.controller.models import (
+    ControllerStatus,
+    DemandChanged,
+    controller_workflow_id,
+    partition_of,
+)
+from workflows.controller.workflow import RegionControllerWorkflow
+
+T = TypeVar("T")
+
+demand_app = typer.Typer(help="Demand per contract, in the contract's units.", no_args_is_help=True)
+acq_app = typer.Typer(help="In-flight and past acquisitions.", no_args_is_help=True)
+controller_app = typer.Typer(help="The region controller partitions.", no_args_is_help=True)
+budget_app = typer.Typer(help="The region's provider API token budget.", no_args_is_help=True)
+
+RegionOpt = typer.Option(None, "--region", help="Region; default from settings.")
+
+
+def _run(coro: Awaitable[T]) -> T:
+    async def go() -> T:
+        return await coro
+
+    try:
+        return asyncio.run(go())
+    except RPCError as exc:
+        fail(f"Temporal: {exc.message or exc}")
+    except WorkflowUpdateFailedError as exc:
+        cause = exc.cause
+        fail(cause.message if isinstance(cause, ApplicationError) else str(cause or exc))
+
+
+async def _client(s: Settings, region: str) -> Client:
+    from workers.region_worker import connect
+
+    try:
+        return await connect(s, region)
+    except RuntimeError as exc:
+        fail(f"cannot reach Temporal at {s.temporal.address}: {exc}")
+
+
+def worker(region: str = RegionOpt) -> None:
+    """Serve the region's task queue until SIGTERM/Ctrl-C (graceful shutdown); metrics on
+    `worker.metrics_port`, health on `worker.health_port`."""
+    from workers.region_worker import run_worker
+
+    s = settings()
+    with errors_as_exit(psycopg.Error, RuntimeError, OSError):
+        asyncio.run(run_worker(s, region or s.region))
+
+
+# -- demand --------------------------------------------------------------------------------
+
+
+@demand_app.command("set")
+def demand_set(
+    contract: str = typer.Argument(..., help="Contract name (from the installed bundle)."),
+    units: int = typer.Argument(..., min=0, help="Demand in the contract's units; 0 clears."),
+    region: str = RegionOpt,
+    source: str = typer.Option("cli", help="Demand source (cli, slurm, kubernetes)."),
+) -> None:
+    """Set a contract's demand and wake its controller partition."""
+    s = settings()
+    r = region or s.region
+    bundle = _bundle(s)
+    c = bundle.content.contract(contract)
+    if c is None:
+        known = ", ".join(x.name for x in bundle.content.contracts)
+        fail(f"contract {contract!r} is not in bundle serial {bundle.serial} (known: {known})")
+    if r not in c.regions:
+        fail(f"contract {contract!r} does not run in {r} (regions: {', '.join(c.regions)})")
+    if units > c.placement.max_units_per_region:
+        console.print(
+            f"[yellow]note:[/] {units} units is above the contract's cap "
+            f"({c.placement.max_units_per_region} per region); the planner stops at the cap"
+        )
+    with errors_as_exit(psycopg.Error):
+        pool = open_pool(s.postgres_dsn, max_size=1)
+        try:
+            changed = ControlRepository(pool).set_demand(r, source, {contract: units})
+        finally:
+            pool.close()
+    if not changed:
+        console.print(f"{contract} in {r}: already {units} units ({source}); nothing changed")
+        return
+    partition = partition_of(contract, s.control.partitions)
+    signalled = _run(_signal_demand(s, r, partition, contract, source))
+    where = controller_workflow_id(r, partition)
+    console.print(f"{contract} in {r}: {units} units ({source})")
+    if signalled:
+        console.print(f"signalled {where}")
+    else:
+        console.print(
+            f"[yellow]{where} is not running[/]: start the region's workers "
+            f"(`sco worker --region {r}`); it plans at its first tick"
+        )
+
+
+async def _signal_demand(
+    s: Settings, region: str, partition: int, contract: str, source: str
+) -> bool:
+    client = await _client(s, region)
+    handle = client.get_workflow_handle(controller_workflow_id(region, partition))
+    try:
+        await handle.signal(
+            RegionControllerWorkflow.demand_changed,
+            DemandChanged(contracts=[contract], source=source),
+        )
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.NOT_FOUND:
+            return False
+        raise
+    return True
+
+
+@demand_app.command("list")
+def demand_list(region: str = RegionOpt, json_out: bool = typer.Option(False, "--json")) -> None:
+    """Demand per contract and source."""
+    s = settings()
+    r = region or s.region
+    with errors_as_exit(psycopg.Error):
+        pool = open_pool(s.postgres_dsn, max_size=1)
+        try:
+            rows = ControlRepository(pool).list_demand(r)
+        finally:
+            pool.close()
+    if json_out:
+        print_json([row.model_dump(mode="json") for row in rows])
+        return
+    table(
+        f"demand in {r}",
+        ["contract", "source", "units", "partition", "updated"],
+        [
+            (
+                x.workload,
+                x.source,
+                x.units,
+                partition_of(x.workload, s.control.partitions),
+                x.updated_at,
+            )
+            for x in rows
+        ],
+    )
+
+
+def _bundle(s: Settings) -> Any:
+    try:
+        trust = TrustStore.load(s.trust_dir)
+    except KeyError_ as exc:
+        fail(f"contract trust: {exc}")
+    bundle = BundleCache(s.bundle_cache_dir, trust).current()
+    if bundle is None:
+        fail(
+            f"no valid contract bundle in {s.bundle_cache_dir}; "
+            "install one with `sco contracts install BUNDLE`"
+        )
+    return bundle
+
+
+# -- acquisitions --------------------------------------------------------------------------
+
+
+@acq_app.command("list")
+def acq_list(
+    region: str = RegionOpt,
+    all_: bool = typer.Option(False, "--all", help="Include finished acquisitions."),
+    state: str = typer.Option(None, help="Only this state (running, paused, waiting_approval...)."),
+    contract: str = typer.Option(None, help="Only this contract."),
+    limit: int = typer.Option(50, min=1),
+    json_out: bool = typer.Option(False, "--json"),
+) -> None:
+    """Acquisitions as the Temporal UI lists them (same search attributes)."""
+    s = settings()
+    r = region or s.region
+    query = f'WorkflowType = "AcquisitionWorkflow" AND {sa.REGION.name} = "{r}"'
+    if not all_:
+        query += ' AND ExecutionStatus = "Running"'
+    if state:
+        query += f' AND {sa.STATE.name} = "{state}"'
+    if contract:
+        query += f' AND {sa.WORKLOAD.name} = "{contract}"'
+
+    async def go() -> list[dict[str, Any]]:
+        client = await _client(s, r)
+        out = []
+        async for wf in client.list_workflows(query, limit=limit):
+            attrs = wf.typed_search_attributes
+            out.append(
+                {
+                    "id": wf.id,
+                    "contract": attrs.get(sa.WORKLOAD),
+                    "state": attrs.get(sa.STATE),
+                    "requested": attrs.get(sa.REQUESTED),
+                    "acquired": attrs.get(sa.ACQUIRED),
+                    "halls": ",".join(attrs.get(sa.HALL) or []),
+                    "pools": len(attrs.get(sa.POOL) or []),
+                    "status": wf.status.name if wf.status else "",
+                    "started": wf.start_time,
+                }
+            )
+        return out
+
+    rows = _run(go())
+    if json_out:
+        print_json(rows)
+        return
+    table(
+        f"acquisitions in {r} ({'all' if all_ else 'running'})",
+        ["id", "contract", "state", "requested", "acquired", "halls", "pools", "status", "started"],
+        [tuple(x.values()) for x in rows],
+    )
+
+
+def _handle(
+    s: Settings, region: str, acquisition_id: str
+) -> Callable[[], Awaitable[WorkflowHandle[Any, Any]]]:
+    async def get() -> WorkflowHandle[Any, Any]:
+        client = await _client(s, region)
+        return client.get_workflow_handle(acquisition_id)
+
+    return get
+
+
+@acq_app.command("show")
+def acq_show(
+    acquisition_id: str = typer.Argument(...),
+    region: str = RegionOpt,
+    json_out: bool = typer.Option(False, "--json"),
+) -> None:
+    """Progress of one acquisition (its `progress` query; works after it finished too)."""
+    s = settings()
+
+    async def go() -> AcquisitionProgress:
+        handle = await _handle(s, region or s.region, acquisition_id)()
+        return await handle.query(AcquisitionWorkflow.progress)
+
+    p = _run(go())
+    if json_out:
+        print_json(p.model_dump(mode="json"))
+        return
+    console.print(
+        f"[bold]{p.acquisition_id}[/] {p.contract} in {p.region}: [bold]{p.state.value}[/]"
+    )
+    console.print(
+        f"  instances: {p.active} active / {p.launched} launched / {p.requested_instances} "
+        f"requested, {p.failed} failed, {p.deleted} deleted; {p.shortfall_units} units short"
+    )
+    if p.capacity_errors:
+        console.print(f"  capacity errors: {p.capacity_errors}")
+    if p.fallback.value != "none":
+        console.print(
+            f"  fallback: {p.fallback.value}, {p.fallback_cost_per_hour:.2f}/h: {p.fallback_reason}"
+        )
+        if p.decided_by:
+            console.print(f"  decided by {p.decided_by}: {p.decision_reason}")
+    if p.paused_by:
+        console.print(f"  paused by {p.paused_by}")
+    console.print(f"  halls {', '.join(p.halls)}; pools {', '.join(p.pools)}")
+
+
+def _operator_update(name: str) -> Callable[..., None]:
+    def command(
+        acquisition_id: str = typer.Argument(...),
+        region: str = RegionOpt,
+        operator: str = typer.Option("operator", "--by", help="Who does this (recorded)."),
+        reason: str = typer.Option("", help="Why (recorded)."),
+    ) -> None:
+        s = settings()
+
+        async def go() -> ControlAck:
+            handle = await _handle(s, region or s.region, acquisition_id)()
+            update = getattr(AcquisitionWorkflow, name)
+            ack: ControlAck = await handle.execute_update(
+                update, OperatorInput(operator=operator, reason=reason)
+            )
+            return ack
+
+        ack = _run(go())
+        console.print(f"{acquisition_id}: {ack.message} (state {ack.state.value})")
+
+    command.__doc__ = {
+        "pause": "Pause: no new creates until resumed (in-flight boots finish).",
+        "resume": "Resume a paused acquisition.",
+        "cancel": "Cancel: stop launching and delete every instance it created.",
+    }[name]
+    return command
+
+
+for _name in ("pause", "resume", "cancel"):
+    acq_app.command(_name)(_operator_update(_name))
+
+
+@acq_app.command("approve")
+def acq_approve(
+    acquisition_id: str = typer.Argument(...),
+    region: str = RegionOpt,
+    by: str = typer.Option(..., "--by", help="Approver (recorded in the ledger)."),
+    reason: str = typer.Option(..., help="Why (recorded in the ledger)."),
+    decline: bool = typer.Option(False, "--decline", help="Decline instead of approving."),
+) -> None:
+    """Approve (or decline) committed fallback above the contract's spend authority."""
+    s = settings()
+
+    async def go() -> ControlAck:
+        handle = await _handle(s, region or s.region, acquisition_id)()
+        ack: ControlAck = await handle.execute_update(
+            AcquisitionWorkflow.approve_fallback,
+            ApprovalInput(approver=by, reason=reason, approve=not decline),
+        )
+        return ack
+
+    ack = _run(go())
+    console.print(f"{acquisition_id}: {ack.message}")
+
+
+# -- controller ----------------------------------------------------------------------------
+
+
+@controller_app.command("start")
+def controller_start(region: str = RegionOpt) -> None:
+    """Start the region's controller partitions that are not running (idempotent)."""
+    from workers.region_worker import ensure_controllers
+
+    s = settings()
+    r = region or s.region
+
+    async def go() -> list[str]:
+        return await ensure_controllers(await _client(s, r), s, r)
+
+    for wid in _run(go()):
+        console.print(f"running: {wid}")
+
+
+@controller_app.command("status")
+def controller_status(
+    region: str = RegionOpt, json_out: bool = typer.Option(False, "--json")
+) -> None:
+    """Each partition's last tick: demand, held, planned, shortfall, acquisitions."""
+    s = settings()
+    r = region or s.region
+
+    async def go() -> list[ControllerStatus | str]:
+        client = await _client(s, r)
+        out: list[ControllerStatus | str] = []
+        for partition in range(s.control.partitions):
+            wid = controller_workflow_id(r, partition)
+            try:
+                out.append(
+                    await client.get_workflow_handle(wid).query(RegionControllerWorkflow.status)
+                )
+            except RPCError as exc:
+                out.append(f"{wid}: {exc.message}")
+        return out
+
+    rows = _run(go())
+    if json_out:
+        print_json(
+            [x.model_dump(mode="json") if isinstance(x, ControllerStatus) else x for x in rows]
+        )
+        return
+    lines: list[tuple[object, ...]] = []
+    for x in rows:
+        if isinstance(x, str):
+            lines.append((x, "", "", "", "", "", "", ""))
+            continue
+        last = x.last
+        lines.append(
+            (
+                controller_workflow_id(x.region, x.partition),
+                x.ticks,
+                last.demand_units if last else "",
+                last.held_units if last else "",
+                last.planned_units if last else "",
+                last.shortfall_units if last else "",
+                x.acquisitions_started,
+                (last.problem or f"last tick {last.at:%H:%M:%S}") if last else "no tick yet",
+            )
+        )
+    table(
+        f"controllers in {r}",
+        ["controller", "ticks", "demand", "held", "planned", "short", "acquisitions", "note"],
+        lines,
+    )
+
+
+# -- budget --------------------------------------------------------------------------------
+
+
+@budget_app.command("status")
+def budget_status(region: str = RegionOpt, json_out: bool = typer.Option(False, "--json")) -> None:
+    """The region's token bucket: rate, burst, tokens now, queue."""
+    s = settings()
+    r = region or s.region
+
+    async def go() -> BudgetStatus:
+        client = await _client(s, r)
+        st: BudgetStatus = await client.get_workflow_handle(budget_workflow_id(r)).query(
+            "status", result_type=BudgetStatus
+        )
+        return st
+
+    st = _run(go())
+    if json_out:
+        print_json(st.model_dump(mode="json"))
+        return
+    console.print(st.model_dump_json(indent=2))
+
+
+@budget_app.command("set-rate")
+def budget_set_rate(
+    rate: float = typer.Argument(..., min=0, help="Tokens (mutating API calls) per second."),
+    burst: int = typer.Argument(..., min=1, help="Bucket size."),
+    region: str = RegionOpt,
+) -> None:
+    """Change the region's API budget (takes effect at once, survives restarts)."""
+    s = settings()
+    r = region or s.region
+
+    async def go() -> None:
+        client = await _client(s, r)
+        await client.get_workflow_handle(budget_workflow_id(r)).signal(
+            "set_rate", SetRateInput(rate_per_second=rate, burst=burst)
+        )
+
+    _run(go())
+    console.print(f"{r}: budget {rate}/s, burst {burst}")

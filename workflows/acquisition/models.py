@@ -1,0 +1,116 @@
+"""Inputs, outputs and messages of the acquisition workflow.
+
+New fields always get defaults, so histories recorded before them still decode.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from pydantic import BaseModel, Field
+
+from activities.events import CapacityType
+from workflows.planning.arbiter import FallbackPlan
+
+
+class AcquisitionState(enum.StrEnum):
+    STARTING = "starting"  # recorded by the controller, workflow not yet running
+    RUNNING = "running"
+    PAUSED = "paused"
+    WAITING_APPROVAL = "waiting_approval"  # fallback above spend authority
+    CANCELLING = "cancelling"  # deleting what it created
+    COMPLETED = "completed"
+    CANCELLED = "cancelled"
+    DECLINED = "declined"  # nothing launched: fallback declined and no reclaimable items
+    FAILED = "failed"
+
+
+FINISHED = frozenset(
+    {
+        AcquisitionState.COMPLETED,
+        AcquisitionState.CANCELLED,
+        AcquisitionState.DECLINED,
+        AcquisitionState.FAILED,
+    }
+)
+
+
+class FallbackState(enum.StrEnum):
+    NONE = "none"
+    PROCEEDING = "proceeding"  # within spend authority
+    AWAITING_APPROVAL = "awaiting_approval"
+    APPROVED = "approved"
+    DECLINED = "declined"
+
+
+class LaunchItem(BaseModel):
+    """`instances` new instances in one pool, covering `units` demand units."""
+
+    pool_id: str
+    hall: str
+    flavor: str
+    instances: int = Field(ge=1)
+    units: int = Field(ge=0)
+    capacity_type: CapacityType = CapacityType.RECLAIMABLE
+    price_per_hour: float | None = None  # committed price; None: the pool's own
+
+
+class AcquisitionInput(BaseModel):
+    region: str
+    partition: int = 0
+    contract: str
+    tier: int = Field(ge=1, le=3)
+    items: list[LaunchItem] = []
+    fallback: FallbackPlan | None = None
+    approval_timeout_seconds: float = 1800.0
+    fallback_lease_hours: float = 24.0
+    # Slots in flight at once; the region's token budget sets the actual pace.
+    max_parallel: int = Field(default=20, ge=1)
+    # Create attempts per instance on Transient/RateLimited errors (each takes a token).
+    max_create_attempts: int = Field(default=5, ge=1)
+    # Seconds between ACTIVE polls while waiting for a boot.
+    poll_seconds: float = Field(default=1.0, gt=0)
+
+
+class OperatorInput(BaseModel):
+    operator: str = Field(default="operator", min_length=1)
+    reason: str = ""
+
+
+class ApprovalInput(BaseModel):
+    approver: str = Field(min_length=1)
+    reason: str = Field(min_length=1)
+    approve: bool = True  # False declines at once
+
+
+class ControlAck(BaseModel):
+    state: AcquisitionState
+    message: str
+
+
+class AcquisitionProgress(BaseModel):
+    acquisition_id: str
+    region: str
+    contract: str
+    state: AcquisitionState
+    requested_instances: int
+    requested_units: int
+    launched: int = 0  # create calls that returned an instance
+    active: int = 0
+    failed: int = 0
+    deleted: int = 0
+    shortfall_units: int = 0
+    capacity_errors: dict[str, int] = {}  # pool -> InsufficientCapacity count
+    fallback: FallbackState = FallbackState.NONE
+    fallback_cost_per_hour: float = 0.0
+    fallback_reason: str = ""
+    decided_by: str = ""
+    decision_reason: str = ""
+    paused_by: str = ""
+    pools: list[str] = []
+    halls: list[str] = []
+
+
+class AcquisitionResult(BaseModel):
+    progress: AcquisitionProgress
+    instance_ids: list[str] = []  # ACTIVE at the end

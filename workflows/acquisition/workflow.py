@@ -1,0 +1,567 @@
+"""AcquisitionWorkflow: one batch of launches for one contract in one region.
+
+Each instance is a *slot* with a deterministic id (`<workflow id>-<n>`), which is also the
+provider-side name: the provider's create is idempotent on it, so a retried or replayed
+create never makes a second instance. A slot: record the instance in fleet state
+(REQUESTED, with its ACQUIRE event through the outbox) -> take one token from the region's
+budget -> create (one attempt per token: every mutating API call is paid for, retries
+included) -> wait for ACTIVE -> record READY. Capacity errors are a *shortfall* reported to
+the controller, never a workflow failure.
+
+Committed fallback (a Blazar reservation per hall, then boots into it) runs only when the
+arbiter's plan is within the contract's spend authority or an operator approves it through
+the `approve_fallback` update before the deadline.
+
+Operators steer it with updates (`pause`, `resume`, `cancel`, `approve_fallback`) and read
+it with the `progress` query; search attributes let the Temporal UI list acquisitions by
+region, hall, pool, contract and state, with requested and acquired counts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError
+
+with workflow.unsafe.imports_passed_through():
+    from activities.budget import TokenGrant
+    from activities.control import ControlActivities
+    from activities.decisions import Decision, DecisionKind
+    from activities.events import CapacityType, EventKind
+    from activities.fleet.activities import (
+        FleetActivities,
+        RecordAcquireInput,
+        RecordEventInput,
+    )
+    from activities.fleet.control_state import AcquisitionRecord
+    from activities.fleet.repository import InstanceSpec
+    from activities.provider.activities import (
+        InstanceRef,
+        ProviderActivities,
+        WaitActiveInput,
+        WaitReservationInput,
+    )
+    from activities.provider.interface import CreateRequest, ReservationRequest
+    from workflows import search_attributes as sa
+    from workflows.acquisition.models import (
+        FINISHED,
+        AcquisitionInput,
+        AcquisitionProgress,
+        AcquisitionResult,
+        AcquisitionState,
+        ApprovalInput,
+        ControlAck,
+        FallbackState,
+        LaunchItem,
+        OperatorInput,
+    )
+    from workflows.budget.client import BudgetClient
+
+#: Retrying these would not help: capacity is a shortfall, the rest is a bug or gone.
+_NOT_RETRIED = ["InsufficientCapacity", "NotFound", "Permanent"]
+_RETRIED_BY_US = {"Transient", "RateLimited"}
+_STATE_RETRY = RetryPolicy(maximum_attempts=20, maximum_interval=timedelta(seconds=30))
+
+
+class _Slot:
+    __slots__ = ("capacity_type", "instance_id", "item", "provider_id", "reservation_id", "units")
+
+    def __init__(self, instance_id: str, item: LaunchItem, units: int) -> None:
+        self.instance_id = instance_id
+        self.item = item
+        self.units = units
+        self.capacity_type = item.capacity_type
+        self.provider_id: str | None = None
+        self.reservation_id: str | None = None
+
+
+def _slots(prefix: str, items: list[LaunchItem]) -> list[_Slot]:
+    """Instances of every item, with the units each covers (the last may be part-filled)."""
+    out: list[_Slot] = []
+    for item in items:
+        per = -(-item.units // item.instances) if item.units else 0
+        left = item.units
+        for _ in range(item.instances):
+            units = min(per, left)
+            left -= units
+            out.append(_Slot(f"{prefix}-{len(out):04d}", item, units))
+    return out
+
+
+def _error_type(exc: BaseException) -> str:
+    cause = exc.cause if isinstance(exc, ActivityError) else exc
+    return cause.type or "" if isinstance(cause, ApplicationError) else ""
+
+
+@workflow.defn
+class AcquisitionWorkflow:
+    @workflow.init
+    def __init__(self, inp: AcquisitionInput) -> None:
+        self._inp = inp
+        self._id = workflow.info().workflow_id
+        self._budget = BudgetClient()
+        self._paused = False
+        self._cancel: OperatorInput | None = None
+        self._approval: ApprovalInput | None = None
+        self._lock = asyncio.Lock()
+        fb = inp.fallback
+        fb_items = fb.items if fb else []
+        self._progress = AcquisitionProgress(
+            acquisition_id=self._id,
+            region=inp.region,
+            contract=inp.contract,
+            state=AcquisitionState.RUNNING,
+            requested_instances=sum(i.instances for i in inp.items)
+            + sum(i.instances for i in fb_items),
+            requested_units=sum(i.units for i in inp.items) + sum(i.units for i in fb_items),
+            fallback_cost_per_hour=fb.cost_per_hour if fb else 0.0,
+            fallback_reason=fb.reason if fb else "",
+            pools=sorted({i.pool_id for i in inp.items} | {i.pool_id for i in fb_items}),
+            halls=sorted({i.hall for i in inp.items} | {i.hall for i in fb_items}),
+        )
+        self._created: list[_Slot] = []  # slots with an instance at the provider
+        self._active: set[str] = set()  # instance ids that reached ACTIVE
+
+    # -- operator messages ---------------------------------------------------------------
+
+    @workflow.signal(name="tokens_granted")
+    def tokens_granted(self, grant: TokenGrant) -> None:
+        self._budget.on_grant(grant)
+
+    @workflow.query
+    def progress(self) -> AcquisitionProgress:
+        return self._progress
+
+    @workflow.update
+    async def pause(self, inp: OperatorInput) -> ControlAck:
+        self._paused = True
+        self._progress.paused_by = inp.operator
+        await self._set_state(AcquisitionState.PAUSED)
+        return ControlAck(state=self._progress.state, message=f"paused by {inp.operator}")
+
+    @pause.validator
+    def _validate_pause(self, inp: OperatorInput) -> None:
+        self._require_running("pause")
+
+    @workflow.update
+    async def resume(self, inp: OperatorInput) -> ControlAck:
+        self._paused = False
+        self._progress.paused_by = ""
+        await self._set_state(AcquisitionState.RUNNING)
+        return ControlAck(state=self._progress.state, message=f"resumed by {inp.operator}")
+
+    @resume.validator
+    def _validate_resume(self, inp: OperatorInput) -> None:
+        if not self._paused:
+            raise ApplicationError("not paused", type="InvalidState")
+
+    @workflow.update
+    async def cancel(self, inp: OperatorInput) -> ControlAck:
+        self._cancel = inp
+        self._paused = False
+        return ControlAck(
+            state=AcquisitionState.CANCELLING,
+            message=f"cancelled by {inp.operator}: deleting {len(self._created)} instance(s)",
+        )
+
+    @cancel.validator
+    def _validate_cancel(self, inp: OperatorInput) -> None:
+        if self._progress.state in FINISHED or self._cancel is not None:
+            raise ApplicationError(
+                f"acquisition is {self._progress.state.value}", type="InvalidState"
+            )
+
+    @workflow.update
+    async def approve_fallback(self, inp: ApprovalInput) -> ControlAck:
+        self._approval = inp
+        verdict = "approved" if inp.approve else "declined"
+        return ControlAck(
+            state=self._progress.state, message=f"fallback {verdict} by {inp.approver}"
+        )
+
+    @approve_fallback.validator
+    def _validate_approval(self, inp: ApprovalInput) -> None:
+        if self._progress.fallback is not FallbackState.AWAITING_APPROVAL or self._approval:
+            raise ApplicationError(
+                f"no fallback is waiting for approval (fallback: {self._progress.fallback.value})",
+                type="InvalidState",
+            )
+
+    def _require_running(self, what: str) -> None:
+        if self._progress.state in FINISHED or self._cancel is not None:
+            raise ApplicationError(
+                f"cannot {what}: acquisition is {self._progress.state.value}", type="InvalidState"
+            )
+        if self._paused:
+            raise ApplicationError(f"cannot {what}: already paused", type="InvalidState")
+
+    # -- the run -------------------------------------------------------------------------
+
+    @workflow.run
+    async def run(self, inp: AcquisitionInput) -> AcquisitionResult:
+        workflow.upsert_search_attributes(
+            [
+                sa.REGION.value_set(inp.region),
+                sa.WORKLOAD.value_set(inp.contract),
+                sa.HALL.value_set(self._progress.halls),
+                sa.POOL.value_set(self._progress.pools),
+                sa.REQUESTED.value_set(self._progress.requested_instances),
+                sa.ACQUIRED.value_set(0),
+            ]
+        )
+        await self._set_state(AcquisitionState.RUNNING)
+        slots = _slots(self._id, inp.items)
+        await self._launch_all(slots)
+        if inp.fallback is not None and self._cancel is None:
+            await self._fallback()
+        if self._cancel is not None:
+            await self._cancel_created()
+            final = AcquisitionState.CANCELLED
+        elif not inp.items and self._progress.fallback is FallbackState.DECLINED:
+            final = AcquisitionState.DECLINED
+        else:
+            final = AcquisitionState.COMPLETED
+        await self._set_state(final)
+        await self._decide(
+            DecisionKind.ACQUISITION,
+            final.value,
+            reason=(
+                f"{self._progress.active} of {self._progress.requested_instances} active, "
+                f"{self._progress.shortfall_units} units short"
+            ),
+            actor=self._cancel.operator if self._cancel else "sco",
+            units=self._progress.requested_units,
+        )
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        return AcquisitionResult(progress=self._progress, instance_ids=sorted(self._active))
+
+    async def _launch_all(self, slots: list[_Slot]) -> None:
+        gate = asyncio.Semaphore(self._inp.max_parallel)
+
+        async def one(slot: _Slot) -> None:
+            async with gate:
+                await self._launch(slot)
+
+        if slots:
+            await workflow.wait([asyncio.ensure_future(one(s)) for s in slots])
+
+    async def _launch(self, slot: _Slot) -> None:
+        inp = self._inp
+        await workflow.wait_condition(lambda: not self._paused or self._cancel is not None)
+        if self._cancel is not None:
+            return
+        await workflow.execute_activity_method(
+            FleetActivities.record_acquire,
+            RecordAcquireInput(
+                spec=InstanceSpec(
+                    instance_id=slot.instance_id,
+                    region=inp.region,
+                    pool_id=slot.item.pool_id,
+                    capacity_type=slot.capacity_type,
+                    workload=inp.contract,
+                    tier=inp.tier,
+                    acquisition_id=self._id,
+                    price_per_hour=slot.item.price_per_hour,
+                ),
+                reason=f"acquisition {self._id}",
+            ),
+            start_to_close_timeout=timedelta(seconds=30),
+            retry_policy=_STATE_RETRY,
+        )
+        request = CreateRequest(
+            name=slot.instance_id,
+            region=inp.region,
+            pool_id=slot.item.pool_id,
+            hall=slot.item.hall,
+            flavor=slot.item.flavor,
+            metadata={"sco-workload": inp.contract, "sco-acquisition": self._id},
+            reservation_id=slot.reservation_id,
+        )
+        for attempt in range(1, inp.max_create_attempts + 1):
+            await workflow.wait_condition(lambda: not self._paused or self._cancel is not None)
+            if self._cancel is not None:
+                await self._fail(slot, "cancelled before create", shortfall=False)
+                return
+            await self._budget.take(inp.region, 1)
+            try:
+                created = await workflow.execute_activity_method(
+                    ProviderActivities.create_instance,
+                    request,
+                    start_to_close_timeout=timedelta(seconds=120),
+                    retry_policy=RetryPolicy(maximum_attempts=1),
+                )
+                break
+            except ActivityError as exc:
+                kind = _error_type(exc)
+                if kind in _RETRIED_BY_US and attempt < inp.max_create_attempts:
+                    await workflow.sleep(timedelta(seconds=min(30, 2**attempt)))
+                    continue
+                if kind == "InsufficientCapacity":
+                    self._capacity_error(slot)
+                await self._fail(slot, f"create: {kind or 'error'}: {exc.cause or exc}")
+                return
+        slot.provider_id = created.provider_id
+        self._created.append(slot)
+        self._progress.launched += 1
+        try:
+            await workflow.execute_activity_method(
+                ProviderActivities.wait_active,
+                WaitActiveInput(provider_id=created.provider_id, poll_seconds=inp.poll_seconds),
+                start_to_close_timeout=timedelta(minutes=15),
+                heartbeat_timeout=timedelta(seconds=30),
+                retry_policy=RetryPolicy(non_retryable_error_types=_NOT_RETRIED),
+            )
+        except ActivityError as exc:
+            kind = _error_type(exc)
+            if kind == "InsufficientCapacity":
+                self._capacity_error(slot)
+            # An instance that never became ACTIVE still holds its name and maybe a host.
+            await self._delete(slot, fail=True, reason=f"boot: {kind or 'error'}")
+            return
+        await self._record(slot, EventKind.READY, provider_id=created.provider_id)
+        self._active.add(slot.instance_id)
+        self._progress.active += 1
+        workflow.upsert_search_attributes([sa.ACQUIRED.value_set(self._progress.active)])
+
+    def _capacity_error(self, slot: _Slot) -> None:
+        errors = self._progress.capacity_errors
+        errors[slot.item.pool_id] = errors.get(slot.item.pool_id, 0) + 1
+
+    async def _fail(self, slot: _Slot, reason: str, *, shortfall: bool = True) -> None:
+        await self._record(slot, EventKind.FAIL, reason=reason)
+        self._progress.failed += 1
+        if shortfall:
+            self._progress.shortfall_units += slot.units
+
+    async def _delete(self, slot: _Slot, *, fail: bool, reason: str) -> None:
+        assert slot.provider_id is not None
+        for attempt in range(1, self._inp.max_create_attempts + 1):
+            await self._budget.take(self._inp.region, 1)
+            try:
+                await workflow.execute_activity_method(
+                    ProviderActivities.delete_instance,
+                    InstanceRef(provider_id=slot.provider_id),
+                    start_to_close_timeout=timedelta(seconds=120),
+                    retry_policy=RetryPolicy(maximum_attempts=1),
+                )
+                break
+            except ActivityError as exc:
+                if _error_type(exc) in _RETRIED_BY_US:
+                    await workflow.sleep(timedelta(seconds=min(30, 2**attempt)))
+                    continue
+                raise
+        if fail:
+            await self._fail(slot, reason)
+        else:
+            await self._record(slot, EventKind.DELETE, reason=reason)
+            self._progress.deleted += 1
+        slot.provider_id = None
+
+    async def _record(
+        self, slot: _Slot, kind: EventKind, *, reason: str = "", provider_id: str | None = None
+    ) -> None:
+        await workflow.execute_activity_method(
+            FleetActivities.record_event,
+            RecordEventInput(
+                instance_id=slot.instance_id, kind=kind, reason=reason, provider_id=provider_id
+            ),
+            start_to_close_timeout=timedelta(seconds=30),
+            retry_policy=_STATE_RETRY,
+        )
+
+    async def _cancel_created(self) -> None:
+        await self._set_state(AcquisitionState.CANCELLING)
+        assert self._cancel is not None
+        why = f"cancelled by {self._cancel.operator}: {self._cancel.reason}".rstrip(": ")
+        for slot in self._created:
+            if slot.provider_id is not None:
+                await self._delete(slot, fail=False, reason=why)
+                if slot.instance_id in self._active:
+                    self._active.discard(slot.instance_id)
+                    self._progress.active -= 1
+        workflow.upsert_search_attributes([sa.ACQUIRED.value_set(self._progress.active)])
+
+    # -- committed fallback --------------------------------------------------------------
+
+    async def _fallback(self) -> None:
+        plan = self._inp.fallback
+        assert plan is not None
+        if plan.needs_approval:
+            self._progress.fallback = FallbackState.AWAITING_APPROVAL
+            await self._set_state(AcquisitionState.WAITING_APPROVAL)
+            await self._decide(
+                DecisionKind.FALLBACK,
+                "awaiting_approval",
+                reason=plan.reason,
+                amount=plan.cost_per_hour,
+                units=plan.units,
+            )
+            # A timeout is the deadline passing: decided below as declined.
+            with contextlib.suppress(TimeoutError):
+                await workflow.wait_condition(
+                    lambda: self._approval is not None or self._cancel is not None,
+                    timeout=timedelta(seconds=self._inp.approval_timeout_seconds),
+                )
+            if self._cancel is not None:
+                return
+            approval = self._approval
+            if approval is None or not approval.approve:
+                self._progress.fallback = FallbackState.DECLINED
+                self._progress.shortfall_units += plan.units
+                self._progress.decided_by = approval.approver if approval else "deadline"
+                self._progress.decision_reason = (
+                    approval.reason
+                    if approval
+                    else f"no approval within {self._inp.approval_timeout_seconds:.0f} s"
+                )
+                await self._decide(
+                    DecisionKind.FALLBACK,
+                    "declined",
+                    reason=self._progress.decision_reason,
+                    actor=self._progress.decided_by,
+                    amount=plan.cost_per_hour,
+                    units=plan.units,
+                )
+                await self._set_state(AcquisitionState.RUNNING)
+                return
+            self._progress.fallback = FallbackState.APPROVED
+            self._progress.decided_by = approval.approver
+            self._progress.decision_reason = approval.reason
+            await self._decide(
+                DecisionKind.FALLBACK,
+                "approved",
+                reason=approval.reason,
+                actor=approval.approver,
+                amount=plan.cost_per_hour,
+                units=plan.units,
+            )
+            await self._set_state(AcquisitionState.RUNNING)
+        else:
+            self._progress.fallback = FallbackState.PROCEEDING
+            await self._decide(
+                DecisionKind.FALLBACK,
+                "proceed",
+                reason=plan.reason,
+                amount=plan.cost_per_hour,
+                units=plan.units,
+            )
+        items = [
+            LaunchItem(
+                pool_id=i.pool_id,
+                hall=i.hall,
+                flavor=i.flavor,
+                instances=i.instances,
+                units=i.units,
+                capacity_type=CapacityType.COMMITTED,
+                price_per_hour=i.price_per_hour,
+            )
+            for i in plan.items
+        ]
+        slots = _slots(f"{self._id}-c", items)
+        by_item: dict[str, str | None] = {}
+        for item in items:
+            by_item[item.pool_id] = await self._reserve(item)
+        ready: list[_Slot] = []
+        for slot in slots:
+            reservation = by_item[slot.item.pool_id]
+            if reservation is None:
+                self._capacity_error(slot)
+                self._progress.shortfall_units += slot.units
+                continue
+            slot.reservation_id = reservation
+            ready.append(slot)
+        await self._launch_all(ready)
+
+    async def _reserve(self, item: LaunchItem) -> str | None:
+        """A Blazar reservation for the item's instances; None when the hall has no room."""
+        now = workflow.now()
+        request = ReservationRequest(
+            name=f"{self._id}-{item.hall}",
+            region=self._inp.region,
+            hall=item.hall,
+            flavor=item.flavor,
+            amount=item.instances,
+            end=now + timedelta(hours=self._inp.fallback_lease_hours),
+        )
+        await self._budget.take(self._inp.region, 1)
+        try:
+            res = await workflow.execute_activity_method(
+                ProviderActivities.create_reservation,
+                request,
+                start_to_close_timeout=timedelta(seconds=120),
+                retry_policy=RetryPolicy(
+                    maximum_attempts=3, non_retryable_error_types=_NOT_RETRIED
+                ),
+            )
+            await workflow.execute_activity_method(
+                ProviderActivities.wait_reservation_active,
+                WaitReservationInput(region=self._inp.region, lease_id=res.lease_id),
+                start_to_close_timeout=timedelta(minutes=5),
+                heartbeat_timeout=timedelta(seconds=30),
+                retry_policy=RetryPolicy(non_retryable_error_types=_NOT_RETRIED),
+            )
+        except ActivityError as exc:
+            workflow.logger.warning("fallback reservation in %s failed: %s", item.hall, exc.cause)
+            return None
+        return res.reservation_id
+
+    # -- bookkeeping ---------------------------------------------------------------------
+
+    async def _set_state(self, state: AcquisitionState) -> None:
+        self._progress.state = state
+        workflow.upsert_search_attributes([sa.STATE.value_set(state.value)])
+        p = self._progress
+        async with self._lock:
+            await workflow.execute_activity_method(
+                ControlActivities.record_acquisition,
+                AcquisitionRecord(
+                    acquisition_id=self._id,
+                    region=self._inp.region,
+                    workload=self._inp.contract,
+                    partition=self._inp.partition,
+                    state=state.value,
+                    requested_units=p.requested_units,
+                    requested_instances=p.requested_instances,
+                    launched=p.launched,
+                    active=p.active,
+                    failed=p.failed,
+                    shortfall_units=p.shortfall_units,
+                    pool_ids=p.pools,
+                    detail=f"fallback:{p.fallback.value}",
+                ),
+                start_to_close_timeout=timedelta(seconds=30),
+                retry_policy=_STATE_RETRY,
+            )
+
+    async def _decide(
+        self,
+        kind: DecisionKind,
+        outcome: str,
+        *,
+        reason: str,
+        actor: str = "sco",
+        amount: float = 0.0,
+        units: int = 0,
+    ) -> None:
+        await workflow.execute_activity_method(
+            ControlActivities.record_decision,
+            Decision(
+                event_id=workflow.uuid4(),
+                occurred_at=workflow.now(),
+                region=self._inp.region,
+                kind=kind,
+                subject=self._inp.contract,
+                outcome=outcome,
+                actor=actor,
+                reason=reason,
+                amount_per_hour=amount,
+                units=units,
+                workflow_id=self._id,
+            ),
+            start_to_close_timeout=timedelta(seconds=30),
+            retry_policy=_STATE_RETRY,
+        )

@@ -1,0 +1,243 @@
+"""RegionControllerWorkflow: one per region x partition, forever.
+
+Every tick (60 s, or within a moment of a `demand_changed` signal) it reads a snapshot of
+its partition, reconciles desired against actual with pure planning code, starts
+acquisitions for what is missing (recording each before it starts, so the next tick counts
+it even if the child has not run yet) and releases reclaimable capacity that has been
+surplus for longer than the idle limit. Acquisitions are children with an ABANDON parent
+close policy: they outlive the controller's continue-as-new.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy, WorkflowIDReusePolicy
+from temporalio.exceptions import ActivityError
+from temporalio.workflow import ParentClosePolicy
+
+with workflow.unsafe.imports_passed_through():
+    from activities.budget import TokenGrant
+    from activities.control import ControlActivities
+    from activities.decisions import Decision, DecisionKind
+    from activities.events import EventKind
+    from activities.fleet.activities import FleetActivities, RecordEventInput
+    from activities.fleet.control_state import AcquisitionRecord
+    from activities.provider.activities import InstanceRef, ProviderActivities
+    from workflows import search_attributes as sa
+    from workflows.acquisition.models import AcquisitionInput, AcquisitionState
+    from workflows.acquisition.workflow import AcquisitionWorkflow
+    from workflows.budget.client import BudgetClient
+    from workflows.controller.models import (
+        ControllerInput,
+        ControllerSnapshot,
+        ControllerStatus,
+        DemandChanged,
+        InstanceBrief,
+        MarkSurplusInput,
+        MarkSurplusOutput,
+        SnapshotInput,
+        TickSummary,
+    )
+    from workflows.controller.reconcile import reconcile
+
+_RETRY = RetryPolicy(maximum_attempts=10, maximum_interval=timedelta(seconds=30))
+#: Ticks per run before continue-as-new keeps the history short.
+_TICKS_PER_RUN = 200
+
+
+@workflow.defn
+class RegionControllerWorkflow:
+    @workflow.init
+    def __init__(self, inp: ControllerInput) -> None:
+        self._inp = inp
+        self._dirty = True  # plan at once after a start or continue-as-new
+        # Request ids are <workflow id>#<counter>: the counter must survive continue-as-new.
+        self._budget = BudgetClient(start_counter=inp.budget_counter)
+        self._status = ControllerStatus(
+            region=inp.region,
+            partition=inp.partition,
+            ticks=inp.ticks,
+            acquisitions_started=inp.acquisitions_started,
+            released=inp.released,
+        )
+
+    @workflow.signal
+    def demand_changed(self, inp: DemandChanged) -> None:
+        self._dirty = True
+
+    @workflow.signal(name="tokens_granted")
+    def tokens_granted(self, grant: TokenGrant) -> None:
+        self._budget.on_grant(grant)
+
+    @workflow.query
+    def status(self) -> ControllerStatus:
+        self._status.pending_signal = self._dirty
+        return self._status
+
+    @workflow.run
+    async def run(self, inp: ControllerInput) -> None:
+        cfg = inp.config
+        workflow.upsert_search_attributes(
+            [sa.REGION.value_set(inp.region), sa.STATE.value_set("controlling")]
+        )
+        for _ in range(_TICKS_PER_RUN):
+            await workflow.wait_condition(
+                lambda: self._dirty, timeout=timedelta(seconds=cfg.tick_seconds)
+            )
+            self._dirty = False
+            await self._tick()
+            if workflow.info().is_continue_as_new_suggested():
+                break
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        workflow.continue_as_new(
+            inp.model_copy(
+                update={
+                    "ticks": self._status.ticks,
+                    "acquisitions_started": self._status.acquisitions_started,
+                    "released": self._status.released,
+                    "budget_counter": self._budget.counter,
+                }
+            )
+        )
+
+    async def _tick(self) -> None:
+        inp, cfg = self._inp, self._inp.config
+        snap: ControllerSnapshot = await workflow.execute_activity_method(
+            ControlActivities.snapshot,
+            SnapshotInput(
+                region=inp.region,
+                partition=inp.partition,
+                partitions=cfg.partitions,
+                reclaim_window_hours=cfg.reclaim_window_hours,
+            ),
+            start_to_close_timeout=timedelta(seconds=120),
+            heartbeat_timeout=timedelta(seconds=60),
+            retry_policy=_RETRY,
+        )
+        now = workflow.now()
+        self._status.ticks += 1
+        summary = TickSummary(
+            tick=self._status.ticks, at=now, bundle_serial=snap.bundle_serial, problem=snap.problem
+        )
+        self._status.last = summary
+        if snap.problem:
+            workflow.logger.warning(
+                "controller %s/p%d: %s", inp.region, inp.partition, snap.problem
+            )
+            return
+        result = reconcile(snap, cfg, now)
+        summary.demand_units = result.demand_units
+        summary.held_units = result.held_units
+        summary.planned_units = result.planned_units
+        summary.shortfall_units = result.shortfall_units
+        summary.plan_cost_per_hour = result.plan_cost_per_hour
+        for req in result.acquisitions:
+            acq_id = f"acq-{inp.region}-{req.contract}-{workflow.uuid4().hex[:10]}"
+            acq = AcquisitionInput(
+                region=inp.region,
+                partition=inp.partition,
+                contract=req.contract,
+                tier=req.tier,
+                items=req.items,
+                fallback=req.fallback,
+                approval_timeout_seconds=cfg.approval_timeout_seconds,
+                fallback_lease_hours=cfg.fallback_lease_hours,
+            )
+            fb = req.fallback
+            await workflow.execute_activity_method(
+                ControlActivities.record_acquisition,
+                AcquisitionRecord(
+                    acquisition_id=acq_id,
+                    region=inp.region,
+                    workload=req.contract,
+                    partition=inp.partition,
+                    state=AcquisitionState.STARTING.value,
+                    requested_units=sum(i.units for i in req.items) + (fb.units if fb else 0),
+                    requested_instances=sum(i.instances for i in req.items)
+                    + (sum(i.instances for i in fb.items) if fb else 0),
+                    pool_ids=sorted({i.pool_id for i in req.items}),
+                ),
+                start_to_close_timeout=timedelta(seconds=30),
+                retry_policy=_RETRY,
+            )
+            await workflow.start_child_workflow(
+                AcquisitionWorkflow.run,
+                acq,
+                id=acq_id,
+                parent_close_policy=ParentClosePolicy.ABANDON,
+                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            )
+            summary.acquisitions.append(acq_id)
+            self._status.acquisitions_started += 1
+        await self._release(snap, result.surplus, summary)
+        summary.surplus = len(result.surplus)
+
+    async def _release(
+        self, snap: ControllerSnapshot, surplus: list[str], summary: TickSummary
+    ) -> None:
+        inp, cfg = self._inp, self._inp.config
+        marked: MarkSurplusOutput = await workflow.execute_activity_method(
+            ControlActivities.mark_surplus,
+            MarkSurplusInput(
+                region=inp.region,
+                workloads=[v.demand.contract for v in snap.contracts],
+                instance_ids=surplus,
+            ),
+            start_to_close_timeout=timedelta(seconds=30),
+            retry_policy=_RETRY,
+        )
+        now = workflow.now()
+        briefs: dict[str, tuple[str, InstanceBrief]] = {
+            i.instance_id: (v.demand.contract, i) for v in snap.contracts for i in v.instances
+        }
+        for instance_id in surplus:
+            since = marked.since.get(instance_id)
+            if since is None or now - since < timedelta(seconds=cfg.release_idle_seconds):
+                continue
+            contract, brief = briefs[instance_id]
+            if brief.provider_id is None:
+                continue
+            await self._budget.take(inp.region, 1)
+            try:
+                await workflow.execute_activity_method(
+                    ProviderActivities.delete_instance,
+                    InstanceRef(provider_id=brief.provider_id),
+                    start_to_close_timeout=timedelta(seconds=120),
+                    retry_policy=RetryPolicy(maximum_attempts=1),
+                )
+            except ActivityError as exc:
+                # Tried again next tick, with a fresh token.
+                workflow.logger.warning("release of %s failed: %s", instance_id, exc.cause)
+                continue
+            idle = int((now - since).total_seconds())
+            await workflow.execute_activity_method(
+                FleetActivities.record_event,
+                RecordEventInput(
+                    instance_id=instance_id,
+                    kind=EventKind.DELETE,
+                    reason=f"released: idle {idle} s",
+                ),
+                start_to_close_timeout=timedelta(seconds=30),
+                retry_policy=_RETRY,
+            )
+            await workflow.execute_activity_method(
+                ControlActivities.record_decision,
+                Decision(
+                    event_id=workflow.uuid4(),
+                    occurred_at=now,
+                    region=inp.region,
+                    kind=DecisionKind.RELEASE,
+                    subject=contract,
+                    outcome="released",
+                    reason=f"{instance_id} ({brief.pool_id}) surplus for {idle} s",
+                    amount_per_hour=brief.price_per_hour,
+                    units=1,
+                    workflow_id=workflow.info().workflow_id,
+                ),
+                start_to_close_timeout=timedelta(seconds=30),
+                retry_policy=_RETRY,
+            )
+            summary.released.append(instance_id)
+            self._status.released += 1
