@@ -3,9 +3,11 @@ queue, against real PostgreSQL and an in-process simulated cloud."""
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
+import contextlib
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -106,7 +108,14 @@ async def region_worker(
                 yield Harness(client, queue, cloud, fleet, control)
             finally:
                 # The budget is one workflow per region id; the next test starts its own.
-                try:
+                with contextlib.suppress(RPCError):
                     await client.get_workflow_handle(budget_workflow_id("r1")).terminate()
-                except RPCError:
-                    pass
+
+
+async def poll_until(check: Callable[[], Awaitable[bool]], within: float = 30.0) -> None:
+    """Await `check` every 50 ms until it holds; AssertionError after `within` seconds."""
+    for _ in range(int(within / 0.05)):
+        if await check():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"condition not met within {within} s")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -20,10 +20,11 @@ from activities.fleet.control_state import ControlRepository
 from activities.fleet.repository import FleetRepository
 from activities.provider.simulator import Latency, SimulatedCloud
 from contracts.region import Region
-from tests.control_harness import Harness, region_worker
+from tests.control_harness import Harness, poll_until, region_worker
 from workflows import search_attributes as sa
 from workflows.acquisition.models import (
     AcquisitionInput,
+    AcquisitionProgress,
     AcquisitionResult,
     AcquisitionState,
     ApprovalInput,
@@ -84,6 +85,13 @@ async def start(
         id=f"acq-r1-{inp.contract}-{uuid.uuid4().hex[:6]}",
         task_queue=h.queue,
     )
+
+
+async def _progress(
+    handle: WorkflowHandle[AcquisitionWorkflow, AcquisitionResult],
+    check: Callable[[AcquisitionProgress], bool],
+) -> bool:
+    return check(await handle.query(AcquisitionWorkflow.progress))
 
 
 def outbox_decisions(pool: ConnectionPool, workflow_id: str) -> list[tuple[str, str]]:
@@ -172,8 +180,7 @@ async def test_cancel_deletes_what_it_created(
         region="r1", contract=name, tier=2, items=[item("r1.B.gp.l", 8)], max_parallel=2
     )
     handle = await start(harness, inp)
-    while (await handle.query(AcquisitionWorkflow.progress)).active < 2:
-        await asyncio.sleep(0.05)
+    await poll_until(lambda: _progress(handle, lambda p: p.active >= 2))
     await handle.execute_update(
         AcquisitionWorkflow.cancel, OperatorInput(operator="carol", reason="wrong pool")
     )
@@ -247,10 +254,9 @@ async def test_fallback_above_authority_waits_for_an_operator(
         fallback=fallback(True),
     )
     handle = await start(harness, inp)
-    while (
-        await handle.query(AcquisitionWorkflow.progress)
-    ).fallback is not FallbackState.AWAITING_APPROVAL:
-        await asyncio.sleep(0.05)
+    await poll_until(
+        lambda: _progress(handle, lambda p: p.fallback is FallbackState.AWAITING_APPROVAL)
+    )
     desc = await handle.describe()
     assert desc.typed_search_attributes.get(sa.STATE) == "waiting_approval"
     with pytest.raises(WorkflowUpdateFailedError) as refused:
