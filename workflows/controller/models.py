@@ -71,6 +71,8 @@ class ControllerConfig(BaseModel):
     max_instances_per_acquisition: int = 200
     reclaim_window_hours: float = 168.0
     partitions: int = 4
+    # Ticks per run before continue-as-new keeps the history short.
+    ticks_per_run: int = 200
 
 
 class ControllerInput(BaseModel):

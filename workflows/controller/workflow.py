@@ -10,6 +10,7 @@ close policy: they outlive the controller's continue-as-new.
 
 from __future__ import annotations
 
+import contextlib
 from datetime import timedelta
 
 from temporalio import workflow
@@ -43,8 +44,6 @@ with workflow.unsafe.imports_passed_through():
     from workflows.controller.reconcile import reconcile
 
 _RETRY = RetryPolicy(maximum_attempts=10, maximum_interval=timedelta(seconds=30))
-#: Ticks per run before continue-as-new keeps the history short.
-_TICKS_PER_RUN = 200
 
 
 @workflow.defn
@@ -82,10 +81,12 @@ class RegionControllerWorkflow:
         workflow.upsert_search_attributes(
             [sa.REGION.value_set(inp.region), sa.STATE.value_set("controlling")]
         )
-        for _ in range(_TICKS_PER_RUN):
-            await workflow.wait_condition(
-                lambda: self._dirty, timeout=timedelta(seconds=cfg.tick_seconds)
-            )
+        for _ in range(cfg.ticks_per_run):
+            # Woken by demand_changed at once, or by the tick.
+            with contextlib.suppress(TimeoutError):
+                await workflow.wait_condition(
+                    lambda: self._dirty, timeout=timedelta(seconds=cfg.tick_seconds)
+                )
             self._dirty = False
             await self._tick()
             if workflow.info().is_continue_as_new_suggested():
