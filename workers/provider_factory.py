@@ -17,4 +17,4 @@ def provider_for(settings: Settings, region: str) -> CloudProvider:
         )
     from activities.provider.sim_service import SimulatorClient
 
-    return SimulatorClient(settings.nats_url, region)
+    return SimulatorClient(settings.nats_url, region, prefix=settings.provider.simulator_prefix)

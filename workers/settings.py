@@ -57,6 +57,8 @@ class ProviderSettings(BaseModel):
     openstack_cloud: str = "sco-testcloud"  # the clouds.yaml entry of this region
     image: str = "sco-image"
     network: str = "none"
+    # NATS subject prefix of the simulated cloud service (<prefix>.<region>.sim.*).
+    simulator_prefix: str = "sco"
 
 
 class OutboxSettings(BaseModel):

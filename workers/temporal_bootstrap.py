@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -54,8 +55,26 @@ async def bootstrap_namespace(
         except RPCError as reg_exc:  # another bootstrap won the race
             if reg_exc.status != RPCStatusCode.ALREADY_EXISTS:
                 raise
+    if report.namespace_created:
+        await _wait_until_usable(client, namespace)
     report.attributes_added = await ensure_search_attributes(client, namespace)
     return report
+
+
+async def _wait_until_usable(client: Client, namespace: str, seconds: float = 30.0) -> None:
+    """A registered namespace reaches every server component a moment later."""
+    for _ in range(int(seconds / 0.2)):
+        try:
+            await client.operator_service.list_search_attributes(
+                ListSearchAttributesRequest(namespace=namespace)
+            )
+            return
+        except RPCError as exc:
+            if exc.status == RPCStatusCode.UNIMPLEMENTED:
+                return
+            if exc.status != RPCStatusCode.NOT_FOUND:
+                raise
+        await asyncio.sleep(0.2)
 
 
 async def ensure_search_attributes(client: Client, namespace: str) -> list[str]:

@@ -58,7 +58,7 @@ def sim_serve(
             clock=asyncio.get_running_loop().time,
         )
         nc = await nats.connect(s.nats_url)
-        task = asyncio.create_task(serve(cloud, nc))
+        task = asyncio.create_task(serve(cloud, nc, prefix=s.provider.simulator_prefix))
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, task.cancel)

@@ -1,0 +1,24 @@
+"""Recorded workflow histories: written when SCO_RECORD_HISTORIES=1, replayed always.
+
+A history recorded from a real run and replayed against today's code fails when a change
+breaks determinism: the signal to use `workflow.patched` for running workflows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from temporalio.client import WorkflowHandle
+
+DIR = Path(__file__).parent / "histories"
+
+
+async def record(handle: WorkflowHandle[Any, Any], name: str) -> None:
+    """Save the handle's current run's history as tests/histories/<name>.json, when asked."""
+    if not os.environ.get("SCO_RECORD_HISTORIES"):
+        return
+    history = await handle.fetch_history()
+    (DIR / f"{name}.json").write_text(json.dumps(json.loads(history.to_json()), indent=1) + "\n")
