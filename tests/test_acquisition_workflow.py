@@ -20,6 +20,7 @@ from activities.fleet.control_state import ControlRepository
 from activities.fleet.repository import FleetRepository
 from activities.provider.simulator import Latency, SimulatedCloud
 from contracts.region import Region
+from tests import histories
 from tests.control_harness import Harness, poll_until, region_worker
 from workflows import search_attributes as sa
 from workflows.acquisition.models import (
@@ -187,6 +188,7 @@ async def test_cancel_deletes_what_it_created(
     result = await handle.result()
     p = result.progress
     assert p.state is AcquisitionState.CANCELLED and p.active == 0 and result.instance_ids == []
+    await histories.record(handle, "acquisition_cancelled")
     assert p.deleted >= 2
     assert not [i for i in await harness.cloud.list_owned("r1") if i.name.startswith(handle.id)]
     rows = [r for r in fleet_repo.list_instances("r1") if r.workload == name]
@@ -269,6 +271,7 @@ async def test_fallback_above_authority_waits_for_an_operator(
     result = await handle.result()
     p = result.progress
     assert p.fallback is FallbackState.APPROVED and p.decided_by == "dana" and p.active == 3
+    await histories.record(handle, "acquisition_approved")
     assert outbox_decisions(fleet_repo._pool, handle.id) == [
         ("awaiting_approval", "sco"),
         ("approved", "dana"),

@@ -19,7 +19,7 @@ from activities.fleet.migrate import migrate
 from activities.fleet.repository import FleetRepository
 from activities.provider.simulator import Latency, SimulatedCloud
 from contracts.region import Region
-from tests import services
+from tests import histories, services
 from tests.conftest import BASE_DSN
 from tests.control_harness import Harness, install_example_bundle, poll_until, region_worker
 from workflows.controller.models import (
@@ -124,6 +124,7 @@ async def test_demand_becomes_acquisitions_and_idle_capacity_is_released(
 
     await poll_until(released)
     status = await handle.query(RegionControllerWorkflow.status)
+    await histories.record(handle, "region_controller")
     assert status.released == len(rows)
     assert not [
         i
