@@ -23,6 +23,7 @@ its grant would arrive at the new run, which does not know the id, and be droppe
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 
 from temporalio import workflow
@@ -63,6 +64,7 @@ class BudgetClient:
         self._activity_task_queue = activity_task_queue
         self._ensure_timeout = ensure_timeout
         self._ensured: set[str] = set()
+        self._ensure_lock = asyncio.Lock()
         self._waiting: set[str] = set()
         self._grants: dict[str, TokenGrant] = {}
 
@@ -128,14 +130,16 @@ class BudgetClient:
     async def _send(self, region: str, req: TokenRequest) -> None:
         budget = workflow.get_external_workflow_handle(budget_workflow_id(region))
         for _ in range(SEND_ATTEMPTS):
-            if region not in self._ensured:
-                await workflow.execute_activity_method(
-                    BudgetActivities.ensure,
-                    EnsureBudgetInput(region=region),
-                    task_queue=self._activity_task_queue,
-                    start_to_close_timeout=self._ensure_timeout,
-                )
-                self._ensured.add(region)
+            # Concurrent takes of one workflow share one ensure, not one each.
+            async with self._ensure_lock:
+                if region not in self._ensured:
+                    await workflow.execute_activity_method(
+                        BudgetActivities.ensure,
+                        EnsureBudgetInput(region=region),
+                        task_queue=self._activity_task_queue,
+                        start_to_close_timeout=self._ensure_timeout,
+                    )
+                    self._ensured.add(region)
             try:
                 await budget.signal(REQUEST_TOKENS_SIGNAL, req)
                 return
