@@ -1,0 +1,1 @@
+"""Planning: which pools reclaimable instances should be launched in, and for whom."""

@@ -1,0 +1,62 @@
+"""The planner's arithmetic on plain numbers: restart cost, instance fit and the caps.
+
+Kept apart from the models so the tests and the benchmark state the constraints with the
+very same rounding the planner uses (a cap that differs by one between the two would make
+a correct plan look wrong, or the other way round).
+"""
+
+from __future__ import annotations
+
+import math
+
+from contracts.model import WorkloadKind
+
+#: Hours of instance time a reclaim throws away, by workload kind: a Spark executor loses
+#: its in-flight tasks (decommission saves the blocks), training falls back to its last
+#: checkpoint, a CI job reruns from the start, a stateless service replica only restarts.
+RESTART_COST_HOURS: dict[str, float] = {
+    WorkloadKind.SPARK.value: 0.25,
+    WorkloadKind.TRAINING.value: 1.0,
+    WorkloadKind.CI.value: 0.5,
+    WorkloadKind.SERVICE.value: 0.1,
+}
+
+# Caps are shares of whole numbers computed in floating point: 0.29 * 100 is
+# 28.999999999999996, whose floor would silently cost a whole instance. Values within
+# this distance of an integer are taken as that integer.
+_EPS = 1e-9
+
+
+def expected_cost(price_per_hour: float, reclaim_rate: float, kind: str) -> float:
+    """Expected cost of one useful instance-hour: the price, plus the instance time that
+    reclaims (``reclaim_rate`` per instance-hour) throw away and must be paid again."""
+    return price_per_hour * (1.0 + reclaim_rate * RESTART_COST_HOURS[kind])
+
+
+def fit_units(
+    unit_vcpu: int, unit_memory_gib: int, unit_gpus: int, vcpu: int, memory_gib: int, gpus: int
+) -> int:
+    """Demand units one instance holds (0: a unit does not fit).
+
+    The same arithmetic as ``contracts.feasibility.units_per_instance``, on the plain
+    numbers the planner's (serialisable) inputs carry instead of the Contract and Pool
+    models (contracts/ is not ours to refactor); the tests check that the two agree on the
+    real region file.
+    """
+    fits = min(vcpu // unit_vcpu, memory_gib // unit_memory_gib)
+    if unit_gpus:
+        fits = min(fits, gpus // unit_gpus)
+    return max(0, fits)
+
+
+def pool_share_cap(max_pool_share: float, reclaimable_units: int) -> int:
+    """Instances (existing and new) one contract may hold in a pool."""
+    return max(0, math.floor(max_pool_share * reclaimable_units + _EPS))
+
+
+def spread_cap(spread_max_pool_fraction: float, group_target_units: int) -> int:
+    """Units (existing and new) the members of one spread group may hold in one pool.
+
+    At least 1, so a group whose members want almost nothing can still place something.
+    """
+    return max(1, math.ceil(spread_max_pool_fraction * group_target_units - _EPS))
