@@ -11,9 +11,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from temporalio.client import WorkflowHandle
+from temporalio.client import WorkflowHandle, WorkflowHistory
 
 DIR = Path(__file__).parent / "histories"
+IDS = DIR / "workflow_ids.json"
 
 
 async def record(handle: WorkflowHandle[Any, Any], name: str) -> None:
@@ -22,3 +23,13 @@ async def record(handle: WorkflowHandle[Any, Any], name: str) -> None:
         return
     history = await handle.fetch_history()
     (DIR / f"{name}.json").write_text(json.dumps(json.loads(history.to_json()), indent=1) + "\n")
+    ids = json.loads(IDS.read_text()) if IDS.exists() else {}
+    ids[name] = history.workflow_id
+    IDS.write_text(json.dumps(ids, indent=1, sort_keys=True) + "\n")
+
+
+def load(name: str) -> WorkflowHistory:
+    """A recorded history under its original workflow id: workflows that derive ids from
+    their own (token request ids, child ids) replay only under that id."""
+    ids = json.loads(IDS.read_text())
+    return WorkflowHistory.from_json(ids[name], (DIR / f"{name}.json").read_text())

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
-from tests.histories import DIR
+from tests import histories
 from workflows.acquisition.workflow import AcquisitionWorkflow
 from workflows.budget.workflow import TokenBudgetWorkflow
 from workflows.controller.workflow import RegionControllerWorkflow
@@ -21,5 +20,4 @@ async def test_recorded_history_replays(name: str) -> None:
         workflows=[AcquisitionWorkflow, RegionControllerWorkflow, TokenBudgetWorkflow],
         data_converter=pydantic_data_converter,
     )
-    history = WorkflowHistory.from_json(name, (DIR / f"{name}.json").read_text())
-    await replayer.replay_workflow(history)
+    await replayer.replay_workflow(histories.load(name))
