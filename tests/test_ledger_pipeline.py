@@ -116,3 +116,47 @@ def test_a_malformed_event_is_skipped_not_fatal(
         consumer.close()
         store.close()
     assert consumer.progress.malformed >= 1
+
+
+def test_a_decision_reaches_the_ledger_through_the_outbox(
+    fleet_repo: FleetRepository, pg_dsn: str, kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    from activities.decisions import Decision, DecisionKind, decisions_topic
+    from activities.fleet.control_state import ControlRepository
+    from activities.ledger import decisions
+
+    control = ControlRepository(fleet_repo._pool)
+    decision = Decision(
+        region="r1",
+        kind=DecisionKind.FALLBACK,
+        subject=f"dec-{uuid.uuid4().hex[:6]}",
+        outcome="declined",
+        actor="deadline",
+        amount_per_hour=3.5,
+    )
+    assert control.record_decision(decision)
+    assert not control.record_decision(decision)  # a retried activity writes nothing new
+    stop = threading.Event()
+    relay = OutboxRelay(pg_dsn, kafka_bootstrap, idle_poll_seconds=0.05)
+    thread = threading.Thread(target=relay.run, args=(stop,), daemon=True)
+    thread.start()
+    store = LedgerStore(f"chdb://{tmp_path / 'ledger'}")
+    consumer = LedgerConsumer(
+        kafka_bootstrap, [decisions_topic("r1")], store, group_id=uuid.uuid4().hex
+    )
+    found: list[Decision] = []
+    deadline = time.monotonic() + 60
+    try:
+        while not found and time.monotonic() < deadline:
+            consumer.poll_batch(timeout=0.5)
+            found = decisions(
+                store,
+                start=decision.occurred_at - timedelta(minutes=1),
+                end=decision.occurred_at + timedelta(minutes=1),
+                subject=decision.subject,
+            )
+    finally:
+        consumer.close()
+        stop.set()
+        thread.join(10)
+    assert len(found) == 1 and found[0].outcome == "declined" and found[0].actor == "deadline"

@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from activities.decisions import Decision
 from activities.events import (
     STATE_AFTER,
     TERMINAL_STATES,
@@ -20,7 +21,14 @@ from activities.events import (
     EventKind,
     LifecycleEvent,
 )
-from activities.ledger.store import EVENT_COLUMN_NAMES, TABLE, LedgerStore, as_utc
+from activities.ledger.store import (
+    DECISION_COLUMN_NAMES,
+    DECISIONS_TABLE,
+    EVENT_COLUMN_NAMES,
+    TABLE,
+    LedgerStore,
+    as_utc,
+)
 
 #: Columns spend may be grouped by.
 GROUP_KEYS: tuple[str, ...] = ("workload", "tier", "pool_id", "capacity_type", "region")
@@ -227,3 +235,32 @@ def instance_history(store: LedgerStore, instance_id: str) -> list[LifecycleEven
     with store.session() as client:
         result = client.query(sql, parameters={"instance_id": instance_id, "kinds": _KIND_ORDER})
     return [LifecycleEvent.model_validate(row) for row in result.named_results()]
+
+
+def decisions(
+    store: LedgerStore,
+    *,
+    start: datetime,
+    end: datetime,
+    region: str | None = None,
+    kind: str | None = None,
+    subject: str | None = None,
+) -> list[Decision]:
+    """Decisions in [start, end), newest first: who decided what, and why."""
+    parameters = _window(start, end)
+    filters = []
+    for name, value in (("region", region), ("kind", kind), ("subject", subject)):
+        if value is not None:
+            filters.append(f"AND {name} = {{{name}:String}}")
+            parameters[name] = value
+    sql = f"""
+        SELECT {", ".join(DECISION_COLUMN_NAMES)}
+        FROM {DECISIONS_TABLE} FINAL
+        WHERE occurred_at >= {{start:DateTime64(3, 'UTC')}}
+          AND occurred_at < {{end:DateTime64(3, 'UTC')}}
+          {" ".join(filters)}
+        ORDER BY occurred_at DESC, event_id
+    """
+    with store.session() as client:
+        result = client.query(sql, parameters=parameters)
+    return [Decision.model_validate(row) for row in result.named_results()]

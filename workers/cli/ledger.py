@@ -10,7 +10,14 @@ from datetime import UTC, datetime, timedelta
 import typer
 
 from activities.events import region_topics
-from activities.ledger import GROUP_KEYS, LedgerStore, LedgerUnavailable, reclaims_per_pool, spend
+from activities.ledger import (
+    GROUP_KEYS,
+    LedgerStore,
+    LedgerUnavailable,
+    decisions,
+    reclaims_per_pool,
+    spend,
+)
 from activities.ledger.consumer import LedgerConsumer
 from workers.cli.common import console, errors_as_exit, fail, print_json, settings, table
 
@@ -77,6 +84,41 @@ def reclaims_cmd(
         f"reclaims, last {window}",
         ["pool", "notices", "instances"],
         [[r.pool_id, r.reclaims, r.instances] for r in rows],
+    )
+
+
+@app.command("decisions")
+def decisions_cmd(
+    window: str = typer.Option("24h", help="Look back this far: 90m, 24h, 7d."),
+    region: str = typer.Option(None),
+    kind: str = typer.Option(None, help="fallback, acquisition, release, exclusion, floor."),
+    subject: str = typer.Option(None, help="A contract, pool or instance."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Decisions over a window, newest first: fallback approvals, releases, outcomes."""
+    end = datetime.now(UTC)
+    start = end - parse_window(window)
+    with errors_as_exit(LedgerUnavailable):
+        rows = decisions(_store(), start=start, end=end, region=region, kind=kind, subject=subject)
+    if as_json:
+        print_json([r.model_dump(mode="json") for r in rows])
+        return
+    table(
+        f"decisions, last {window}",
+        ["when", "kind", "subject", "outcome", "by", "per hour", "units", "reason"],
+        [
+            [
+                f"{r.occurred_at:%Y-%m-%d %H:%M:%S}",
+                r.kind.value,
+                r.subject,
+                r.outcome,
+                r.actor,
+                f"{r.amount_per_hour:.2f}",
+                r.units,
+                r.reason,
+            ]
+            for r in rows
+        ],
     )
 
 

@@ -1,0 +1,54 @@
+"""Decisions in the ledger: stored once however often they are replayed, queried by
+kind and subject, newest first."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from activities.decisions import Decision, DecisionKind
+from activities.ledger import LedgerStore, decisions
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[LedgerStore]:
+    with LedgerStore(f"chdb://{tmp_path}/ledger") as ledger:
+        ledger.ensure_schema()
+        yield ledger
+
+
+def test_a_replayed_decision_is_one_row_and_queries_filter(store: LedgerStore) -> None:
+    now = datetime.now(UTC)
+    approved = Decision(
+        event_id=uuid.uuid4(),
+        occurred_at=now,
+        region="r1",
+        kind=DecisionKind.FALLBACK,
+        subject="llm-train",
+        outcome="approved",
+        actor="dana",
+        reason="release night",
+        amount_per_hour=41.5,
+        units=8,
+        workflow_id="acq-r1-llm-train-1",
+    )
+    released = Decision(
+        occurred_at=now - timedelta(minutes=5),
+        region="r1",
+        kind=DecisionKind.RELEASE,
+        subject="spark-etl",
+        outcome="released",
+    )
+    store.insert_decisions([approved, released])
+    store.insert_decisions([approved])  # the topic replayed
+    rows = decisions(store, start=now - timedelta(hours=1), end=now + timedelta(seconds=1))
+    assert [r.outcome for r in rows] == ["approved", "released"]
+    only = decisions(
+        store, start=now - timedelta(hours=1), end=now + timedelta(seconds=1), kind="fallback"
+    )
+    assert only == [approved.model_copy(update={"occurred_at": rows[0].occurred_at})]
+    assert only[0].actor == "dana" and only[0].amount_per_hour == 41.5
