@@ -22,11 +22,17 @@ $(STAMP): pyproject.toml
 	rm -f $(VENV)/.installed-* && touch $@
 
 ## Bring up the region in a box, the region's worker, relay and ledger consumer; run the
-## region's first job (its pool catalogue through Temporal into fleet state).
+## region's first job (its pool catalogue through Temporal into fleet state), then give
+## three example contracts demand: the controllers start acquisitions against the local
+## provider, listed here and in the Temporal UI.
 up: $(STAMP)
 	SCO_REGION=$(REGION) $(BIN)/sco dev up --workers
 	SCO_REGION=$(REGION) $(BIN)/sco pools sync --region $(REGION)
-	@echo "Temporal UI: http://127.0.0.1:8233/namespaces/$(REGION)/workflows"
+	SCO_REGION=$(REGION) $(BIN)/sco demand set spark-etl 120 --region $(REGION)
+	SCO_REGION=$(REGION) $(BIN)/sco demand set ci-runners 200 --region $(REGION)
+	SCO_REGION=$(REGION) $(BIN)/sco demand set search-api 40 --region $(REGION)
+	@sleep 3; SCO_REGION=$(REGION) $(BIN)/sco acquisitions list --all --region $(REGION)
+	@echo "Temporal UI: http://127.0.0.1:8233/namespaces/$(REGION)/workflows?query=WorkflowType%3D%22AcquisitionWorkflow%22"
 
 down: $(STAMP)
 	$(BIN)/sco dev down

@@ -12,7 +12,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from activities.events import CapacityType, EventKind, lifecycle_topic
+from activities.events import CapacityType, EventKind, lifecycle_topic, region_topics
 from activities.fleet.relay import OutboxRelay
 from activities.fleet.repository import FleetRepository, InstanceSpec
 from activities.ledger import LedgerStore, reclaims_per_pool, spend
@@ -44,7 +44,7 @@ def run_lifecycles(repo: FleetRepository, region: Region, prefix: str, n: int) -
 
 
 def consume_all(bootstrap: str, store: LedgerStore, group: str, until: int) -> int:
-    consumer = LedgerConsumer(bootstrap, [lifecycle_topic("r1")], store, group_id=group)
+    consumer = LedgerConsumer(bootstrap, region_topics("r1"), store, group_id=group)
     deadline = time.monotonic() + 60
     try:
         while consumer.progress.inserted < until and time.monotonic() < deadline:

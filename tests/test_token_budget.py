@@ -18,7 +18,6 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from pydantic import BaseModel
 from temporalio import activity, workflow
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowHandle
@@ -27,6 +26,15 @@ from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer, Worker
 
+from tests.budget_workflows import (
+    GrantRecord,
+    GrantSink,
+    SinkInput,
+    TakeInput,
+    TakeOutput,
+    TakeTokens,
+)
+
 with workflow.unsafe.imports_passed_through():
     import pytest
     from hypothesis import given, settings
@@ -34,17 +42,14 @@ with workflow.unsafe.imports_passed_through():
 
     from activities.budget import (
         SET_RATE_SIGNAL,
-        TOKENS_GRANTED_SIGNAL,
         BudgetActivities,
         BudgetInput,
         BudgetStatus,
         EnsureBudgetInput,
         SetRateInput,
-        TokenGrant,
         TokenRequest,
         budget_workflow_id,
     )
-    from workflows.budget.client import BudgetClient
     from workflows.budget.token_bucket import EPSILON, TokenBucket
     from workflows.budget.workflow import TokenBudgetWorkflow
 
@@ -114,83 +119,6 @@ def test_the_bucket_starts_full_pauses_at_rate_zero_and_reconfigures() -> None:
 
 
 # -- workflows used by the tests -----------------------------------------------------------
-
-
-class TakeInput(BaseModel):
-    region: str
-    chunks: list[int]
-    pause_before_chunk: int | None = None
-    """Wait for the `resume` signal before taking this chunk."""
-
-
-class GrantRecord(BaseModel):
-    request_id: str
-    tokens: int
-    granted_at: datetime
-    observed_at: datetime
-
-
-class TakeOutput(BaseModel):
-    grants: list[GrantRecord]
-
-
-@workflow.defn
-class TakeTokens:
-    """Takes each chunk in full, however many grants that needs."""
-
-    def __init__(self) -> None:
-        self._budget = BudgetClient()
-        self._resumed = False
-        self._chunk = 0
-
-    @workflow.signal(name=TOKENS_GRANTED_SIGNAL)
-    def tokens_granted(self, grant: TokenGrant) -> None:
-        self._budget.on_grant(grant)
-
-    @workflow.signal
-    def resume(self) -> None:
-        self._resumed = True
-
-    @workflow.query
-    def chunk(self) -> int:
-        return self._chunk
-
-    @workflow.run
-    async def run(self, inp: TakeInput) -> TakeOutput:
-        out = []
-        for i, chunk in enumerate(inp.chunks):
-            self._chunk = i
-            if i == inp.pause_before_chunk:
-                await workflow.wait_condition(lambda: self._resumed)
-            left = chunk
-            while left > 0:
-                grant = await self._budget.take_grant(inp.region, left)
-                assert 1 <= grant.tokens <= left
-                left -= grant.tokens
-                out.append(GrantRecord(**grant.model_dump(), observed_at=workflow.now()))
-        return TakeOutput(grants=out)
-
-
-class SinkInput(BaseModel):
-    expected: int
-
-
-@workflow.defn
-class GrantSink:
-    """Collects every grant sent to it: `expected` of them, then whatever comes in 10 s."""
-
-    def __init__(self) -> None:
-        self._grants: list[TokenGrant] = []
-
-    @workflow.signal(name=TOKENS_GRANTED_SIGNAL)
-    def tokens_granted(self, grant: TokenGrant) -> None:
-        self._grants.append(grant)
-
-    @workflow.run
-    async def run(self, inp: SinkInput) -> list[TokenGrant]:
-        await workflow.wait_condition(lambda: len(self._grants) >= inp.expected)
-        await workflow.sleep(10)
-        return self._grants
 
 
 # -- harness ---------------------------------------------------------------------------------
