@@ -60,6 +60,7 @@ with workflow.unsafe.imports_passed_through():
         OperatorInput,
     )
     from workflows.budget.client import BudgetClient
+    from workflows.metrics import count
 
 #: Retrying these would not help: capacity is a shortfall, the rest is a bug or gone.
 _NOT_RETRIED = ["InsufficientCapacity", "NotFound", "Permanent"]
@@ -226,6 +227,12 @@ class AcquisitionWorkflow:
         else:
             final = AcquisitionState.COMPLETED
         await self._set_state(final)
+        count(
+            "sco_acquisitions_finished",
+            "Acquisitions by final state",
+            region=inp.region,
+            state=final.value,
+        )
         await self._decide(
             DecisionKind.ACQUISITION,
             final.value,
@@ -325,9 +332,22 @@ class AcquisitionWorkflow:
         await self._record(slot, EventKind.READY, provider_id=created.provider_id)
         self._active.add(slot.instance_id)
         self._progress.active += 1
+        count(
+            "sco_instances_acquired",
+            "Instances an acquisition brought to ACTIVE",
+            region=self._inp.region,
+            pool=slot.item.pool_id,
+            capacity_type=slot.capacity_type.value,
+        )
         workflow.upsert_search_attributes([sa.ACQUIRED.value_set(self._progress.active)])
 
     def _capacity_error(self, slot: _Slot) -> None:
+        count(
+            "sco_capacity_errors",
+            "InsufficientCapacity answers per pool",
+            region=self._inp.region,
+            pool=slot.item.pool_id,
+        )
         errors = self._progress.capacity_errors
         errors[slot.item.pool_id] = errors.get(slot.item.pool_id, 0) + 1
 

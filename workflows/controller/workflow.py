@@ -42,6 +42,7 @@ with workflow.unsafe.imports_passed_through():
         TickSummary,
     )
     from workflows.controller.reconcile import reconcile
+    from workflows.metrics import count
 
 _RETRY = RetryPolicy(maximum_attempts=10, maximum_interval=timedelta(seconds=30))
 
@@ -129,6 +130,12 @@ class RegionControllerWorkflow:
             )
             return
         result = reconcile(snap, cfg, now)
+        count(
+            "sco_shortfall_units",
+            "Demand units reclaimable capacity could not cover, summed per tick",
+            result.shortfall_units,
+            region=inp.region,
+        )
         summary.demand_units = result.demand_units
         summary.held_units = result.held_units
         summary.planned_units = result.planned_units
@@ -172,6 +179,9 @@ class RegionControllerWorkflow:
             )
             summary.acquisitions.append(acq_id)
             self._status.acquisitions_started += 1
+            count(
+                "sco_acquisitions_started", "Acquisitions a controller started", region=inp.region
+            )
         await self._release(snap, result.surplus, summary)
         summary.surplus = len(result.surplus)
 
@@ -242,3 +252,6 @@ class RegionControllerWorkflow:
             )
             summary.released.append(instance_id)
             self._status.released += 1
+            count(
+                "sco_instances_released", "Idle reclaimable instances released", region=inp.region
+            )
