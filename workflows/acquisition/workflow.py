@@ -26,6 +26,7 @@ from datetime import timedelta
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import TimeoutError as TemporalTimeoutError
 
 with workflow.unsafe.imports_passed_through():
     from activities.budget import TokenGrant
@@ -91,6 +92,12 @@ def _slots(prefix: str, items: list[LaunchItem]) -> list[_Slot]:
             left -= units
             out.append(_Slot(f"{prefix}-{len(out):04d}", item, units))
     return out
+
+
+def _lost(exc: BaseException) -> bool:
+    """The activity timed out: the worker running it died, or the call hung. The create or
+    delete may or may not have happened; both are idempotent, so the answer is to retry."""
+    return isinstance(exc, ActivityError) and isinstance(exc.cause, TemporalTimeoutError)
 
 
 def _error_type(exc: BaseException) -> str:
@@ -288,21 +295,30 @@ class AcquisitionWorkflow:
             metadata={"sco-workload": inp.contract, "sco-acquisition": self._id},
             reservation_id=slot.reservation_id,
         )
-        for attempt in range(1, inp.max_create_attempts + 1):
+        attempt, tried = 0, False
+        while True:
             await workflow.wait_condition(lambda: not self._paused or self._cancel is not None)
-            if self._cancel is not None:
+            # Once a create went out it is seen through (to learn what to delete).
+            if self._cancel is not None and not tried:
                 await self._fail(slot, "cancelled before create", shortfall=False)
                 return
             await self._budget.take(inp.region, 1)
+            tried = True
             try:
                 created = await workflow.execute_activity_method(
                     ProviderActivities.create_instance,
                     request,
-                    start_to_close_timeout=timedelta(seconds=120),
+                    start_to_close_timeout=timedelta(seconds=30),
                     retry_policy=RetryPolicy(maximum_attempts=1),
                 )
                 break
             except ActivityError as exc:
+                # A lost create may have made the instance: retried until it answers (the
+                # same name finds it), however long, so nothing is ever leaked.
+                if _lost(exc):
+                    await workflow.sleep(timedelta(seconds=min(30, 2 ** min(attempt, 5))))
+                    continue
+                attempt += 1
                 kind = _error_type(exc)
                 if kind in _RETRIED_BY_US and attempt < inp.max_create_attempts:
                     await workflow.sleep(timedelta(seconds=min(30, 2**attempt)))
@@ -359,19 +375,22 @@ class AcquisitionWorkflow:
 
     async def _delete(self, slot: _Slot, *, fail: bool, reason: str) -> None:
         assert slot.provider_id is not None
-        for attempt in range(1, self._inp.max_create_attempts + 1):
+        attempt = 0
+        while True:
             await self._budget.take(self._inp.region, 1)
             try:
                 await workflow.execute_activity_method(
                     ProviderActivities.delete_instance,
                     InstanceRef(provider_id=slot.provider_id),
-                    start_to_close_timeout=timedelta(seconds=120),
+                    start_to_close_timeout=timedelta(seconds=60),
                     retry_policy=RetryPolicy(maximum_attempts=1),
                 )
                 break
             except ActivityError as exc:
-                if _error_type(exc) in _RETRIED_BY_US:
-                    await workflow.sleep(timedelta(seconds=min(30, 2**attempt)))
+                # Deleting is a desired state and idempotent: keep at it while it can work.
+                if _lost(exc) or _error_type(exc) in _RETRIED_BY_US:
+                    attempt += 1
+                    await workflow.sleep(timedelta(seconds=min(30, 2 ** min(attempt, 5))))
                     continue
                 raise
         if fail:
