@@ -159,7 +159,7 @@ class AcquisitionWorkflow:
     async def resume(self, inp: OperatorInput) -> ControlAck:
         self._paused = False
         self._progress.paused_by = ""
-        await self._set_state(AcquisitionState.RUNNING)
+        await self._set_state(self._running_state())
         return ControlAck(state=self._progress.state, message=f"resumed by {inp.operator}")
 
     @resume.validator
@@ -199,6 +199,10 @@ class AcquisitionWorkflow:
                 type="InvalidState",
             )
 
+    def _running_state(self) -> AcquisitionState:
+        # An operator may pause before the run's first step (handlers run first).
+        return AcquisitionState.PAUSED if self._paused else AcquisitionState.RUNNING
+
     def _require_running(self, what: str) -> None:
         if self._progress.state in FINISHED or self._cancel is not None:
             raise ApplicationError(
@@ -221,7 +225,7 @@ class AcquisitionWorkflow:
                 sa.ACQUIRED.value_set(0),
             ]
         )
-        await self._set_state(AcquisitionState.RUNNING)
+        await self._set_state(self._running_state())
         slots = _slots(self._id, inp.items)
         await self._launch_all(slots)
         if inp.fallback is not None and self._cancel is None:
@@ -465,7 +469,7 @@ class AcquisitionWorkflow:
                     amount=plan.cost_per_hour,
                     units=plan.units,
                 )
-                await self._set_state(AcquisitionState.RUNNING)
+                await self._set_state(self._running_state())
                 return
             self._progress.fallback = FallbackState.APPROVED
             self._progress.decided_by = approval.approver
@@ -478,7 +482,7 @@ class AcquisitionWorkflow:
                 amount=plan.cost_per_hour,
                 units=plan.units,
             )
-            await self._set_state(AcquisitionState.RUNNING)
+            await self._set_state(self._running_state())
         else:
             self._progress.fallback = FallbackState.PROCEEDING
             await self._decide(
