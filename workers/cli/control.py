@@ -223,7 +223,7 @@ def acq_list(
                     "halls": ",".join(attrs.get(sa.HALL) or []),
                     "pools": len(attrs.get(sa.POOL) or []),
                     "status": wf.status.name if wf.status else "",
-                    "started": wf.start_time,
+                    "started": f"{wf.start_time:%Y-%m-%d %H:%M:%S}",
                 }
             )
         return out

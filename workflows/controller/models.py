@@ -8,7 +8,7 @@ from datetime import datetime
 from pydantic import BaseModel, Field
 
 from activities.events import CapacityType, InstanceState
-from workflows.planning.planner import ContractDemand, PoolInput
+from workflows.planning.models import ContractDemand, PoolInput
 
 
 def partition_of(contract: str, partitions: int) -> int:

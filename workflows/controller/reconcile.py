@@ -66,7 +66,7 @@ def reconcile(snap: ControllerSnapshot, cfg: ControllerConfig, now: datetime) ->
     pools = {p.pool_id: p for p in snap.pools}
     for outcome in result.outcomes:
         view = views[outcome.contract]
-        out.demand_units += outcome.demand_units
+        out.demand_units += view.demand.demand_units  # as asked, before netting in-flight work
         out.held_units += outcome.held_units
         out.planned_units += outcome.planned_units
         out.shortfall_units += outcome.shortfall_units

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict
 
-from workflows.planning.planner import ContractDemand, PoolInput, units_per_instance
+from workflows.planning.models import ContractDemand, PoolInput, units_per_instance
 
 
 class FallbackItem(BaseModel):
