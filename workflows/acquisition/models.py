@@ -53,6 +53,9 @@ class LaunchItem(BaseModel):
     units: int = Field(ge=0)
     capacity_type: CapacityType = CapacityType.RECLAIMABLE
     price_per_hour: float | None = None  # committed price; None: the pool's own
+    # Boot into this Blazar reservation (committed capacity the caller reserved, e.g. a
+    # floor); None: reclaimable, or a fallback reservation the acquisition makes itself.
+    reservation_id: str | None = None
 
 
 class AcquisitionInput(BaseModel):

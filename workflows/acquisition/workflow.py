@@ -78,7 +78,7 @@ class _Slot:
         self.units = units
         self.capacity_type = item.capacity_type
         self.provider_id: str | None = None
-        self.reservation_id: str | None = None
+        self.reservation_id: str | None = item.reservation_id
 
 
 def _slots(prefix: str, items: list[LaunchItem]) -> list[_Slot]:
