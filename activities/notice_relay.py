@@ -10,7 +10,7 @@ notice id, so agents act once) and deletes those past their deadline.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from datetime import UTC, datetime, timedelta
 
 from nats.js.client import JetStreamContext
@@ -36,11 +36,15 @@ class NoticeRelay:
         repo: FleetRepository,
         provider: CloudProvider,
         js: JetStreamContext,
+        on_notice: Callable[[ReclaimNotice], Awaitable[None]] | None = None,
     ) -> None:
         self.region, self.hall, self.lead = region, hall, lead
         self._repo = repo
         self._provider = provider
         self._js = js
+        # Told after each notice went out (the pool exclusion cycle counts reclaims). Best
+        # effort: a failure here is logged and never holds up a notice.
+        self._on_notice = on_notice
 
     async def ensure_stream(self) -> None:
         """The region's notice stream; notices are kept one day (far past any deadline)."""
@@ -89,6 +93,11 @@ class NoticeRelay:
             notice = self.notice_for(row)
             await self._publish(notice)
             notices.append(notice)
+            if self._on_notice is not None:
+                try:
+                    await self._on_notice(notice)
+                except Exception as exc:  # reporting must never fail a notice
+                    log.warning("notice hook for %s failed: %s", notice.node, exc)
         return notices
 
     async def handle_request(self, request: ReclaimRequest) -> list[ReclaimNotice]:
