@@ -28,8 +28,7 @@ from activities.ledger.store import LedgerStore, LedgerUnavailable
 from activities.provider.errors import ProviderError
 from activities.provider.interface import CloudProvider
 from contracts.bundle import VerifiedBundle
-from contracts.cache import BundleCache
-from contracts.keys import KeyError_, TrustStore
+from contracts.cache import installed_bundle
 from contracts.region import Region, RegionFileError, load_region
 from workflows.controller.models import (
     ContractView,
@@ -203,17 +202,7 @@ class ControlActivities:
         )
 
     def _bundle(self) -> tuple[VerifiedBundle | None, str]:
-        try:
-            trust = TrustStore.load(self._trust_dir)
-        except KeyError_ as exc:
-            return None, f"contract trust: {exc}"
-        bundle = BundleCache(self._bundle_cache_dir, trust).current()
-        if bundle is None:
-            return None, (
-                f"no valid contract bundle in {self._bundle_cache_dir} "
-                "(install one with `sco contracts install BUNDLE`)"
-            )
-        return bundle, ""
+        return installed_bundle(self._bundle_cache_dir, self._trust_dir)
 
     def _fleet_view(
         self, region: str, partition: int, names: list[str]

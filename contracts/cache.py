@@ -18,7 +18,7 @@ from pathlib import Path
 
 from contracts.atomic import write_atomic
 from contracts.bundle import BundleRejected, VerifiedBundle, verify
-from contracts.keys import TrustStore
+from contracts.keys import KeyError_, TrustStore
 
 log = logging.getLogger(__name__)
 
@@ -106,3 +106,22 @@ class BundleCache:
                 log.log(level, "bundle refresh: %s", result.reason)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=interval)
+
+
+def installed_bundle(cache_dir: Path, trust_dir: Path) -> tuple[VerifiedBundle | None, str]:
+    """The bundle installed in `cache_dir`, verified against `trust_dir`, or None and why.
+
+    What the control plane plans from and the CLI checks against; nodes use the cache
+    directly.
+    """
+    try:
+        trust = TrustStore.load(trust_dir)
+    except KeyError_ as exc:
+        return None, f"contract trust: {exc}"
+    bundle = BundleCache(cache_dir, trust).current()
+    if bundle is None:
+        return None, (
+            f"no valid contract bundle in {cache_dir} "
+            "(install one with `sco contracts install BUNDLE`)"
+        )
+    return bundle, ""

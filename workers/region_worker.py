@@ -27,8 +27,10 @@ from activities.fleet.activities import FleetActivities
 from activities.fleet.control_state import ControlRepository
 from activities.fleet.db import open_pool
 from activities.fleet.repository import FleetRepository
+from activities.floor import FloorActivities
 from activities.ledger.store import LedgerStore
 from activities.provider.activities import ProviderActivities, all_activities
+from contracts.cache import installed_bundle
 from workers.health import serve_health
 from workers.provider_factory import provider_for
 from workers.settings import Settings
@@ -36,11 +38,19 @@ from workflows.acquisition.workflow import AcquisitionWorkflow
 from workflows.budget.workflow import TokenBudgetWorkflow
 from workflows.controller.models import ControllerConfig, ControllerInput, controller_workflow_id
 from workflows.controller.workflow import RegionControllerWorkflow
+from workflows.floor.models import FloorInput, floor_workflow_id
+from workflows.floor.workflow import FloorKeeperWorkflow
 from workflows.sync_pools import SyncPoolsWorkflow
 
 log = logging.getLogger(__name__)
 
-WORKFLOWS = [SyncPoolsWorkflow, AcquisitionWorkflow, RegionControllerWorkflow, TokenBudgetWorkflow]
+WORKFLOWS = [
+    SyncPoolsWorkflow,
+    AcquisitionWorkflow,
+    RegionControllerWorkflow,
+    TokenBudgetWorkflow,
+    FloorKeeperWorkflow,
+]
 
 
 def controller_config(settings: Settings) -> ControllerConfig:
@@ -64,6 +74,27 @@ async def connect(settings: Settings, region: str, runtime: Runtime | None = Non
         data_converter=pydantic_data_converter,
         runtime=runtime,
     )
+
+
+async def ensure_floor_keepers(client: Client, settings: Settings, region: str) -> list[str]:
+    """Start a floor keeper per tier-1 contract with a floor in the region; idempotent.
+    Without an installed bundle there is nothing to keep (the controllers say so)."""
+    bundle, _ = installed_bundle(settings.bundle_cache_dir, settings.trust_dir)
+    if bundle is None:
+        return []
+    started = []
+    for contract in sorted(
+        c.name for c in bundle.content.contracts if c.tier == 1 and c.floor.get(region, 0) > 0
+    ):
+        handle = await client.start_workflow(
+            FloorKeeperWorkflow.run,
+            FloorInput(region=region, contract=contract),
+            id=floor_workflow_id(region, contract),
+            task_queue=settings.temporal.task_queue(region),
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        )
+        started.append(handle.id)
+    return started
 
 
 async def ensure_controllers(client: Client, settings: Settings, region: str) -> list[str]:
@@ -99,6 +130,13 @@ def build_activities(settings: Settings, region: str, client: Client) -> tuple[l
         # a tick would rather plan with the last known reclaim rates than wait.
         ledger=LedgerStore(settings.effective_ledger_dsn, lock_timeout=2.0),
     )
+    floor = FloorActivities(
+        fleet_repo,
+        provider,
+        regions_dir=settings.regions_dir,
+        bundle_cache_dir=settings.bundle_cache_dir,
+        trust_dir=settings.trust_dir,
+    )
     budget = BudgetActivities(
         client,
         settings.temporal.task_queue(region),
@@ -114,6 +152,8 @@ def build_activities(settings: Settings, region: str, client: Client) -> tuple[l
         control.record_acquisition,
         control.record_decision,
         control.mark_surplus,
+        floor.snapshot,
+        floor.probe_halls,
         budget.ensure,
     ]
     return activities, pool
@@ -151,7 +191,8 @@ async def run_worker(settings: Settings, region: str) -> None:
             running = True
             if settings.worker.start_controllers:
                 ids = await ensure_controllers(client, settings, region)
-                log.info("controllers running: %s", ", ".join(ids))
+                ids += await ensure_floor_keepers(client, settings, region)
+                log.info("running: %s", ", ".join(ids))
             await stop.wait()
             running = False
             log.info(

@@ -15,8 +15,8 @@ from temporalio.service import RPCError, RPCStatusCode
 from activities.budget import BudgetStatus, SetRateInput, budget_workflow_id
 from activities.fleet.control_state import ControlRepository
 from activities.fleet.db import open_pool
-from contracts.cache import BundleCache
-from contracts.keys import KeyError_, TrustStore
+from contracts.bundle import VerifiedBundle
+from contracts.cache import installed_bundle
 from workers.cli.common import console, errors_as_exit, fail, print_json, settings, table
 from workers.settings import Settings
 from workflows import search_attributes as sa
@@ -171,17 +171,10 @@ def demand_list(region: str = RegionOpt, json_out: bool = typer.Option(False, "-
     )
 
 
-def _bundle(s: Settings) -> Any:
-    try:
-        trust = TrustStore.load(s.trust_dir)
-    except KeyError_ as exc:
-        fail(f"contract trust: {exc}")
-    bundle = BundleCache(s.bundle_cache_dir, trust).current()
+def _bundle(s: Settings) -> VerifiedBundle:
+    bundle, problem = installed_bundle(s.bundle_cache_dir, s.trust_dir)
     if bundle is None:
-        fail(
-            f"no valid contract bundle in {s.bundle_cache_dir}; "
-            "install one with `sco contracts install BUNDLE`"
-        )
+        fail(problem)
     return bundle
 
 

@@ -6,7 +6,7 @@ import logging
 
 import typer
 
-from workers.cli import cloud, contracts, control, dev, fleet, ledger, temporal
+from workers.cli import cloud, contracts, control, dev, fleet, floor, ledger, temporal
 
 app = typer.Typer(
     help="SCO: the Spot Capacity Orchestrator control plane.",
@@ -24,6 +24,8 @@ app.add_typer(control.demand_app, name="demand")
 app.add_typer(control.acq_app, name="acquisitions")
 app.add_typer(control.controller_app, name="controller")
 app.add_typer(control.budget_app, name="budget")
+app.add_typer(floor.floor_app, name="floor")
+app.add_typer(floor.hall_app, name="hall")
 app.add_typer(ledger.app, name="ledger")
 app.add_typer(contracts.app, name="contracts")
 app.add_typer(cloud.sim_app, name="sim")

@@ -1,0 +1,160 @@
+"""`sco hall lost|restored` and `sco floor start|status`: the floor keepers of a region."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from typing import Any, TypeVar
+
+import typer
+from temporalio.client import Client
+from temporalio.service import RPCError
+
+from contracts.cache import installed_bundle
+from workers.cli.common import console, fail, print_json, settings, table
+from workers.settings import Settings
+from workflows import search_attributes as sa
+from workflows.floor.models import FloorStatus, HallEvent
+from workflows.floor.workflow import FloorKeeperWorkflow
+
+T = TypeVar("T")
+
+hall_app = typer.Typer(
+    help="Declare a hall lost or restored to the floor keepers.", no_args_is_help=True
+)
+floor_app = typer.Typer(help="Committed floors of tier-1 contracts.", no_args_is_help=True)
+
+RegionOpt = typer.Option(None, "--region", help="Region; default from settings.")
+
+
+def _run(coro: Awaitable[T]) -> T:
+    async def go() -> T:
+        return await coro
+
+    try:
+        return asyncio.run(go())
+    except RPCError as exc:
+        fail(f"Temporal: {exc.message or exc}")
+
+
+async def _client(s: Settings, region: str) -> Client:
+    from workers.region_worker import connect
+
+    try:
+        return await connect(s, region)
+    except RuntimeError as exc:
+        fail(f"cannot reach Temporal at {s.temporal.address}: {exc}")
+
+
+def _keepers_query(region: str) -> str:
+    return (
+        f'WorkflowType = "FloorKeeperWorkflow" AND {sa.REGION.name} = "{region}" '
+        'AND ExecutionStatus = "Running"'
+    )
+
+
+async def _tell_keepers(s: Settings, region: str, signal: str, event: HallEvent) -> list[str]:
+    client = await _client(s, region)
+    told = []
+    async for wf in client.list_workflows(_keepers_query(region)):
+        await client.get_workflow_handle(wf.id).signal(signal, event)
+        told.append(wf.id)
+    return told
+
+
+def _hall_command(signal: str, verb: str) -> Any:
+    def command(
+        region: str = typer.Argument(..., help="Region, e.g. r1."),
+        hall: str = typer.Argument(..., help="Hall (availability zone), e.g. B."),
+        by: str = typer.Option(..., "--by", help="Who says so (recorded as a decision)."),
+        reason: str = typer.Option(..., "--reason", help="Why (recorded as a decision)."),
+    ) -> None:
+        s = settings()
+        event = HallEvent(hall=hall, operator=by, reason=reason)
+        told = _run(_tell_keepers(s, region, signal, event))
+        if not told:
+            console.print(
+                f"[yellow]no floor keeper is running in {region}[/]: start them with "
+                f"`sco floor start --region {region}`"
+            )
+            return
+        console.print(f"hall {hall} in {region} {verb}: told {len(told)} floor keeper(s)")
+        for wid in told:
+            console.print(f"  {wid}")
+
+    command.__doc__ = {
+        "hall_lost": "Hall lost: every floor keeper of the region rebuilds its share elsewhere.",
+        "hall_restored": "Hall back: every floor keeper rebalances toward it, make-before-break.",
+    }[signal]
+    return command
+
+
+hall_app.command("lost")(_hall_command("hall_lost", "declared lost"))
+hall_app.command("restored")(_hall_command("hall_restored", "declared restored"))
+
+
+@floor_app.command("start")
+def floor_start(region: str = RegionOpt) -> None:
+    """Start one floor keeper per tier-1 contract with a floor in the region (idempotent)."""
+    from workers.region_worker import ensure_floor_keepers
+
+    s = settings()
+    r = region or s.region
+    bundle, problem = installed_bundle(s.bundle_cache_dir, s.trust_dir)
+    if bundle is None:
+        fail(problem)
+
+    async def go() -> list[str]:
+        return await ensure_floor_keepers(await _client(s, r), s, r)
+
+    ids = _run(go())
+    if not ids:
+        console.print(f"no tier-1 contract has a floor in {r} (bundle serial {bundle.serial})")
+    for wid in ids:
+        console.print(f"running: {wid}")
+
+
+@floor_app.command("status")
+def floor_status(region: str = RegionOpt, json_out: bool = typer.Option(False, "--json")) -> None:
+    """Each floor keeper: floor, units held per hall, lost halls, state and why."""
+    s = settings()
+    r = region or s.region
+
+    async def go() -> list[FloorStatus | str]:
+        client = await _client(s, r)
+        out: list[FloorStatus | str] = []
+        async for wf in client.list_workflows(_keepers_query(r)):
+            try:
+                out.append(
+                    await client.get_workflow_handle(wf.id).query(FloorKeeperWorkflow.status)
+                )
+            except RPCError as exc:
+                out.append(f"{wf.id}: {exc.message}")
+        return out
+
+    rows = _run(go())
+    if json_out:
+        print_json([x.model_dump(mode="json") if isinstance(x, FloorStatus) else x for x in rows])
+        return
+    lines: list[tuple[object, ...]] = []
+    for x in rows:
+        if isinstance(x, str):
+            lines.append((x, "", "", "", "", "", ""))
+            continue
+        held = sum(x.held_units_by_hall.values())
+        lines.append(
+            (
+                x.contract,
+                f"{held}/{x.floor_units}",
+                " ".join(f"{h}={u}" for h, u in x.held_units_by_hall.items()),
+                ",".join(x.lost_halls),
+                x.state.value,
+                "" if x.last_rebuild_seconds is None else f"{x.last_rebuild_seconds:.0f} s",
+                x.reason,
+            )
+        )
+    table(
+        f"floors in {r}",
+        ["contract", "held/floor", "by hall", "lost", "state", "last rebuild", "reason"],
+        lines,
+    )

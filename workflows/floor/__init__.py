@@ -1,0 +1,1 @@
+"""The floor keeper: committed capacity held for one tier-1 contract in one region."""
