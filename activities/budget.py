@@ -89,6 +89,10 @@ class BudgetInput(BaseModel):
 
 class EnsureBudgetInput(BaseModel):
     region: str
+    rate_per_second: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    """The rate to start the budget with; None: the activity's default. A budget that
+    runs already keeps its rate."""
+    burst: int | None = Field(default=None, ge=1)
 
 
 class BudgetActivities:
@@ -115,7 +119,11 @@ class BudgetActivities:
         handle = await self._client.start_workflow(
             BUDGET_WORKFLOW_TYPE,
             BudgetInput(
-                region=inp.region, rate_per_second=self._rate_per_second, burst=self._burst
+                region=inp.region,
+                rate_per_second=(
+                    self._rate_per_second if inp.rate_per_second is None else inp.rate_per_second
+                ),
+                burst=self._burst if inp.burst is None else inp.burst,
             ),
             id=budget_workflow_id(inp.region),
             task_queue=self._task_queue,

@@ -23,6 +23,7 @@ from temporalio.worker import Worker
 
 from activities.budget import BudgetActivities
 from activities.control import ControlActivities
+from activities.exclusion import ExclusionActivities
 from activities.fleet.activities import FleetActivities
 from activities.fleet.control_state import ControlRepository
 from activities.fleet.db import open_pool
@@ -38,6 +39,7 @@ from workflows.acquisition.workflow import AcquisitionWorkflow
 from workflows.budget.workflow import TokenBudgetWorkflow
 from workflows.controller.models import ControllerConfig, ControllerInput, controller_workflow_id
 from workflows.controller.workflow import RegionControllerWorkflow
+from workflows.exclusion.workflow import PoolExclusionWorkflow
 from workflows.floor.models import FloorInput, floor_workflow_id
 from workflows.floor.workflow import FloorKeeperWorkflow
 from workflows.sync_pools import SyncPoolsWorkflow
@@ -50,6 +52,7 @@ WORKFLOWS = [
     RegionControllerWorkflow,
     TokenBudgetWorkflow,
     FloorKeeperWorkflow,
+    PoolExclusionWorkflow,
 ]
 
 
@@ -137,6 +140,7 @@ def build_activities(settings: Settings, region: str, client: Client) -> tuple[l
         bundle_cache_dir=settings.bundle_cache_dir,
         trust_dir=settings.trust_dir,
     )
+    exclusion = ExclusionActivities(pool)
     budget = BudgetActivities(
         client,
         settings.temporal.task_queue(region),
@@ -154,6 +158,10 @@ def build_activities(settings: Settings, region: str, client: Client) -> tuple[l
         control.mark_surplus,
         floor.snapshot,
         floor.probe_halls,
+        exclusion.set_state,
+        exclusion.load_state,
+        exclusion.count_notices,
+        exclusion.canaries,
         budget.ensure,
     ]
     return activities, pool

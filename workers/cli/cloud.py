@@ -7,19 +7,22 @@ import asyncio
 import contextlib
 import getpass
 import signal
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 
 import nats
 import typer
 from nats.aio.msg import Msg
+from temporalio.client import Client
 
 from activities.fleet.db import open_pool
 from activities.fleet.repository import FleetRepository
 from activities.notice_relay import NoticeRelay
-from contracts.notice import ReclaimRequest, reclaim_subject
+from contracts.notice import ReclaimNotice, ReclaimRequest, reclaim_subject
 from contracts.region import Region, RegionFileError, load_region
 from workers.cli.common import console, fail, settings
 from workers.provider_factory import provider_for
+from workers.settings import Settings
 
 sim_app = typer.Typer(
     help="The simulated cloud (the embedded default provider).", no_args_is_help=True
@@ -91,6 +94,7 @@ def notice_relay(
             repo=FleetRepository(open_pool(s.postgres_dsn, max_size=2)),
             provider=provider_for(s, region_id),
             js=nc.jetstream(),
+            on_notice=_exclusion_notifier(s, region_id),
         )
         await relay.ensure_stream()
         console.print(f"notice relay {region_id}/{hall}: republished {await relay.recover()}")
@@ -119,6 +123,30 @@ def notice_relay(
         await nc.close()
 
     asyncio.run(run())
+
+
+def _exclusion_notifier(s: Settings, region: str) -> Callable[[ReclaimNotice], Awaitable[None]]:
+    """Tell the pool's exclusion cycle about each notice (signal-with-start). Temporal
+    being down costs nothing here: the cycle's own periodic count catches up."""
+    from activities.exclusion import notify_reclaim
+    from workers.region_worker import connect
+
+    client: Client | None = None
+
+    async def notify(notice: ReclaimNotice) -> None:
+        nonlocal client
+        if client is None:
+            client = await connect(s, region)
+        await notify_reclaim(
+            client,
+            region,
+            s.temporal.task_queue(region),
+            notice.pool_id,
+            notice.node,
+            notice.issued_at,
+        )
+
+    return notify
 
 
 def reclaim(

@@ -6,7 +6,17 @@ import logging
 
 import typer
 
-from workers.cli import cloud, contracts, control, dev, fleet, floor, ledger, temporal
+from workers.cli import (
+    cloud,
+    contracts,
+    control,
+    dev,
+    exclusion,
+    fleet,
+    floor,
+    ledger,
+    temporal,
+)
 
 app = typer.Typer(
     help="SCO: the Spot Capacity Orchestrator control plane.",
@@ -26,6 +36,7 @@ app.add_typer(control.controller_app, name="controller")
 app.add_typer(control.budget_app, name="budget")
 app.add_typer(floor.floor_app, name="floor")
 app.add_typer(floor.hall_app, name="hall")
+app.add_typer(exclusion.pool_app, name="pool")
 app.add_typer(ledger.app, name="ledger")
 app.add_typer(contracts.app, name="contracts")
 app.add_typer(cloud.sim_app, name="sim")

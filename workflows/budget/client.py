@@ -35,6 +35,7 @@ with workflow.unsafe.imports_passed_through():
         TOKENS_GRANTED_SIGNAL,
         BudgetActivities,
         EnsureBudgetInput,
+        SetRateInput,
         TokenGrant,
         TokenRequest,
         budget_workflow_id,
@@ -50,7 +51,9 @@ class BudgetClient:
     """The requester side of the budget protocol; one per requester workflow run.
 
     `activity_task_queue` is where `budget.ensure` runs (default: the requester's own
-    task queue).
+    task queue). `rates` gives the rate and burst to start some budgets with (by budget
+    region key, e.g. `r1-probes`); the others start with the worker's default rate. A
+    budget that runs already keeps the rate it has.
     """
 
     def __init__(
@@ -59,8 +62,10 @@ class BudgetClient:
         start_counter: int = 0,
         activity_task_queue: str | None = None,
         ensure_timeout: timedelta = timedelta(seconds=30),
+        rates: dict[str, SetRateInput] | None = None,
     ) -> None:
         self._counter = start_counter
+        self._rates = dict(rates or {})
         self._activity_task_queue = activity_task_queue
         self._ensure_timeout = ensure_timeout
         self._ensured: set[str] = set()
@@ -133,9 +138,14 @@ class BudgetClient:
             # Concurrent takes of one workflow share one ensure, not one each.
             async with self._ensure_lock:
                 if region not in self._ensured:
+                    rate = self._rates.get(region)
                     await workflow.execute_activity_method(
                         BudgetActivities.ensure,
-                        EnsureBudgetInput(region=region),
+                        EnsureBudgetInput(region=region)
+                        if rate is None
+                        else EnsureBudgetInput(
+                            region=region, rate_per_second=rate.rate_per_second, burst=rate.burst
+                        ),
                         task_queue=self._activity_task_queue,
                         start_to_close_timeout=self._ensure_timeout,
                     )

@@ -1,0 +1,189 @@
+"""`sco pool exclude | readmit | status | list`: the pool exclusion cycle, by hand.
+
+Exclude and re-admit are updates of the pool's exclusion workflow, which is started first
+when it is not running (so an operator can act on a pool that never had a notice).
+"""
+
+from __future__ import annotations
+
+import psycopg
+import typer
+from temporalio.client import WorkflowHandle
+from temporalio.common import WorkflowIDConflictPolicy
+
+from activities.exclusion import ExclusionRow, list_exclusions
+from activities.fleet.db import open_pool
+from contracts.region import RegionFileError, load_region
+from workers.cli.common import console, errors_as_exit, fail, print_json, settings, table
+from workers.cli.control import _client, _run
+from workers.settings import Settings
+from workflows.exclusion.models import (
+    ExclusionAck,
+    ExclusionStatus,
+    OperatorExclude,
+    OperatorReadmit,
+    exclusion_input,
+    exclusion_workflow_id,
+    parse_pool_id,
+)
+from workflows.exclusion.workflow import PoolExclusionWorkflow
+
+pool_app = typer.Typer(
+    help="Pool exclusion: keep reclaim-prone pools out of plans.", no_args_is_help=True
+)
+
+PoolArg = typer.Argument(..., help="Pool id, e.g. r1.A.gp.l.")
+ByOpt = typer.Option(..., "--by", help="Who does this (recorded in the ledger).")
+ReasonOpt = typer.Option(..., "--reason", help="Why (recorded in the ledger).")
+
+
+def _region(s: Settings, pool_id: str) -> str:
+    """The pool's region, after checking the region file knows the pool."""
+    try:
+        region, *_ = parse_pool_id(pool_id)
+    except ValueError as exc:
+        fail(str(exc))
+    try:
+        load_region(s.region_file(region)).pool(pool_id)
+    except (RegionFileError, FileNotFoundError) as exc:
+        fail(f"region {region}: {exc}")
+    except KeyError:
+        fail(f"no pool {pool_id} in region {region}")
+    return region
+
+
+async def _running(
+    s: Settings, region: str, pool_id: str
+) -> WorkflowHandle[PoolExclusionWorkflow, None]:
+    client = await _client(s, region)
+    handle: WorkflowHandle[PoolExclusionWorkflow, None] = await client.start_workflow(
+        PoolExclusionWorkflow.run,
+        exclusion_input(pool_id),
+        id=exclusion_workflow_id(pool_id),
+        task_queue=s.temporal.task_queue(region),
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+    )
+    return handle
+
+
+def _print_ack(pool_id: str, ack: ExclusionAck) -> None:
+    until = f", until {ack.excluded_until:%Y-%m-%d %H:%M:%S} UTC" if ack.excluded_until else ""
+    console.print(
+        f"{pool_id}: {ack.message} (state {ack.state.value}, strikes {ack.strikes}{until})"
+    )
+
+
+@pool_app.command("exclude")
+def exclude(
+    pool_id: str = PoolArg,
+    by: str = ByOpt,
+    reason: str = ReasonOpt,
+    hours: float = typer.Option(
+        None, "--hours", min=0.01, help="Probe and re-admit after this long; default: never."
+    ),
+) -> None:
+    """Exclude a pool now: the planner stops using it."""
+    s = settings()
+    region = _region(s, pool_id)
+
+    async def go() -> ExclusionAck:
+        handle = await _running(s, region, pool_id)
+        ack: ExclusionAck = await handle.execute_update(
+            PoolExclusionWorkflow.exclude,
+            OperatorExclude(operator=by, reason=reason, hours=hours),
+        )
+        return ack
+
+    _print_ack(pool_id, _run(go()))
+
+
+@pool_app.command("readmit")
+def readmit(pool_id: str = PoolArg, by: str = ByOpt, reason: str = ReasonOpt) -> None:
+    """Re-admit an excluded or probing pool now (cancels a probe; strikes reset)."""
+    s = settings()
+    region = _region(s, pool_id)
+
+    async def go() -> ExclusionAck:
+        handle = await _running(s, region, pool_id)
+        ack: ExclusionAck = await handle.execute_update(
+            PoolExclusionWorkflow.readmit, OperatorReadmit(operator=by, reason=reason)
+        )
+        return ack
+
+    _print_ack(pool_id, _run(go()))
+
+
+@pool_app.command("status")
+def status(pool_id: str = PoolArg, json_out: bool = typer.Option(False, "--json")) -> None:
+    """The pool's exclusion state, notices in the window and recent transitions."""
+    s = settings()
+    region = _region(s, pool_id)
+
+    async def go() -> ExclusionStatus:
+        client = await _client(s, region)
+        handle = client.get_workflow_handle(exclusion_workflow_id(pool_id))
+        st: ExclusionStatus = await handle.query(PoolExclusionWorkflow.status)
+        return st
+
+    st = _run(go())
+    if json_out:
+        print_json(st.model_dump(mode="json"))
+        return
+    until = f" until {st.excluded_until:%Y-%m-%d %H:%M:%S} UTC" if st.excluded_until else ""
+    console.print(f"[bold]{st.pool_id}[/]: [bold]{st.state.value}[/]{until}")
+    console.print(
+        f"  strikes {st.strikes}; {st.notices_in_window} notice(s) in the window; "
+        f"set by {st.set_by}: {st.reason or '-'}"
+    )
+    if st.probe_id:
+        console.print(f"  probing with {st.probe_id}")
+    table(
+        "recent transitions",
+        ["at", "from", "to", "strikes", "by", "reason"],
+        [
+            (
+                f"{t.at:%Y-%m-%d %H:%M:%S}",
+                t.from_state.value,
+                t.to_state.value,
+                t.strikes,
+                t.actor,
+                t.reason,
+            )
+            for t in st.history
+        ],
+    )
+
+
+@pool_app.command("list")
+def list_(
+    region: str = typer.Option(None, "--region", help="Region; default from settings."),
+    json_out: bool = typer.Option(False, "--json"),
+) -> None:
+    """Pools with an exclusions row (admitted ones included, with their strikes)."""
+    s = settings()
+    r = region or s.region
+    with errors_as_exit(psycopg.Error):
+        pool = open_pool(s.postgres_dsn, max_size=1)
+        try:
+            rows: list[ExclusionRow] = list_exclusions(pool, r)
+        finally:
+            pool.close()
+    if json_out:
+        print_json([row.model_dump(mode="json") for row in rows])
+        return
+    table(
+        f"pool exclusions in {r}",
+        ["pool", "state", "strikes", "until", "set by", "reason", "updated"],
+        [
+            (
+                x.pool_id,
+                x.state.value,
+                x.strikes,
+                f"{x.excluded_until:%Y-%m-%d %H:%M:%S}" if x.excluded_until else "",
+                x.set_by,
+                x.reason,
+                f"{x.updated_at:%Y-%m-%d %H:%M:%S}",
+            )
+            for x in rows
+        ],
+    )
