@@ -23,6 +23,8 @@ from contracts.keys import KeyError_, TrustStore
 log = logging.getLogger(__name__)
 
 BUNDLE_FILE = "bundle.json"
+#: The highest serial ever accepted: rollback protection that survives a damaged bundle file.
+SERIAL_FILE = "serial"
 REFRESH_SECONDS = 60.0
 
 
@@ -44,6 +46,7 @@ class BundleCache:
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self.path = cache_dir / BUNDLE_FILE
+        self._serial_path = cache_dir / SERIAL_FILE
         self._trust = trust
         self._max_age = max_age
         self._clock = clock
@@ -84,8 +87,27 @@ class BundleCache:
                     f"refused: serial {new.serial} is already cached with different content",
                     held,
                 )
+        else:
+            # Nothing valid is held (first install, or the file was damaged): the serial
+            # record still refuses a rollback to an older bundle.
+            seen = self._highest_serial()
+            if new.serial < seen:
+                return OfferResult(
+                    False,
+                    False,
+                    f"refused: serial {new.serial} is older than serial {seen} "
+                    "accepted before (rollback)",
+                    None,
+                )
         write_atomic(self.path, raw)
+        write_atomic(self._serial_path, f"{new.serial}\n".encode())
         return OfferResult(True, True, f"accepted serial {new.serial}", new)
+
+    def _highest_serial(self) -> int:
+        try:
+            return int(self._serial_path.read_text().strip() or 0)
+        except (FileNotFoundError, ValueError):
+            return 0
 
     async def refresh_forever(
         self,

@@ -85,8 +85,8 @@ class SlurmCluster:
         return path.read_text(errors="replace") if path.exists() else ""
 
 
-def missing_binaries() -> list[str]:
-    return [name for name in BINARIES if shutil.which(name) is None]
+def missing_binaries(names: tuple[str, ...] = BINARIES) -> list[str]:
+    return [name for name in names if shutil.which(name) is None]
 
 
 @contextmanager
@@ -97,41 +97,64 @@ def slurm_cluster(job_submit_lua: str, *, start_timeout: float = 30) -> Iterator
             f"{', '.join(missing)} missing: apt-get install -y slurmctld slurm-client munge"
         )
     directory = Path(tempfile.mkdtemp(prefix="sco-slurm-"))
-    # munged refuses a socket directory that other users cannot traverse.
-    directory.chmod(0o755)
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        cluster = SlurmCluster(directory)
-        munge_socket = directory / "munge.socket"
-        procs.append(_start_munged(directory, munge_socket))
-        for sub in ("state", "spool"):
-            (directory / sub).mkdir()
-        cluster.conf.write_text(
-            _SLURM_CONF.format(
-                host=socket.gethostname().split(".")[0],
-                ctld_port=free_port(),
-                slurmd_port=free_port(),
-                munge_socket=munge_socket,
-                dir=directory,
-            )
+        cluster = start_controller(
+            directory,
+            _SLURM_CONF,
+            procs,
+            start_timeout,
+            files={"job_submit.lua": job_submit_lua},
         )
-        (directory / "job_submit.lua").write_text(job_submit_lua)
-        with (directory / "slurmctld.out").open("wb") as out:
-            # -D: foreground, so the pid is ours to stop; -c: no state from earlier runs.
-            procs.append(
-                subprocess.Popen(
-                    ["slurmctld", "-D", "-c", "-f", str(cluster.conf)],
-                    env=cluster.env,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                )
-            )
-        _wait_until_up(cluster, procs[-1], start_timeout)
         yield cluster
     finally:
         for proc in reversed(procs):
             _stop(proc)
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def start_controller(
+    directory: Path,
+    conf_template: str,
+    procs: list[subprocess.Popen[bytes]],
+    start_timeout: float,
+    *,
+    files: dict[str, str] | None = None,
+    **fields: str,
+) -> SlurmCluster:
+    """munged and slurmctld in `directory` with `conf_template` filled in; every process
+    started is appended to `procs` (the caller stops them, in reverse)."""
+    # munged refuses a socket directory that other users cannot traverse.
+    directory.chmod(0o755)
+    cluster = SlurmCluster(directory)
+    munge_socket = directory / "munge.socket"
+    procs.append(_start_munged(directory, munge_socket))
+    for sub in ("state", "spool"):
+        (directory / sub).mkdir()
+    cluster.conf.write_text(
+        conf_template.format(
+            host=socket.gethostname().split(".")[0],
+            ctld_port=free_port(),
+            slurmd_port=free_port(),
+            munge_socket=munge_socket,
+            dir=directory,
+            **fields,
+        )
+    )
+    for name, text in (files or {}).items():
+        (directory / name).write_text(text)
+    with (directory / "slurmctld.out").open("wb") as out:
+        # -D: foreground, so the pid is ours to stop; -c: no state from earlier runs.
+        procs.append(
+            subprocess.Popen(
+                ["slurmctld", "-D", "-c", "-f", str(cluster.conf)],
+                env=cluster.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        )
+    _wait_until_up(cluster, procs[-1], start_timeout)
+    return cluster
 
 
 def _start_munged(directory: Path, sock: Path) -> subprocess.Popen[bytes]:

@@ -94,7 +94,10 @@ def test_the_cache_keeps_the_last_good_bundle(
     held = cache.current()
     assert held is not None and held.serial == 2 and cache.path.read_bytes() == v2
     assert cache.offer(v3).changed and cache.current().serial == 3  # type: ignore[union-attr]
-    assert [p.name for p in cache.path.parent.iterdir()] == ["bundle.json"]  # no temp left
+    assert sorted(p.name for p in cache.path.parent.iterdir()) == [
+        "bundle.json",
+        "serial",
+    ]  # no temp
 
 
 def test_a_cached_file_altered_on_disk_is_not_trusted(
@@ -105,6 +108,10 @@ def test_a_cached_file_altered_on_disk_is_not_trusted(
     cache.offer(make(contracts, key, 4))
     cache.path.write_bytes(cache.path.read_bytes().replace(b'"tier":3', b'"tier":1'))
     assert cache.current() is None
+    # With the file damaged nothing valid is held, yet an older bundle is still a rollback.
+    older = cache.offer(make(contracts, key, 3))
+    assert not older.accepted and "rollback" in older.reason
+    assert cache.offer(make(contracts, key, 4)).accepted
 
 
 def test_an_old_bundle_is_stale_but_valid(

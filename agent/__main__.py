@@ -1,0 +1,5 @@
+"""`python -m agent`: the node agent."""
+
+from agent.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,73 @@
+"""`sco-agent --check`: is this node ready to drain? Config, trust, bundle, tools."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from agent.config import AgentConfig, ConfigError, load_config
+from contracts.cache import BundleCache
+from contracts.keys import KeyError_, TrustStore
+
+
+@dataclass(frozen=True)
+class Line:
+    ok: bool
+    what: str
+    detail: str
+
+    def render(self) -> str:
+        return f"[{'ok' if self.ok else 'FAIL'}] {self.what}: {self.detail}"
+
+
+def run_check(path: Path | None, env: dict[str, str] | None = None) -> tuple[bool, list[Line]]:
+    lines: list[Line] = []
+    try:
+        config = load_config(path, env)
+    except ConfigError as exc:
+        return False, [Line(False, "config", str(exc))]
+    lines.append(
+        Line(
+            True,
+            "config",
+            f"{path or '(env only)'}: node {config.node_id} in {config.region}/{config.hall}, "
+            f"scheduler {config.scheduler}{', dry-run' if config.dry_run else ''}",
+        )
+    )
+    lines.extend(_bundle(config))
+    lines.extend(_tools(config))
+    return all(line.ok for line in lines), lines
+
+
+def _bundle(config: AgentConfig) -> list[Line]:
+    try:
+        trust = TrustStore.load(config.trust_dir)
+    except KeyError_ as exc:
+        return [Line(False, "trust", str(exc))]
+    if not trust.keys:
+        return [Line(False, "trust", f"{config.trust_dir}: no .pub keys")]
+    out = [Line(True, "trust", f"{len(trust.keys)} key(s), {len(trust.revoked)} revoked")]
+    cache = BundleCache(config.cache_dir, trust)
+    bundle = cache.current()
+    if bundle is None:
+        why = "missing" if not cache.path.exists() else "does not verify (see log above)"
+        out.append(Line(False, "bundle", f"{cache.path} {why}: drains would requeue everything"))
+        return out
+    age = bundle.age(datetime.now(UTC))
+    names = ", ".join(c.name for c in bundle.content.contracts)
+    stale = " (STALE: still used for drains)" if bundle.stale else ""
+    out.append(
+        Line(True, "bundle", f"serial {bundle.serial}, age {age}, contracts: {names}{stale}")
+    )
+    return out
+
+
+def _tools(config: AgentConfig) -> list[Line]:
+    if config.scheduler != "slurm":
+        return []
+    missing = [t for t in ("scontrol", "squeue") if shutil.which(t) is None]
+    if missing:
+        return [Line(False, "slurm", f"{', '.join(missing)} not on PATH")]
+    return [Line(True, "slurm", "scontrol and squeue found")]

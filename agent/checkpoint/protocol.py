@@ -1,0 +1,82 @@
+"""Wire format of the checkpoint protocol (see the package docstring); shared by both ends."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+VERSION = 1
+OPS = ("checkpoint", "decommission", "ping")
+MAX_LINE = 64 * 1024
+
+
+@dataclass(frozen=True)
+class Request:
+    op: str
+    reason: str
+    deadline: float  # Unix time, seconds
+    notice_id: str = ""
+
+    def encode(self) -> bytes:
+        doc = {
+            "v": VERSION,
+            "op": self.op,
+            "reason": self.reason,
+            "deadline": self.deadline,
+            "notice_id": self.notice_id,
+        }
+        return json.dumps(doc).encode() + b"\n"
+
+
+@dataclass(frozen=True)
+class Reply:
+    ok: bool
+    path: str = ""
+    error: str = ""
+
+    def encode(self) -> bytes:
+        doc: dict[str, Any] = {"v": VERSION, "ok": self.ok}
+        if self.ok:
+            doc["path"] = self.path
+        else:
+            doc["error"] = self.error
+        return json.dumps(doc).encode() + b"\n"
+
+
+class ProtocolError(ValueError):
+    """The other end spoke something that is not protocol v1."""
+
+
+def decode_request(line: bytes) -> Request:
+    doc = _object(line)
+    if doc.get("v") != VERSION:
+        raise ProtocolError(f"unsupported protocol version {doc.get('v')!r} (speak v{VERSION})")
+    op = doc.get("op")
+    if op not in OPS:
+        raise ProtocolError(f"unknown op {op!r}")
+    deadline = doc.get("deadline", 0.0)
+    if not isinstance(deadline, int | float):
+        raise ProtocolError("deadline must be a number (Unix seconds)")
+    return Request(
+        str(op), str(doc.get("reason", "")), float(deadline), str(doc.get("notice_id", ""))
+    )
+
+
+def decode_reply(line: bytes) -> Reply:
+    doc = _object(line)
+    if doc.get("v") != VERSION:
+        raise ProtocolError(f"unsupported protocol version {doc.get('v')!r}")
+    if doc.get("ok") is True:
+        return Reply(True, path=str(doc.get("path", "")))
+    return Reply(False, error=str(doc.get("error", "no reason given")))
+
+
+def _object(line: bytes) -> dict[str, Any]:
+    try:
+        doc = json.loads(line)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProtocolError(f"not JSON: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise ProtocolError("not a JSON object")
+    return doc

@@ -1,0 +1,122 @@
+"""The workload's end: a daemon thread answering the agent on a Unix socket."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from agent.checkpoint.protocol import MAX_LINE, ProtocolError, Reply, decode_request
+
+log = logging.getLogger(__name__)
+
+#: `callback(reason, deadline) -> path`; raising means "could not", reported to the agent.
+Callback = Callable[[str, float], str]
+
+DEFAULT_DIR = Path("/run/sco-agent/checkpoint")
+
+
+def default_socket_path(env: dict[str, str] | None = None) -> Path:
+    env = dict(os.environ) if env is None else env
+    if explicit := env.get("SCO_CHECKPOINT_SOCKET"):
+        return Path(explicit)
+    directory = Path(env.get("SCO_CHECKPOINT_SOCKET_DIR", str(DEFAULT_DIR)))
+    if job := env.get("SLURM_JOB_ID"):
+        return directory / f"slurm-{job}.sock"
+    if (ns := env.get("POD_NAMESPACE")) and (pod := env.get("POD_NAME")):
+        return directory / f"pod-{ns}-{pod}.sock"
+    return directory / f"pid-{os.getpid()}.sock"
+
+
+class CheckpointServer:
+    """Serves `handlers` (op -> callback) until `close()`; one request at a time."""
+
+    def __init__(self, path: Path, handlers: dict[str, Callback]) -> None:
+        self.path = path
+        self._handlers = handlers
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()  # a socket left by an earlier run of this job
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock.bind(str(path))
+        os.chmod(path, 0o660)
+        self._sock.listen(4)
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="sco-checkpoint", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._closed.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return  # closed
+            with conn:
+                try:
+                    self._handle(conn)
+                except OSError as exc:
+                    log.warning("checkpoint connection failed: %s", exc)
+
+    def _handle(self, conn: socket.socket) -> None:
+        conn.settimeout(10)
+        buf = b""
+        while b"\n" not in buf and len(buf) < MAX_LINE:
+            chunk = conn.recv(4096)
+            if not chunk:
+                break
+            buf += chunk
+        conn.settimeout(None)
+        try:
+            request = decode_request(buf.split(b"\n", 1)[0])
+        except ProtocolError as exc:
+            conn.sendall(Reply(False, error=str(exc)).encode())
+            return
+        if request.op == "ping":
+            conn.sendall(Reply(True).encode())
+            return
+        handler = self._handlers.get(request.op)
+        if handler is None:
+            conn.sendall(Reply(False, error=f"no handler for {request.op}").encode())
+            return
+        try:
+            path = handler(request.reason, request.deadline)
+        except Exception as exc:  # the workload's failure goes back to the agent
+            log.exception("%s callback failed", request.op)
+            conn.sendall(Reply(False, error=f"{type(exc).__name__}: {exc}").encode())
+            return
+        conn.sendall(Reply(True, path=str(path)).encode())
+
+    def close(self) -> None:
+        self._closed.set()
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+        self._sock.close()
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+
+    def __enter__(self) -> CheckpointServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def register(
+    checkpoint_now: Callback | None = None,
+    *,
+    decommission: Callback | None = None,
+    socket_path: Path | None = None,
+) -> CheckpointServer:
+    """Start answering the agent; returns the running server (close it to stop)."""
+    handlers: dict[str, Callback] = {}
+    if checkpoint_now is not None:
+        handlers["checkpoint"] = checkpoint_now
+    if decommission is not None:
+        handlers["decommission"] = decommission
+    if not handlers:
+        raise ValueError("register needs a checkpoint_now or a decommission callback")
+    return CheckpointServer(socket_path or default_socket_path(), handlers)

@@ -1,0 +1,60 @@
+"""`sco-agent [--config PATH] [--check] [--dry-run]`; config path also from SCO_AGENT_CONFIG."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from pathlib import Path
+
+from agent.check import run_check
+from agent.config import DEFAULT_PATH, ConfigError, load_config
+from agent.daemon import Agent, run_until_signalled
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="sco-agent", description="SCO node agent: drains this node on a reclaim notice."
+    )
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=Path(os.environ["SCO_AGENT_CONFIG"])
+        if os.environ.get("SCO_AGENT_CONFIG")
+        else None,
+        help=f"TOML file (env SCO_AGENT_CONFIG; default {DEFAULT_PATH} when it exists)",
+    )
+    parser.add_argument("--check", action="store_true", help="validate config and bundle, exit 0/1")
+    parser.add_argument("--dry-run", action="store_true", help="same as SCO_AGENT_DRY_RUN=true")
+    parser.add_argument(
+        "--log-level",
+        default=os.environ.get("SCO_AGENT_LOG_LEVEL", "INFO"),
+        help="env SCO_AGENT_LOG_LEVEL",
+    )
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    path: Path | None = args.config
+    if path is None and DEFAULT_PATH.exists():
+        path = DEFAULT_PATH
+    env = dict(os.environ)
+    if args.dry_run:
+        env["SCO_AGENT_DRY_RUN"] = "true"
+    if args.check:
+        ok, lines = run_check(path, env)
+        for line in lines:
+            print(line.render())
+        print("ready to drain" if ok else "NOT ready: fix the FAIL lines above")
+        return 0 if ok else 1
+    try:
+        config = load_config(path, env)
+    except ConfigError as exc:
+        print(f"sco-agent: bad configuration: {exc}", file=sys.stderr)
+        return 2
+    asyncio.run(run_until_signalled(Agent(config)))
+    return 0

@@ -1,0 +1,116 @@
+"""The agent's configuration: one TOML file, every key overridable by `SCO_AGENT_<KEY>`.
+
+Keys (all top level):
+    node_id                 this node's name in the scheduler and in notices (default: hostname)
+    region, hall            where the node is; they pick the notice subject
+    scheduler               slurm | kubernetes | none
+    nats_urls               list of NATS servers (env: comma separated)
+    cache_dir, trust_dir    the contract bundle cache and the trust directory
+    journal_path            JSON-lines journal of drains; the dedupe store sits beside it
+    socket_dir              where workloads' checkpoint sockets live
+    metadata_path           optional JSON file polled for notices (cloud instance metadata)
+    dry_run                 log every mutating call instead of making it
+    safety_margin_seconds   a drain's waits end this long before the notice's deadline
+    workers, report_timeout_seconds, metadata_poll_seconds, bundle_refresh_seconds,
+    kubernetes_api_url, kubernetes_token_path, kubernetes_ca_path
+
+A bad file raises ConfigError naming the file, the field and the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+ENV_PREFIX = "SCO_AGENT_"
+DEFAULT_PATH = Path("/etc/sco-agent/agent.toml")
+
+
+class ConfigError(ValueError):
+    """The configuration cannot be used; str() names file, field and reason."""
+
+    def __init__(self, source: str, field: str, reason: str) -> None:
+        super().__init__(f"{source}: {field}: {reason}")
+        self.source = source
+        self.field = field
+        self.reason = reason
+
+
+class AgentConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    node_id: str = Field(default_factory=lambda: socket.gethostname().split(".")[0])
+    region: str
+    hall: str
+    scheduler: Literal["slurm", "kubernetes", "none"] = "slurm"
+    nats_urls: list[str] = ["nats://127.0.0.1:4222"]
+    cache_dir: Path = Path("/var/lib/sco-agent/bundle")
+    trust_dir: Path = Path("/etc/sco-agent/trust")
+    journal_path: Path = Path("/var/lib/sco-agent/journal.jsonl")
+    socket_dir: Path = Path("/run/sco-agent/checkpoint")
+    metadata_path: Path | None = None
+    dry_run: bool = False
+    safety_margin_seconds: float = Field(default=5.0, ge=0)
+    workers: int = Field(default=2, ge=1, le=16)
+    report_timeout_seconds: float = Field(default=2.0, gt=0)
+    metadata_poll_seconds: float = Field(default=1.0, gt=0)
+    bundle_refresh_seconds: float = Field(default=60.0, gt=0)
+    kubernetes_api_url: str = "https://kubernetes.default.svc"
+    kubernetes_token_path: Path = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
+    kubernetes_ca_path: Path | None = None
+
+    @field_validator("node_id", "region", "hall")
+    @classmethod
+    def _subject_token(cls, value: str) -> str:
+        if not value or not all(ch.isalnum() or ch in "-_" for ch in value):
+            raise ValueError("must be letters, digits, '-' or '_' (it is a NATS subject token)")
+        return value
+
+    @field_validator("nats_urls", mode="before")
+    @classmethod
+    def _split_urls(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [u.strip() for u in value.split(",") if u.strip()]
+        return value
+
+    @property
+    def dedupe_path(self) -> Path:
+        return self.journal_path.with_name(self.journal_path.stem + ".seen.json")
+
+
+def load_config(path: Path | None, env: Mapping[str, str] | None = None) -> AgentConfig:
+    """The file's values, then `SCO_AGENT_*` overrides; ConfigError when unusable."""
+    env = os.environ if env is None else env
+    source = str(path) if path is not None else "(no config file)"
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            data = tomllib.loads(path.read_text())
+        except FileNotFoundError:
+            raise ConfigError(source, "-", "file does not exist") from None
+        except OSError as exc:
+            raise ConfigError(source, "-", f"cannot read: {exc.strerror}") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(source, "-", f"not valid TOML: {exc}") from exc
+    overridden: set[str] = set()
+    for name in AgentConfig.model_fields:
+        key = ENV_PREFIX + name.upper()
+        if key in env:
+            data[name] = env[key]
+            overridden.add(name)
+    try:
+        # Env values are strings: let pydantic coerce them ("true", "5", paths).
+        return AgentConfig.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(p) for p in err["loc"]) or "-"
+        where = f"{source} (env {ENV_PREFIX}{field.upper()})" if field in overridden else source
+        if err["type"] == "extra_forbidden":
+            raise ConfigError(where, field, "unknown key") from exc
+        raise ConfigError(where, field, err["msg"]) from exc

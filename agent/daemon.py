@@ -1,0 +1,224 @@
+"""The node agent: notice sources -> dedupe store -> bounded drain workers -> reports.
+
+Runs until SIGTERM/SIGINT (or `stop` is set): then sources stop, drains in flight get up
+to `STOP_GRACE_SECONDS` to finish, reports are flushed and systemd hears STOPPING=1.
+Nothing here talks to the control plane: NATS (optional) and the scheduler are enough.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+from agent import sdnotify
+from agent.bundles import BundleHolder
+from agent.config import AgentConfig
+from agent.dedupe import DedupeStore
+from agent.drain import DrainEngine, DrainReport
+from agent.natslink import NatsLink
+from agent.notices import Notice, NoticeSource
+from agent.report import Reporter, drain_subject
+from agent.scheduler import NodeScheduler
+from agent.scheduler.kubernetes import KubernetesScheduler
+from agent.scheduler.none import NoScheduler
+from agent.scheduler.slurm import SlurmScheduler
+from agent.sources.metadata import MetadataFileSource
+from agent.sources.nats import NatsNoticeSource
+from contracts.cache import BundleCache
+from contracts.distribution import NatsBundleSource
+from contracts.keys import KeyError_, TrustStore
+
+log = logging.getLogger(__name__)
+
+STOP_GRACE_SECONDS = 20.0
+QUEUE_SIZE = 256
+
+
+def make_scheduler(config: AgentConfig) -> NodeScheduler:
+    if config.scheduler == "slurm":
+        return SlurmScheduler(dry_run=config.dry_run)
+    if config.scheduler == "kubernetes":
+        return KubernetesScheduler(
+            config.kubernetes_api_url,
+            dry_run=config.dry_run,
+            token_path=config.kubernetes_token_path,
+            ca_path=config.kubernetes_ca_path,
+        )
+    return NoScheduler(config.socket_dir, dry_run=config.dry_run)
+
+
+def make_bundle_holder(config: AgentConfig) -> BundleHolder:
+    try:
+        trust = TrustStore.load(config.trust_dir)
+    except KeyError_ as exc:
+        return BundleHolder(None, None, f"contract trust: {exc}")
+    return BundleHolder(BundleCache(config.cache_dir, trust), trust)
+
+
+class Agent:
+    def __init__(
+        self,
+        config: AgentConfig,
+        *,
+        scheduler: NodeScheduler | None = None,
+        sources: Sequence[NoticeSource] | None = None,
+        link: NatsLink | None = None,
+    ) -> None:
+        self.config = config
+        self.link = link if link is not None else NatsLink(config.nats_urls)
+        self.scheduler = scheduler if scheduler is not None else make_scheduler(config)
+        self.bundles = make_bundle_holder(config)
+        self.dedupe = DedupeStore(config.dedupe_path)
+        self.engine = DrainEngine(
+            self.scheduler,
+            config.socket_dir,
+            dry_run=config.dry_run,
+            safety_margin_seconds=config.safety_margin_seconds,
+        )
+        self.reporter = Reporter(
+            config.journal_path,
+            self.link,
+            drain_subject(config.region, config.hall, config.node_id),
+            timeout=config.report_timeout_seconds,
+        )
+        if sources is None:
+            sources = [NatsNoticeSource(self.link, config.region, config.hall, config.node_id)]
+            if config.metadata_path is not None:
+                sources = [
+                    *sources,
+                    MetadataFileSource(
+                        config.metadata_path,
+                        config.node_id,
+                        poll_seconds=config.metadata_poll_seconds,
+                    ),
+                ]
+        self.sources = list(sources)
+        self.queue: asyncio.Queue[Notice] = asyncio.Queue(QUEUE_SIZE)
+        self.ready = asyncio.Event()
+        self.reports: list[DrainReport] = []  # this process's drains, newest last (bounded)
+        self.drained = asyncio.Event()  # set after every drain; a watcher clears it
+
+    async def submit(self, notice: Notice) -> None:
+        """The sink every source feeds: one drain per notice id, ever."""
+        if notice.node != self.config.node_id:
+            log.error("notice %s is for %s, not this node: ignored", notice.notice_id, notice.node)
+            return
+        if not self.dedupe.claim(notice.notice_id):
+            log.info("notice %s (%s) already handled", notice.notice_id, notice.source)
+            return
+        log.warning(
+            "reclaim notice %s from %s: deadline %s",
+            notice.notice_id,
+            notice.source,
+            notice.deadline,
+        )
+        self.reporter.report(
+            {
+                "event": "notice_received",
+                "notice_id": notice.notice_id,
+                "source": notice.source,
+                "deadline": notice.deadline.isoformat(),
+                "at": datetime.now(UTC).isoformat(),
+            }
+        )
+        await self.queue.put(notice)
+
+    async def _worker(self) -> None:
+        while True:
+            notice = await self.queue.get()
+            try:
+                await self._drain(notice)
+            except Exception:  # a worker survives any one drain
+                log.exception("drain of notice %s failed", notice.notice_id)
+            finally:
+                self.queue.task_done()
+
+    async def _drain(self, notice: Notice) -> None:
+        verified = self.bundles.current()
+        report = await self.engine.drain(
+            notice,
+            verified.content if verified is not None else None,
+            verified.serial if verified is not None else None,
+        )
+        self.dedupe.finish(notice.notice_id)
+        self.reports = [*self.reports[-99:], report]
+        log.warning(
+            "drain %s done in %.0f ms: %s",
+            notice.notice_id,
+            report.finished_ms or 0,
+            ", ".join(f"{w.workload}={w.result}" for w in report.workloads) or "no workloads",
+        )
+        self.reporter.report(report.as_event())
+        self.drained.set()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        if self.bundles.current() is None:
+            log.critical("starting without a valid contract bundle")
+        self.link.start()
+        workers = [
+            asyncio.create_task(self._worker(), name=f"drain-{i}")
+            for i in range(self.config.workers)
+        ]
+        for source in self.sources:
+            await source.start(self.submit)
+        refresh = asyncio.create_task(self._refresh_bundles(stop), name="bundle-refresh")
+        watchdog = asyncio.create_task(self._watchdog(stop), name="watchdog")
+        sdnotify.notify("READY=1\nSTATUS=watching for reclaim notices")
+        self.ready.set()
+        log.info(
+            "sco-agent on %s (%s/%s, scheduler %s%s) ready",
+            self.config.node_id,
+            self.config.region,
+            self.config.hall,
+            self.scheduler.kind,
+            ", DRY RUN" if self.config.dry_run else "",
+        )
+        await stop.wait()
+        sdnotify.notify("STOPPING=1")
+        log.info("stopping: %d notices queued or in flight", self.queue.qsize())
+        for source in self.sources:
+            await source.stop()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.queue.join(), STOP_GRACE_SECONDS)
+        for task in [*workers, refresh, watchdog]:
+            task.cancel()
+        await asyncio.gather(*workers, refresh, watchdog, return_exceptions=True)
+        await self.reporter.flush(self.config.report_timeout_seconds)
+        await self.link.close()
+
+    async def _refresh_bundles(self, stop: asyncio.Event) -> None:
+        if not self.config.nats_urls:
+            return
+        sources = [NatsBundleSource(url, self.config.region) for url in self.config.nats_urls]
+
+        async def fetch() -> bytes | None:
+            last: Exception | None = None
+            for source in sources:
+                try:
+                    return await source.fetch()
+                except Exception as exc:  # try the next server
+                    last = exc
+            raise RuntimeError(f"no NATS server answered: {last}")
+
+        await self.bundles.refresh_forever(fetch, stop, self.config.bundle_refresh_seconds)
+
+    async def _watchdog(self, stop: asyncio.Event) -> None:
+        interval = sdnotify.watchdog_interval()
+        if interval is None:
+            return
+        while not stop.is_set():
+            sdnotify.notify("WATCHDOG=1")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=interval)
+
+
+async def run_until_signalled(agent: Agent) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await agent.run(stop)

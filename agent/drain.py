@@ -1,0 +1,275 @@
+"""The drain engine: cordon the node, tell every workload, wait a bounded time, force.
+
+Per workload, by its contract's `drain.action`:
+    checkpoint    ask over its checkpoint socket; when it answers ok, requeue it; when it
+                  does not answer within the bound (or has no socket), force it
+    decommission  ask it to decommission (Spark: SIGPWR to the executor, see
+                  agent.checkpoint.spark) and wait for it to leave the node; force after
+    requeue       requeue now (a job that registered a socket is told first, bounded)
+The bound is min(grace_seconds, deadline - now - safety margin), never negative. A job
+matching no contract, and every job when there is no valid bundle, is requeued: the
+conservative default. Workloads are drained concurrently; dry-run is checked by the
+scheduler on every mutating call and here before telling a workload anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from agent.checkpoint.client import send_request
+from agent.checkpoint.protocol import ProtocolError, Request
+from agent.notices import Notice
+from agent.scheduler import NodeScheduler, SchedulerError, Workload
+from contracts.bundle import BundleContent
+from contracts.model import CONTRACT_LABEL, Contract, DrainAction, contract_tag_in_comment
+
+log = logging.getLogger(__name__)
+
+#: No bundle, or no contract for the job: requeue, with this grace for the eviction.
+DEFAULT_ACTION = DrainAction.REQUEUE
+DEFAULT_GRACE_SECONDS = 30
+_POLL_GONE_SECONDS = 0.5
+
+
+def match_contract(content: BundleContent, workload: Workload) -> Contract | None:
+    """The contract a workload runs under: its explicit tag or label first, else the
+    first contract whose selector matches."""
+    tag = contract_tag_in_comment(workload.comment)
+    for contract in content.contracts:
+        if tag is not None and (
+            tag == contract.name
+            or any(contract.slurm_tag(s) == tag for s in contract.selectors.slurm)
+        ):
+            return contract
+        if workload.labels.get(CONTRACT_LABEL) == contract.name:
+            return contract
+    for contract in content.contracts:
+        for s in contract.selectors.slurm:
+            if workload.account == s.account and workload.partition == s.partition:
+                return contract
+        for k in contract.selectors.kubernetes:
+            if workload.namespace == k.namespace and all(
+                workload.labels.get(key) == value for key, value in k.labels.items()
+            ):
+                return contract
+    return None
+
+
+@dataclass
+class WorkloadOutcome:
+    workload: str
+    contract: str | None
+    action: str
+    result: str = "pending"  # checkpointed, decommissioned, requeued, forced, gone, failed, dry-run
+    told_ms: float | None = None  # since the notice reached the engine
+    path: str = ""
+    detail: str = ""
+
+
+@dataclass
+class DrainReport:
+    notice_id: str
+    node: str
+    source: str
+    deadline: str
+    bundle_serial: int | None
+    conservative: bool
+    dry_run: bool
+    cordoned: bool = False
+    cordon_ms: float | None = None
+    all_told_ms: float | None = None
+    finished_ms: float | None = None
+    error: str = ""
+    workloads: list[WorkloadOutcome] = field(default_factory=list)
+
+    def as_event(self) -> dict[str, Any]:
+        return {"event": "drain_finished", **asdict(self)}
+
+
+class DrainEngine:
+    def __init__(
+        self,
+        scheduler: NodeScheduler,
+        socket_dir: Path,
+        *,
+        dry_run: bool,
+        safety_margin_seconds: float,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self._scheduler = scheduler
+        self._socket_dir = socket_dir
+        self._dry_run = dry_run
+        self._margin = safety_margin_seconds
+        self._clock = clock
+
+    def bound(self, grace_seconds: float, deadline: datetime) -> float:
+        left = (deadline - self._clock()).total_seconds() - self._margin
+        return max(0.0, min(float(grace_seconds), left))
+
+    async def drain(
+        self, notice: Notice, bundle: BundleContent | None, serial: int | None
+    ) -> DrainReport:
+        start = time.monotonic()
+
+        def ms() -> float:
+            return round((time.monotonic() - start) * 1000, 3)
+
+        report = DrainReport(
+            notice_id=notice.notice_id,
+            node=notice.node,
+            source=notice.source,
+            deadline=notice.deadline.isoformat(),
+            bundle_serial=serial,
+            conservative=bundle is None,
+            dry_run=self._dry_run,
+        )
+        reason = f"sco reclaim {notice.notice_id} by {notice.deadline.isoformat()}"
+        try:
+            await self._scheduler.cordon(notice.node, reason)
+            report.cordoned = True
+        except SchedulerError as exc:
+            # Keep going: the workloads still have to leave before the deadline.
+            log.error("cordon of %s failed: %s", notice.node, exc)
+            report.error = f"cordon: {exc}"
+        report.cordon_ms = ms()
+        try:
+            workloads = await self._scheduler.workloads(notice.node)
+        except SchedulerError as exc:
+            log.error("cannot list workloads on %s: %s", notice.node, exc)
+            report.error = (report.error + "; " if report.error else "") + f"list: {exc}"
+            workloads = []
+        outcomes = [self._plan(w, bundle) for w in workloads]
+        report.workloads = [o for o, _, _ in outcomes]
+        await asyncio.gather(
+            *(self._drain_one(notice, w, o, grace, ms) for o, w, grace in outcomes)
+        )
+        told = [o.told_ms for o in report.workloads if o.told_ms is not None]
+        report.all_told_ms = max(told) if told else report.cordon_ms
+        report.finished_ms = ms()
+        return report
+
+    def _plan(
+        self, workload: Workload, bundle: BundleContent | None
+    ) -> tuple[WorkloadOutcome, Workload, int]:
+        contract = match_contract(bundle, workload) if bundle is not None else None
+        if contract is None:
+            if bundle is not None:
+                log.warning("%s matches no contract: requeued by default", workload.id)
+            outcome = WorkloadOutcome(workload.id, None, DEFAULT_ACTION.value)
+            return outcome, workload, DEFAULT_GRACE_SECONDS
+        outcome = WorkloadOutcome(workload.id, contract.name, contract.drain.action.value)
+        return outcome, workload, contract.drain.grace_seconds
+
+    async def _drain_one(
+        self,
+        notice: Notice,
+        workload: Workload,
+        outcome: WorkloadOutcome,
+        grace: int,
+        ms: Callable[[], float],
+    ) -> None:
+        action = DrainAction(outcome.action)
+        bound = self.bound(grace, notice.deadline)
+        until = time.monotonic() + bound
+        sock = self._socket_dir / f"{workload.socket_name}.sock"
+        try:
+            if action is DrainAction.REQUEUE and not _exists(sock):
+                outcome.told_ms = ms()
+                await self._requeue(workload, grace, outcome)
+                return
+            op = "decommission" if action is DrainAction.DECOMMISSION else "checkpoint"
+            answered = await self._tell(notice, sock, op, bound, outcome, ms)
+            if action is DrainAction.DECOMMISSION and answered and self._dry_run:
+                outcome.result = "dry-run"
+                return
+            if action is DrainAction.DECOMMISSION and answered:
+                if await self._wait_gone(notice.node, workload, until):
+                    outcome.result = "decommissioned"
+                    return
+                outcome.detail = "still on the node after the grace period"
+                answered = False
+            if answered or action is DrainAction.REQUEUE:
+                await self._requeue(workload, grace, outcome)
+                if answered and outcome.result == "requeued" and action is DrainAction.CHECKPOINT:
+                    outcome.result = "checkpointed"
+                return
+            await self._force(workload, outcome)
+        except Exception as exc:  # one workload's failure never stops the others
+            log.exception("drain of %s failed", workload.id)
+            outcome.result = "failed"
+            outcome.detail = f"{type(exc).__name__}: {exc}"
+
+    async def _tell(
+        self,
+        notice: Notice,
+        sock: Path,
+        op: str,
+        bound: float,
+        outcome: WorkloadOutcome,
+        ms: Callable[[], float],
+    ) -> bool:
+        if not _exists(sock):
+            outcome.told_ms = ms()
+            outcome.detail = "no checkpoint socket"
+            return False
+        deadline = time.time() + bound
+        if self._dry_run:
+            log.info("dry-run: would send %s to %s (deadline in %.1fs)", op, sock, bound)
+            outcome.told_ms = ms()
+            return True
+        request = Request(op, notice.reason or "reclaim", deadline, notice.notice_id)
+        outcome.told_ms = ms()
+        try:
+            reply = await send_request(sock, request, bound)
+        except TimeoutError:
+            outcome.detail = f"no answer to {op} within {bound:.1f}s"
+            return False
+        except (OSError, ProtocolError) as exc:
+            outcome.detail = f"{op} request failed: {exc}"
+            return False
+        if not reply.ok:
+            outcome.detail = f"{op} refused: {reply.error}"
+            return False
+        outcome.path = reply.path
+        return True
+
+    async def _wait_gone(self, node: str, workload: Workload, until: float) -> bool:
+        while True:
+            try:
+                present = {w.id for w in await self._scheduler.workloads(node)}
+            except SchedulerError as exc:
+                log.warning("cannot check whether %s left: %s", workload.id, exc)
+                present = {workload.id}
+            if workload.id not in present:
+                return True
+            if time.monotonic() >= until:
+                return False
+            await asyncio.sleep(min(_POLL_GONE_SECONDS, max(0.0, until - time.monotonic())))
+
+    async def _requeue(self, workload: Workload, grace: int, outcome: WorkloadOutcome) -> None:
+        try:
+            await self._scheduler.requeue(workload, grace)
+            outcome.result = "dry-run" if self._dry_run else "requeued"
+        except SchedulerError as exc:
+            if exc.not_found:
+                outcome.result = "gone"
+                return
+            log.warning("requeue of %s failed (%s); forcing", workload.id, exc)
+            outcome.detail = f"requeue failed: {exc}"
+            await self._force(workload, outcome)
+
+    async def _force(self, workload: Workload, outcome: WorkloadOutcome) -> None:
+        await self._scheduler.force(workload)
+        outcome.result = "dry-run" if self._dry_run else "forced"
+
+
+def _exists(path: Path) -> bool:
+    # One stat of a local socket file: cheap enough for the event loop.
+    return path.exists()

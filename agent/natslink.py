@@ -1,0 +1,70 @@
+"""The agent's one NATS connection: connected in the background, never required.
+
+The agent starts and drains without NATS (the metadata source and the journal need none);
+whoever needs the connection waits on `connected` or checks `client`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import nats
+from nats.aio.client import Client
+
+log = logging.getLogger(__name__)
+
+
+class NatsLink:
+    def __init__(self, urls: list[str], *, retry_seconds: float = 2.0) -> None:
+        self._urls = urls
+        self._retry = retry_seconds
+        self.client: Client | None = None
+        self.connected = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self._task is None and self._urls:
+            self._task = asyncio.create_task(self._connect_forever(), name="nats-connect")
+
+    async def _connect_forever(self) -> None:
+        while True:
+            try:
+                # The client reconnects by itself once it has connected once.
+                self.client = await nats.connect(
+                    servers=self._urls,
+                    connect_timeout=2,
+                    max_reconnect_attempts=-1,
+                    reconnect_time_wait=1,
+                    name="sco-agent",
+                )
+                self.connected.set()
+                log.info("connected to NATS %s", self.client.connected_url)
+                return
+            except Exception as exc:  # any failure to connect: retry, drains go on
+                log.warning("NATS %s unreachable, retrying: %s", ",".join(self._urls), exc)
+                await asyncio.sleep(self._retry)
+
+    async def publish(self, subject: str, data: bytes, limit_seconds: float) -> bool:
+        """Publish and flush within `limit_seconds`; False (logged) instead of raising."""
+        client = self.client
+        if client is None or not client.is_connected:
+            log.warning("NATS not connected: %s not published", subject)
+            return False
+        try:
+            await asyncio.wait_for(client.publish(subject, data), limit_seconds)
+            await client.flush(timeout=max(1, round(limit_seconds)))
+            return True
+        except Exception as exc:  # reporting never fails a drain
+            log.warning("publish to %s failed: %s", subject, exc)
+            return False
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+        if self.client is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.client.close(), 2)

@@ -1,0 +1,57 @@
+"""The narrow interface between the drain engine and the node's scheduler.
+
+Implementations: `slurm.SlurmScheduler` (scontrol/squeue), `kubernetes.KubernetesScheduler`
+(the API server over HTTPS, stdlib only) and `none.NoScheduler` (processes that registered
+a checkpoint socket and nothing else). Every mutating method checks dry-run itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One unit of work on the node: a Slurm job or a Kubernetes pod."""
+
+    id: str  # Slurm job id, or "<namespace>/<pod>"
+    socket_name: str  # its checkpoint socket in the socket dir: "<socket_name>.sock"
+    account: str = ""
+    partition: str = ""
+    comment: str = ""
+    namespace: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+class SchedulerError(RuntimeError):
+    """A scheduler call failed. `not_found` means the workload is already gone (a requeue
+    or eviction of it has nothing left to do); `retryable` that trying again may work."""
+
+    def __init__(self, message: str, *, not_found: bool = False, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.not_found = not_found
+        self.retryable = retryable
+
+
+def is_not_found(exc: BaseException) -> bool:
+    return isinstance(exc, SchedulerError) and exc.not_found
+
+
+class NodeScheduler(Protocol):
+    """What a drain needs from the scheduler; all calls are idempotent."""
+
+    kind: str
+
+    async def cordon(self, node: str, reason: str) -> None:
+        """No new work lands on `node`. Cordoning a cordoned node is fine."""
+
+    async def workloads(self, node: str) -> list[Workload]:
+        """Work running (or about to run) on `node` now."""
+
+    async def requeue(self, workload: Workload, grace_seconds: int) -> None:
+        """Send the workload back to be run elsewhere, politely (Slurm requeue, eviction).
+        Raises SchedulerError(not_found=True) when it is already gone."""
+
+    async def force(self, workload: Workload) -> None:
+        """Remove the workload now, whatever it is doing (the drain's last step)."""

@@ -1,0 +1,91 @@
+"""Slurm through its command-line clients (scontrol, squeue), as the node's admin would.
+
+Jobs are listed with `squeue --nodelist <node> -o` in a fixed `|`-separated format (the
+JSON output needs a plugin not every site builds). Clients read SLURM_CONF from the
+environment as usual.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from agent.scheduler import SchedulerError, Workload
+
+log = logging.getLogger(__name__)
+
+# %i job id, %a account, %P partition, %T state, %k comment (last: it may contain '|').
+_FORMAT = "%i|%a|%P|%T|%k"
+_ACTIVE = {"RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "STOPPED", "RESIZING"}
+_GONE = ("invalid job id", "already completed", "is pending execution", "job has finished")
+
+
+class SlurmScheduler:
+    kind = "slurm"
+
+    def __init__(self, *, dry_run: bool, timeout: float = 15.0) -> None:
+        self.dry_run = dry_run
+        self._timeout = timeout
+
+    async def _run(self, *args: str) -> str:
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+            )
+        except OSError as exc:
+            raise SchedulerError(f"{args[0]}: {exc.strerror}") from exc
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), self._timeout)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            raise SchedulerError(f"{' '.join(args)}: timed out", retryable=True) from None
+        if proc.returncode != 0:
+            message = err.decode(errors="replace").strip() or out.decode(errors="replace")
+            gone = any(g in message.lower() for g in _GONE)
+            raise SchedulerError(f"{' '.join(args)}: {message}", not_found=gone, retryable=True)
+        return out.decode(errors="replace")
+
+    async def cordon(self, node: str, reason: str) -> None:
+        argv = ("scontrol", "update", f"nodename={node}", "state=drain", f"reason={reason}")
+        if self.dry_run:
+            log.info("dry-run: would run %s", " ".join(argv))
+            return
+        await self._run(*argv)
+
+    async def workloads(self, node: str) -> list[Workload]:
+        out = await self._run("squeue", "--noheader", "--nodelist", node, "-o", _FORMAT)
+        found = []
+        for line in out.splitlines():
+            parts = line.split("|", 4)
+            if len(parts) != 5 or parts[3] not in _ACTIVE:
+                continue
+            job_id, account, partition, _, comment = parts
+            found.append(
+                Workload(
+                    id=job_id,
+                    socket_name=f"slurm-{job_id}",
+                    account=account,
+                    partition=partition,
+                    comment="" if comment == "(null)" else comment,
+                )
+            )
+        return found
+
+    async def requeue(self, workload: Workload, grace_seconds: int) -> None:
+        if self.dry_run:
+            log.info("dry-run: would run scontrol requeue %s", workload.id)
+            return
+        await self._run("scontrol", "requeue", workload.id)
+
+    async def force(self, workload: Workload) -> None:
+        if self.dry_run:
+            log.info("dry-run: would force job %s off the node", workload.id)
+            return
+        try:
+            await self._run("scontrol", "requeue", workload.id)
+        except SchedulerError as exc:
+            if exc.not_found:
+                return
+            log.warning("requeue of %s failed (%s); cancelling it", workload.id, exc)
+            await self._run("scancel", "--signal=KILL", "--full", workload.id)

@@ -1,0 +1,1 @@
+"""Notice sources: each watches one origin and emits normalised `Notice`s."""
