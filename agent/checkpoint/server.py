@@ -33,11 +33,19 @@ def default_socket_path(env: dict[str, str] | None = None) -> Path:
 
 
 class CheckpointServer:
-    """Serves `handlers` (op -> callback) until `close()`; one request at a time."""
+    """Serves `handlers` (op -> callback) until `close()`; one request at a time.
+
+    `answered` is set once an ok reply to `checkpoint` or `decommission` has been sent
+    (`answered_path` holds its path): from then on the agent knows where the state went
+    and the workload may exit. Exiting from inside the callback instead would race the
+    reply, and the agent would force a job that had in fact saved.
+    """
 
     def __init__(self, path: Path, handlers: dict[str, Callback]) -> None:
         self.path = path
         self._handlers = handlers
+        self.answered = threading.Event()
+        self.answered_path = ""
         path.parent.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
             path.unlink()  # a socket left by an earlier run of this job
@@ -89,6 +97,8 @@ class CheckpointServer:
             conn.sendall(Reply(False, error=f"{type(exc).__name__}: {exc}").encode())
             return
         conn.sendall(Reply(True, path=str(path)).encode())
+        self.answered_path = str(path)
+        self.answered.set()
 
     def close(self) -> None:
         self._closed.set()
