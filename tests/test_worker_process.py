@@ -130,7 +130,17 @@ async def test_worker_serves_health_metrics_and_the_operator_commands(
 
         rows: list[dict[str, object]] = []
         for _ in range(150):
-            code, out = await sco(env, "acquisitions", "list", "--all", "--region", "r1", "--json")
+            code, out = await sco(
+                env,
+                "acquisitions",
+                "list",
+                "--all",
+                "--region",
+                "r1",
+                "--contract",
+                "ci-runners",
+                "--json",
+            )
             rows = json.loads(out) if code == 0 else []
             if rows and all(r["state"] == "completed" for r in rows):
                 break

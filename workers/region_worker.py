@@ -16,10 +16,10 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio.client import Client
-from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.common import VersioningBehavior, WorkerDeploymentVersion, WorkflowIDConflictPolicy
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
-from temporalio.worker import Worker
+from temporalio.worker import Worker, WorkerDeploymentConfig
 
 from activities.budget import BudgetActivities
 from activities.control import ControlActivities
@@ -167,6 +167,30 @@ def build_activities(settings: Settings, region: str, client: Client) -> tuple[l
     return activities, pool
 
 
+def deployment_config(settings: Settings, region: str) -> WorkerDeploymentConfig | None:
+    """The worker's Temporal Worker Deployment version, or None when versioning is off.
+
+    Every workflow type auto-upgrades: the long-lived entities (controllers, floor keepers,
+    pool exclusions, the token budget) must follow the current version or old builds would
+    never drain, and acquisitions follow too. So every logic change of any workflow goes
+    behind `workflow.patched` (the recorded-history replay tests hold us to it).
+
+    Per-type behaviours (`@workflow.defn(versioning_behavior=PINNED)` for the short
+    acquisitions and pool syncs) are not used: temporalio 1.35 sends a declared behaviour
+    on every workflow task completion, and the server rejects it from an unversioned worker
+    ("versioning behavior cannot be specified without deployment options being set with
+    versioned mode"), which would break `worker.versioning = false` (the box, the tests).
+    A single run can still be pinned at start (`versioning_override=PinnedVersioningOverride`)."""
+    w = settings.worker
+    if not w.versioning:
+        return None
+    return WorkerDeploymentConfig(
+        version=WorkerDeploymentVersion(w.deployment(region), w.effective_build_id()),
+        use_worker_versioning=True,
+        default_versioning_behavior=VersioningBehavior.AUTO_UPGRADE,
+    )
+
+
 async def run_worker(settings: Settings, region: str) -> None:
     runtime = None
     if settings.worker.metrics_port:
@@ -193,8 +217,16 @@ async def run_worker(settings: Settings, region: str) -> None:
             activities=activities,
             activity_executor=executor,
             graceful_shutdown_timeout=timedelta(seconds=settings.worker.graceful_shutdown_seconds),
+            deployment_config=deployment_config(settings, region),
         )
-        log.info("worker for %s on %s", region, settings.temporal.task_queue(region))
+        log.info(
+            "worker for %s on %s%s",
+            region,
+            settings.temporal.task_queue(region),
+            f" as {settings.worker.deployment(region)}.{settings.worker.effective_build_id()}"
+            if settings.worker.versioning
+            else "",
+        )
         async with worker:
             running = True
             if settings.worker.start_controllers:

@@ -8,6 +8,7 @@ embedded local region in a box.
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -118,6 +119,26 @@ class WorkerSettings(BaseModel):
     graceful_shutdown_seconds: float = Field(default=20.0, ge=0)
     # Start the region's controller partitions (idempotent) when the worker starts.
     start_controllers: bool = True
+    # Temporal Worker Deployments (worker versioning). Off by default so the region in a
+    # box and the tests run unversioned; the Kubernetes manifests turn it on. When on, the
+    # worker polls as version <deployment_name>.<build_id>, and new workflows go to the
+    # deployment's current version (set it after a rollout: deploy/README.md).
+    versioning: bool = False
+    # Empty: "sco-<region>".
+    deployment_name: str = ""
+    # Empty: the installed package version. Set it per image (SCO_WORKER__BUILD_ID).
+    build_id: str = ""
+
+    def deployment(self, region: str) -> str:
+        return self.deployment_name or f"sco-{region}"
+
+    def effective_build_id(self) -> str:
+        if self.build_id:
+            return self.build_id
+        try:
+            return importlib.metadata.version("sco")
+        except importlib.metadata.PackageNotFoundError:
+            return "unknown"
 
 
 class Settings(BaseSettings):

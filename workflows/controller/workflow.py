@@ -14,7 +14,7 @@ import contextlib
 from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy, WorkflowIDReusePolicy
+from temporalio.common import PinnedVersioningOverride, RetryPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import ActivityError
 from temporalio.workflow import ParentClosePolicy
 
@@ -45,6 +45,16 @@ with workflow.unsafe.imports_passed_through():
     from workflows.metrics import count
 
 _RETRY = RetryPolicy(maximum_attempts=10, maximum_interval=timedelta(seconds=30))
+
+
+def _pinned_here() -> PinnedVersioningOverride | None:
+    """Acquisitions are short: on versioned workers they are pinned to the build that
+    started them and finish there during a rollout (the long-lived entities auto-upgrade and
+    change only behind `workflow.patched`). Unversioned workers: no override."""
+    version = workflow.info().get_current_deployment_version()
+    if version is None or not version.deployment_name or not version.build_id:
+        return None
+    return PinnedVersioningOverride(version)
 
 
 @workflow.defn
@@ -176,6 +186,7 @@ class RegionControllerWorkflow:
                 id=acq_id,
                 parent_close_policy=ParentClosePolicy.ABANDON,
                 id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+                versioning_override=_pinned_here(),
             )
             summary.acquisitions.append(acq_id)
             self._status.acquisitions_started += 1
