@@ -7,6 +7,8 @@ in the bucket costs a refresh, never a drain.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from dataclasses import dataclass
 
 import nats
@@ -42,6 +44,12 @@ async def publish(nats_url: str, region: str, raw: bytes) -> Published:
         await nc.close()
 
 
+log = logging.getLogger(__name__)
+
+#: Longest a node waits for one bundle download before trying again at the next refresh.
+FETCH_TIMEOUT_SECONDS = 10.0
+
+
 class NatsBundleSource:
     """Fetches the region's current bundle; None when none was published yet."""
 
@@ -55,9 +63,16 @@ class NatsBundleSource:
         )
         try:
             store = await nc.jetstream().object_store(self._bucket)
-            result = await store.get(OBJECT_NAME)
+            # A get that races a publish (the old chunks purged under it) waits for chunks
+            # that never come: bounded, and the next refresh tries again.
+            result = await asyncio.wait_for(store.get(OBJECT_NAME), FETCH_TIMEOUT_SECONDS)
             return bytes(result.data) if result.data is not None else None
         except (BucketNotFoundError, ObjectNotFoundError, NotFoundError):
+            return None
+        except TimeoutError:
+            log.warning(
+                "bundle fetch from %s timed out; trying again at the next refresh", self._bucket
+            )
             return None
         finally:
             await nc.close()

@@ -148,6 +148,7 @@ def test_published_bundles_reach_a_node_cache_through_nats(
         stop.set()
         await task
 
-    asyncio.run(scenario())
+    # Bounded: a hang here must fail this test, not stall the session for later ones.
+    asyncio.run(asyncio.wait_for(scenario(), 60))
     held = cache.current()
     assert held is not None and held.serial == 5
