@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
@@ -14,6 +15,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from workers.settings import Settings, SettingsError, load_settings
+
+if TYPE_CHECKING:
+    from temporalio.client import Client
+
+T = TypeVar("T")
 
 # Tables stay readable when piped: rich would otherwise assume 80 columns.
 console = Console(width=None if sys.stdout.isatty() else 140)
@@ -52,3 +58,31 @@ def errors_as_exit(*types: type[BaseException]) -> Iterator[None]:
         yield
     except types as exc:
         fail(str(exc))
+
+
+def run_temporal(coro: Awaitable[T]) -> T:
+    """Run a Temporal client call; its RPC and update failures become one-line errors."""
+    from temporalio.client import WorkflowUpdateFailedError
+    from temporalio.exceptions import ApplicationError
+    from temporalio.service import RPCError
+
+    async def go() -> T:
+        return await coro
+
+    try:
+        return asyncio.run(go())
+    except RPCError as exc:
+        fail(f"Temporal: {exc.message or exc}")
+    except WorkflowUpdateFailedError as exc:
+        cause = exc.cause
+        fail(cause.message if isinstance(cause, ApplicationError) else str(cause or exc))
+
+
+async def temporal_client(s: Settings, region: str) -> Client:
+    """The region's Temporal client, or a one-line error naming the address."""
+    from workers.region_worker import connect
+
+    try:
+        return await connect(s, region)
+    except RuntimeError as exc:
+        fail(f"cannot reach Temporal at {s.temporal.address}: {exc}")

@@ -8,8 +8,7 @@ from typing import Any, TypeVar
 
 import psycopg
 import typer
-from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
-from temporalio.exceptions import ApplicationError
+from temporalio.client import WorkflowHandle
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.budget import BudgetStatus, SetRateInput, budget_workflow_id
@@ -17,7 +16,16 @@ from activities.fleet.control_state import ControlRepository
 from activities.fleet.db import open_pool
 from contracts.bundle import VerifiedBundle
 from contracts.cache import installed_bundle
-from workers.cli.common import console, errors_as_exit, fail, print_json, settings, table
+from workers.cli.common import (
+    console,
+    errors_as_exit,
+    fail,
+    print_json,
+    run_temporal,
+    settings,
+    table,
+    temporal_client,
+)
 from workers.settings import Settings
 from workflows import search_attributes as sa
 from workflows.acquisition.models import (
@@ -43,28 +51,6 @@ controller_app = typer.Typer(help="The region controller partitions.", no_args_i
 budget_app = typer.Typer(help="The region's provider API token budget.", no_args_is_help=True)
 
 RegionOpt = typer.Option(None, "--region", help="Region; default from settings.")
-
-
-def _run(coro: Awaitable[T]) -> T:
-    async def go() -> T:
-        return await coro
-
-    try:
-        return asyncio.run(go())
-    except RPCError as exc:
-        fail(f"Temporal: {exc.message or exc}")
-    except WorkflowUpdateFailedError as exc:
-        cause = exc.cause
-        fail(cause.message if isinstance(cause, ApplicationError) else str(cause or exc))
-
-
-async def _client(s: Settings, region: str) -> Client:
-    from workers.region_worker import connect
-
-    try:
-        return await connect(s, region)
-    except RuntimeError as exc:
-        fail(f"cannot reach Temporal at {s.temporal.address}: {exc}")
 
 
 def worker(region: str = RegionOpt) -> None:
@@ -112,7 +98,7 @@ def demand_set(
         console.print(f"{contract} in {r}: already {units} units ({source}); nothing changed")
         return
     partition = partition_of(contract, s.control.partitions)
-    signalled = _run(_signal_demand(s, r, partition, contract, source))
+    signalled = run_temporal(_signal_demand(s, r, partition, contract, source))
     where = controller_workflow_id(r, partition)
     console.print(f"{contract} in {r}: {units} units ({source})")
     if signalled:
@@ -127,7 +113,7 @@ def demand_set(
 async def _signal_demand(
     s: Settings, region: str, partition: int, contract: str, source: str
 ) -> bool:
-    client = await _client(s, region)
+    client = await temporal_client(s, region)
     handle = client.get_workflow_handle(controller_workflow_id(region, partition))
     try:
         await handle.signal(
@@ -202,7 +188,7 @@ def acq_list(
         query += f' AND {sa.WORKLOAD.name} = "{contract}"'
 
     async def go() -> list[dict[str, Any]]:
-        client = await _client(s, r)
+        client = await temporal_client(s, r)
         out = []
         async for wf in client.list_workflows(query, limit=limit):
             attrs = wf.typed_search_attributes
@@ -221,7 +207,7 @@ def acq_list(
             )
         return out
 
-    rows = _run(go())
+    rows = run_temporal(go())
     if json_out:
         print_json(rows)
         return
@@ -236,7 +222,7 @@ def _handle(
     s: Settings, region: str, acquisition_id: str
 ) -> Callable[[], Awaitable[WorkflowHandle[Any, Any]]]:
     async def get() -> WorkflowHandle[Any, Any]:
-        client = await _client(s, region)
+        client = await temporal_client(s, region)
         return client.get_workflow_handle(acquisition_id)
 
     return get
@@ -255,7 +241,7 @@ def acq_show(
         handle = await _handle(s, region or s.region, acquisition_id)()
         return await handle.query(AcquisitionWorkflow.progress)
 
-    p = _run(go())
+    p = run_temporal(go())
     if json_out:
         print_json(p.model_dump(mode="json"))
         return
@@ -296,7 +282,7 @@ def _operator_update(name: str) -> Callable[..., None]:
             )
             return ack
 
-        ack = _run(go())
+        ack = run_temporal(go())
         console.print(f"{acquisition_id}: {ack.message} (state {ack.state.value})")
 
     command.__doc__ = {
@@ -330,7 +316,7 @@ def acq_approve(
         )
         return ack
 
-    ack = _run(go())
+    ack = run_temporal(go())
     console.print(f"{acquisition_id}: {ack.message}")
 
 
@@ -346,9 +332,9 @@ def controller_start(region: str = RegionOpt) -> None:
     r = region or s.region
 
     async def go() -> list[str]:
-        return await ensure_controllers(await _client(s, r), s, r)
+        return await ensure_controllers(await temporal_client(s, r), s, r)
 
-    for wid in _run(go()):
+    for wid in run_temporal(go()):
         console.print(f"running: {wid}")
 
 
@@ -361,7 +347,7 @@ def controller_status(
     r = region or s.region
 
     async def go() -> list[ControllerStatus | str]:
-        client = await _client(s, r)
+        client = await temporal_client(s, r)
         out: list[ControllerStatus | str] = []
         for partition in range(s.control.partitions):
             wid = controller_workflow_id(r, partition)
@@ -373,7 +359,7 @@ def controller_status(
                 out.append(f"{wid}: {exc.message}")
         return out
 
-    rows = _run(go())
+    rows = run_temporal(go())
     if json_out:
         print_json(
             [x.model_dump(mode="json") if isinstance(x, ControllerStatus) else x for x in rows]
@@ -414,13 +400,13 @@ def budget_status(region: str = RegionOpt, json_out: bool = typer.Option(False, 
     r = region or s.region
 
     async def go() -> BudgetStatus:
-        client = await _client(s, r)
+        client = await temporal_client(s, r)
         st: BudgetStatus = await client.get_workflow_handle(budget_workflow_id(r)).query(
             "status", result_type=BudgetStatus
         )
         return st
 
-    st = _run(go())
+    st = run_temporal(go())
     if json_out:
         print_json(st.model_dump(mode="json"))
         return
@@ -438,10 +424,10 @@ def budget_set_rate(
     r = region or s.region
 
     async def go() -> None:
-        client = await _client(s, r)
+        client = await temporal_client(s, r)
         await client.get_workflow_handle(budget_workflow_id(r)).signal(
             "set_rate", SetRateInput(rate_per_second=rate, burst=burst)
         )
 
-    _run(go())
+    run_temporal(go())
     console.print(f"{r}: budget {rate}/s, burst {burst}")

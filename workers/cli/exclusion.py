@@ -14,8 +14,16 @@ from temporalio.common import WorkflowIDConflictPolicy
 from activities.exclusion import ExclusionRow, list_exclusions
 from activities.fleet.db import open_pool
 from contracts.region import RegionFileError, load_region
-from workers.cli.common import console, errors_as_exit, fail, print_json, settings, table
-from workers.cli.control import _client, _run
+from workers.cli.common import (
+    console,
+    errors_as_exit,
+    fail,
+    print_json,
+    run_temporal,
+    settings,
+    table,
+    temporal_client,
+)
 from workers.settings import Settings
 from workflows.exclusion.models import (
     ExclusionAck,
@@ -55,7 +63,7 @@ def _region(s: Settings, pool_id: str) -> str:
 async def _running(
     s: Settings, region: str, pool_id: str
 ) -> WorkflowHandle[PoolExclusionWorkflow, None]:
-    client = await _client(s, region)
+    client = await temporal_client(s, region)
     handle: WorkflowHandle[PoolExclusionWorkflow, None] = await client.start_workflow(
         PoolExclusionWorkflow.run,
         exclusion_input(pool_id),
@@ -94,7 +102,7 @@ def exclude(
         )
         return ack
 
-    _print_ack(pool_id, _run(go()))
+    _print_ack(pool_id, run_temporal(go()))
 
 
 @pool_app.command("readmit")
@@ -110,7 +118,7 @@ def readmit(pool_id: str = PoolArg, by: str = ByOpt, reason: str = ReasonOpt) ->
         )
         return ack
 
-    _print_ack(pool_id, _run(go()))
+    _print_ack(pool_id, run_temporal(go()))
 
 
 @pool_app.command("status")
@@ -120,12 +128,12 @@ def status(pool_id: str = PoolArg, json_out: bool = typer.Option(False, "--json"
     region = _region(s, pool_id)
 
     async def go() -> ExclusionStatus:
-        client = await _client(s, region)
+        client = await temporal_client(s, region)
         handle = client.get_workflow_handle(exclusion_workflow_id(pool_id))
         st: ExclusionStatus = await handle.query(PoolExclusionWorkflow.status)
         return st
 
-    st = _run(go())
+    st = run_temporal(go())
     if json_out:
         print_json(st.model_dump(mode="json"))
         return

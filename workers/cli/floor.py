@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 import typer
-from temporalio.client import Client
 from temporalio.service import RPCError
 
 from contracts.cache import installed_bundle
-from workers.cli.common import console, fail, print_json, settings, table
+from workers.cli.common import (
+    console,
+    fail,
+    print_json,
+    run_temporal,
+    settings,
+    table,
+    temporal_client,
+)
 from workers.settings import Settings
 from workflows import search_attributes as sa
 from workflows.floor.models import FloorStatus, HallEvent
@@ -27,25 +32,6 @@ floor_app = typer.Typer(help="Committed floors of tier-1 contracts.", no_args_is
 RegionOpt = typer.Option(None, "--region", help="Region; default from settings.")
 
 
-def _run(coro: Awaitable[T]) -> T:
-    async def go() -> T:
-        return await coro
-
-    try:
-        return asyncio.run(go())
-    except RPCError as exc:
-        fail(f"Temporal: {exc.message or exc}")
-
-
-async def _client(s: Settings, region: str) -> Client:
-    from workers.region_worker import connect
-
-    try:
-        return await connect(s, region)
-    except RuntimeError as exc:
-        fail(f"cannot reach Temporal at {s.temporal.address}: {exc}")
-
-
 def _keepers_query(region: str) -> str:
     return (
         f'WorkflowType = "FloorKeeperWorkflow" AND {sa.REGION.name} = "{region}" '
@@ -54,7 +40,7 @@ def _keepers_query(region: str) -> str:
 
 
 async def _tell_keepers(s: Settings, region: str, signal: str, event: HallEvent) -> list[str]:
-    client = await _client(s, region)
+    client = await temporal_client(s, region)
     told = []
     async for wf in client.list_workflows(_keepers_query(region)):
         await client.get_workflow_handle(wf.id).signal(signal, event)
@@ -71,7 +57,7 @@ def _hall_command(signal: str, verb: str) -> Any:
     ) -> None:
         s = settings()
         event = HallEvent(hall=hall, operator=by, reason=reason)
-        told = _run(_tell_keepers(s, region, signal, event))
+        told = run_temporal(_tell_keepers(s, region, signal, event))
         if not told:
             console.print(
                 f"[yellow]no floor keeper is running in {region}[/]: start them with "
@@ -105,9 +91,9 @@ def floor_start(region: str = RegionOpt) -> None:
         fail(problem)
 
     async def go() -> list[str]:
-        return await ensure_floor_keepers(await _client(s, r), s, r)
+        return await ensure_floor_keepers(await temporal_client(s, r), s, r)
 
-    ids = _run(go())
+    ids = run_temporal(go())
     if not ids:
         console.print(f"no tier-1 contract has a floor in {r} (bundle serial {bundle.serial})")
     for wid in ids:
@@ -121,7 +107,7 @@ def floor_status(region: str = RegionOpt, json_out: bool = typer.Option(False, "
     r = region or s.region
 
     async def go() -> list[FloorStatus | str]:
-        client = await _client(s, r)
+        client = await temporal_client(s, r)
         out: list[FloorStatus | str] = []
         async for wf in client.list_workflows(_keepers_query(r)):
             try:
@@ -132,7 +118,7 @@ def floor_status(region: str = RegionOpt, json_out: bool = typer.Option(False, "
                 out.append(f"{wf.id}: {exc.message}")
         return out
 
-    rows = _run(go())
+    rows = run_temporal(go())
     if json_out:
         print_json([x.model_dump(mode="json") if isinstance(x, FloorStatus) else x for x in rows])
         return
