@@ -1,0 +1,1 @@
+"""Demand intake: what the schedulers have pending, as normalised units per contract."""
