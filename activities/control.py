@@ -152,7 +152,9 @@ class ControlActivities:
         ]
         views = []
         for c in contracts:
-            mine = [r for r in live if r.workload == c.name]
+            # Instances with a hostname are Slurm CLOUD nodes: Slurm's power saving owns
+            # them (ResumeProgram/SuspendProgram), so they neither cover nor count as surplus.
+            mine = [r for r in live if r.workload == c.name and r.hostname is None]
             reclaimable = [r for r in mine if r.capacity_type is CapacityType.RECLAIMABLE]
             existing: dict[str, int] = {}
             for r in reclaimable:
@@ -166,7 +168,11 @@ class ControlActivities:
             cd = contract_demand(c, inp.region, demand.get(c.name, 0), existing)
             outstanding = 0
             for a in open_acqs:
-                if a.workload != c.name or a.requested_instances <= 0:
+                if (
+                    a.workload != c.name
+                    or a.requested_instances <= 0
+                    or not a.acquisition_id.startswith(ACQUISITION_PREFIX)
+                ):
                     continue
                 left = max(0, a.requested_instances - recorded.get(a.acquisition_id, 0))
                 outstanding += math.ceil(a.requested_units * left / a.requested_instances)

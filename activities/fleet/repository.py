@@ -15,6 +15,7 @@ from pydantic import BaseModel
 
 from activities.events import (
     STATE_AFTER,
+    TERMINAL_STATES,
     CapacityType,
     EventKind,
     InstanceState,
@@ -63,6 +64,8 @@ class InstanceSpec(BaseModel):
     # The rate the ledger charges; None: the pool's reclaimable price. Committed capacity
     # (fallback, floors) is priced by the region's committed rate instead.
     price_per_hour: float | None = None
+    # The hostname the instance must boot with (a Slurm node name); None: any.
+    hostname: str | None = None
 
 
 class InstanceRow(BaseModel):
@@ -83,6 +86,7 @@ class InstanceRow(BaseModel):
     state_changed_at: datetime
     version: int
     surplus_since: datetime | None = None
+    hostname: str | None = None
 
 
 class PoolRow(BaseModel):
@@ -166,9 +170,9 @@ class FleetRepository:
             row = cur.execute(
                 """INSERT INTO instances (instance_id, region, pool_id, hall, sku, size,
                                           capacity_type, workload, tier, price_per_hour,
-                                          state, acquisition_id)
+                                          state, acquisition_id, hostname)
                    SELECT %s, %s, p.pool_id, p.hall, p.sku, p.size, %s, %s, %s,
-                          coalesce(%s, p.price_per_hour), 'requested', %s
+                          coalesce(%s, p.price_per_hour), 'requested', %s, %s
                    FROM pools p WHERE p.pool_id = %s AND p.region = %s
                    ON CONFLICT (instance_id) DO NOTHING
                    RETURNING *""",
@@ -180,6 +184,7 @@ class FleetRepository:
                     spec.tier,
                     spec.price_per_hour,
                     spec.acquisition_id,
+                    spec.hostname,
                     spec.pool_id,
                     spec.region,
                 ),
@@ -266,6 +271,18 @@ class FleetRepository:
                      AND (%(pool)s::text IS NULL OR pool_id = %(pool)s)
                    ORDER BY created_at, instance_id""",
                 {"region": region, "states": wanted, "hall": hall, "pool": pool_id},
+            ).fetchall()
+
+    def live_by_hostname(self, region: str, hostnames: Sequence[str]) -> list[InstanceRow]:
+        """Instances not yet DELETED or FAILED that carry one of `hostnames`."""
+        terminal = [s.value for s in TERMINAL_STATES]
+        with self._pool.connection() as conn:
+            cur = conn.cursor(row_factory=class_row(InstanceRow))
+            return cur.execute(
+                """SELECT * FROM instances
+                   WHERE region = %s AND hostname = ANY(%s) AND NOT state = ANY(%s)
+                   ORDER BY hostname, created_at""",
+                (region, list(hostnames), terminal),
             ).fetchall()
 
     # -- outbox --------------------------------------------------------------------------

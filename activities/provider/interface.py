@@ -22,6 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 #: Metadata key marking an instance as SCO's; its value is the region.
 OWNER_KEY = "sco-region"
+#: Metadata key naming the hostname an instance must boot with (a Slurm node name).
+HOSTNAME_KEY = "sco-hostname"
 
 
 class InstanceStatus(enum.StrEnum):

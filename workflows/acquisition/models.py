@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import enum
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from activities.events import CapacityType
 from workflows.planning.arbiter import FallbackPlan
@@ -56,6 +56,18 @@ class LaunchItem(BaseModel):
     # Boot into this Blazar reservation (committed capacity the caller reserved, e.g. a
     # floor); None: reclaimable, or a fallback reservation the acquisition makes itself.
     reservation_id: str | None = None
+    # One hostname per instance (Slurm CLOUD node names); empty: any names.
+    hostnames: list[str] = []
+    # Cloud-init user-data; `{hostname}` becomes the instance's hostname.
+    user_data: str | None = None
+
+    @model_validator(mode="after")
+    def _one_hostname_per_instance(self) -> LaunchItem:
+        if self.hostnames and len(self.hostnames) != self.instances:
+            raise ValueError(
+                f"hostnames: {len(self.hostnames)} given for {self.instances} instance(s)"
+            )
+        return self
 
 
 class AcquisitionInput(BaseModel):

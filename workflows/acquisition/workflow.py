@@ -46,7 +46,7 @@ with workflow.unsafe.imports_passed_through():
         WaitActiveInput,
         WaitReservationInput,
     )
-    from activities.provider.interface import CreateRequest, ReservationRequest
+    from activities.provider.interface import HOSTNAME_KEY, CreateRequest, ReservationRequest
     from workflows import search_attributes as sa
     from workflows.acquisition.models import (
         FINISHED,
@@ -70,12 +70,23 @@ _STATE_RETRY = RetryPolicy(maximum_attempts=20, maximum_interval=timedelta(secon
 
 
 class _Slot:
-    __slots__ = ("capacity_type", "instance_id", "item", "provider_id", "reservation_id", "units")
+    __slots__ = (
+        "capacity_type",
+        "hostname",
+        "instance_id",
+        "item",
+        "provider_id",
+        "reservation_id",
+        "units",
+    )
 
-    def __init__(self, instance_id: str, item: LaunchItem, units: int) -> None:
+    def __init__(
+        self, instance_id: str, item: LaunchItem, units: int, hostname: str | None = None
+    ) -> None:
         self.instance_id = instance_id
         self.item = item
         self.units = units
+        self.hostname = hostname
         self.capacity_type = item.capacity_type
         self.provider_id: str | None = None
         self.reservation_id: str | None = item.reservation_id
@@ -87,11 +98,23 @@ def _slots(prefix: str, items: list[LaunchItem]) -> list[_Slot]:
     for item in items:
         per = -(-item.units // item.instances) if item.units else 0
         left = item.units
-        for _ in range(item.instances):
+        for n in range(item.instances):
             units = min(per, left)
             left -= units
-            out.append(_Slot(f"{prefix}-{len(out):04d}", item, units))
+            if item.hostnames:
+                # Named after its node: unique within the acquisition, readable in the UI.
+                host = item.hostnames[n]
+                out.append(_Slot(f"{prefix}-{host}", item, units, host))
+            else:
+                out.append(_Slot(f"{prefix}-{len(out):04d}", item, units))
     return out
+
+
+def _user_data(slot: _Slot) -> str | None:
+    template = slot.item.user_data
+    if template is None:
+        return None
+    return template.replace("{hostname}", slot.hostname or slot.instance_id)
 
 
 def _lost(exc: BaseException) -> bool:
@@ -284,6 +307,7 @@ class AcquisitionWorkflow:
                     tier=inp.tier,
                     acquisition_id=self._id,
                     price_per_hour=slot.item.price_per_hour,
+                    hostname=slot.hostname,
                 ),
                 reason=f"acquisition {self._id}",
             ),
@@ -296,8 +320,10 @@ class AcquisitionWorkflow:
             pool_id=slot.item.pool_id,
             hall=slot.item.hall,
             flavor=slot.item.flavor,
-            metadata={"sco-workload": inp.contract, "sco-acquisition": self._id},
+            metadata={"sco-workload": inp.contract, "sco-acquisition": self._id}
+            | ({HOSTNAME_KEY: slot.hostname} if slot.hostname else {}),
             reservation_id=slot.reservation_id,
+            user_data=_user_data(slot),
         )
         attempt, tried = 0, False
         while True:

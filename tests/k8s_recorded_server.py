@@ -1,0 +1,147 @@
+"""A recorded-response Kubernetes API server for tests: stdlib `http.server`, threaded.
+
+Each recording under tests/k8s_recordings/ is one exchange:
+
+    {"request": {"method": "GET", "path": "/api/v1/pods", "query": {"limit": "500", ...}},
+     "response": {"status": 200, "body": {...}, "headers": {...}, "delay_seconds": 0}}
+
+A request matches when method, path and the whole query agree (every parameter the client
+sent, no more, no less), so a recording pins the exact request. `body` is sent as JSON, or
+as is when it is a string (to play a broken server). A request matching no recording gets
+the 404 `Status` a real API server sends and is kept in `.unmatched` for the test to fail on.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+RECORDINGS = Path(__file__).parent / "k8s_recordings"
+TOKEN = "recorded-test-token"
+
+
+@dataclass(frozen=True)
+class Received:
+    method: str
+    path: str
+    query: dict[str, str]
+    headers: dict[str, str]  # lower-case names
+
+
+@dataclass
+class RecordedServer:
+    url: str
+    recordings: list[dict[str, Any]]
+    requests: list[Received] = field(default_factory=list)
+    unmatched: list[Received] = field(default_factory=list)
+
+    def answer(self, req: Received) -> dict[str, Any] | None:
+        for rec in self.recordings:
+            want = rec["request"]
+            if (want["method"], want["path"], want.get("query", {})) == (
+                req.method,
+                req.path,
+                req.query,
+            ):
+                response: dict[str, Any] = rec["response"]
+                return response
+        return None
+
+
+def load_recording(name: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((RECORDINGS / f"{name}.json").read_text())
+    return data
+
+
+def not_found_status(path: str) -> dict[str, Any]:
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": f"the server could not find the requested resource ({path})",
+        "reason": "NotFound",
+        "details": {},
+        "code": 404,
+    }
+
+
+def _handler(server: RecordedServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, as the client's urllib3 pool expects
+
+        def _serve(self) -> None:
+            parts = urlsplit(self.path)
+            # The client sends each parameter once; a repeated one keeps its last value.
+            query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
+            headers = {k.lower(): v for k, v in self.headers.items()}
+            req = Received(self.command, parts.path, query, headers)
+            server.requests.append(req)
+            length = int(self.headers.get("Content-Length") or 0)
+            if length:
+                self.rfile.read(length)
+            response = server.answer(req)
+            if response is None:
+                server.unmatched.append(req)
+                response = {"status": 404, "body": not_found_status(parts.path)}
+            time.sleep(response.get("delay_seconds", 0))
+            body = response["body"]
+            raw = (body if isinstance(body, str) else json.dumps(body)).encode()
+            self.send_response(response["status"])
+            sent = {"Content-Type": "application/json", **response.get("headers", {})}
+            for name, value in sent.items():
+                self.send_header(name, value)
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
+
+        do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _serve
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass  # the test asserts on .requests instead
+
+    return Handler
+
+
+@contextmanager
+def recorded_k8s_server(*names: str) -> Iterator[RecordedServer]:
+    """Serves the named recordings (file stems) on 127.0.0.1 and a free port."""
+    state = RecordedServer(url="", recordings=[load_recording(n) for n in names])
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
+    httpd.daemon_threads = True  # a delayed answer must not hold up the shutdown
+    state.url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    thread = threading.Thread(target=httpd.serve_forever, name="k8s-recorded", daemon=True)
+    thread.start()
+    try:
+        yield state
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(timeout=5)
+
+
+def write_kubeconfig(path: Path, server_url: str, token: str = TOKEN) -> Path:
+    """A minimal kubeconfig (JSON is YAML) for `server_url` with a bearer token."""
+    kubeconfig = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "recorded", "cluster": {"server": server_url}}],
+        "users": [{"name": "sco-demand", "user": {"token": token}}],
+        "contexts": [
+            {
+                "name": "recorded",
+                "context": {"cluster": "recorded", "user": "sco-demand", "namespace": "default"},
+            }
+        ],
+        "current-context": "recorded",
+    }
+    path.write_text(json.dumps(kubeconfig, indent=2))
+    return path
