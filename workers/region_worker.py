@@ -23,6 +23,7 @@ from temporalio.worker import Worker, WorkerDeploymentConfig
 
 from activities.budget import BudgetActivities
 from activities.control import ControlActivities
+from activities.demand.intake import DemandIntakeActivities
 from activities.exclusion import ExclusionActivities
 from activities.fleet.activities import FleetActivities
 from activities.fleet.control_state import ControlRepository
@@ -32,6 +33,7 @@ from activities.floor import FloorActivities
 from activities.ledger.store import LedgerStore
 from activities.provider.activities import ProviderActivities, all_activities
 from contracts.cache import installed_bundle
+from workers.demand_sources import sources_for
 from workers.health import serve_health
 from workers.provider_factory import provider_for
 from workers.settings import Settings
@@ -42,6 +44,9 @@ from workflows.controller.workflow import RegionControllerWorkflow
 from workflows.exclusion.workflow import PoolExclusionWorkflow
 from workflows.floor.models import FloorInput, floor_workflow_id
 from workflows.floor.workflow import FloorKeeperWorkflow
+from workflows.intake.models import IntakeConfig, IntakeInput, intake_workflow_id
+from workflows.intake.workflow import DemandIntakeWorkflow
+from workflows.slurm.workflow import SlurmReleaseWorkflow
 from workflows.sync_pools import SyncPoolsWorkflow
 
 log = logging.getLogger(__name__)
@@ -53,6 +58,8 @@ WORKFLOWS = [
     TokenBudgetWorkflow,
     FloorKeeperWorkflow,
     PoolExclusionWorkflow,
+    DemandIntakeWorkflow,
+    SlurmReleaseWorkflow,
 ]
 
 
@@ -100,6 +107,26 @@ async def ensure_floor_keepers(client: Client, settings: Settings, region: str) 
     return started
 
 
+async def ensure_intake(client: Client, settings: Settings, region: str) -> list[str]:
+    """Start the region's demand intake when a scheduler source is on; idempotent."""
+    if not (settings.slurm.pending_demand or settings.kubernetes.pending_demand):
+        return []
+    handle = await client.start_workflow(
+        DemandIntakeWorkflow.run,
+        IntakeInput(
+            region=region,
+            config=IntakeConfig(
+                interval_seconds=settings.intake.interval_seconds,
+                partitions=settings.control.partitions,
+            ),
+        ),
+        id=intake_workflow_id(region),
+        task_queue=settings.temporal.task_queue(region),
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+    )
+    return [handle.id]
+
+
 async def ensure_controllers(client: Client, settings: Settings, region: str) -> list[str]:
     """Start the region's controller partitions that are not running; idempotent."""
     started = []
@@ -141,6 +168,11 @@ def build_activities(settings: Settings, region: str, client: Client) -> tuple[l
         trust_dir=settings.trust_dir,
     )
     exclusion = ExclusionActivities(pool)
+    intake = DemandIntakeActivities(
+        sources_for(settings),
+        ControlRepository(pool),
+        lambda: installed_bundle(settings.bundle_cache_dir, settings.trust_dir),
+    )
     budget = BudgetActivities(
         client,
         settings.temporal.task_queue(region),
@@ -163,6 +195,7 @@ def build_activities(settings: Settings, region: str, client: Client) -> tuple[l
         exclusion.count_notices,
         exclusion.canaries,
         budget.ensure,
+        intake.collect,
     ]
     return activities, pool
 
@@ -232,6 +265,7 @@ async def run_worker(settings: Settings, region: str) -> None:
             if settings.worker.start_controllers:
                 ids = await ensure_controllers(client, settings, region)
                 ids += await ensure_floor_keepers(client, settings, region)
+                ids += await ensure_intake(client, settings, region)
                 log.info("running: %s", ", ".join(ids))
             await stop.wait()
             running = False

@@ -141,6 +141,63 @@ class WorkerSettings(BaseModel):
             return "unknown"
 
 
+#: Cloud-init for an instance behind a Slurm CLOUD node: it takes the node's name and
+#: starts slurmd in configless mode against slurmctld. `{hostname}` is filled per instance by
+#: the acquisition, `{slurmctld}` by the ResumeProgram from `slurm.slurmctld`.
+DEFAULT_SLURM_USER_DATA = """\
+#cloud-config
+hostname: {hostname}
+fqdn: {hostname}
+write_files:
+  - path: /etc/default/slurmd
+    content: |
+      SLURMD_OPTIONS="-N {hostname} --conf-server {slurmctld}"
+runcmd:
+  - [systemctl, enable, --now, munge]
+  - [systemctl, enable, --now, slurmd]
+"""
+
+
+class IntakeSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    # How often the region's DemandIntakeWorkflow reads the scheduler sources.
+    interval_seconds: float = Field(default=15.0, gt=0)
+
+
+class SlurmSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    # The cluster's slurm.conf for scontrol/squeue (SLURM_CONF); None: Slurm's default.
+    slurm_conf: Path | None = None
+    # Where scontrol and squeue are; None: PATH.
+    bin_dir: Path | None = None
+    # Count pending jobs of contracts as demand (the intake's `slurm` source).
+    pending_demand: bool = False
+    # Only jobs of these partitions count; empty: all partitions.
+    partitions: list[str] = []
+    # slurmctld as slurmd --conf-server reaches it (host[:port]); fills `{slurmctld}`.
+    slurmctld: str = "slurmctld"
+    # Cloud-init for instances behind CLOUD nodes; `{hostname}` and `{slurmctld}` filled.
+    user_data: str = DEFAULT_SLURM_USER_DATA
+    # ACTIVE polls of a booting node, in seconds (the acquisition's poll interval).
+    poll_seconds: float = Field(default=1.0, gt=0)
+    # The power programs append one JSON line per call here; None: stdout only.
+    log_file: Path | None = None
+
+
+class KubernetesSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    # Count unschedulable pending pods of contracts as demand (the `kubernetes` source).
+    pending_demand: bool = False
+    # None: in-cluster config when running in a pod, else ~/.kube/config.
+    kubeconfig: Path | None = None
+    context: str | None = None
+    # Only these namespaces are listed; empty: every namespace (needs cluster-wide list).
+    namespaces: list[str] = []
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="SCO_",
@@ -163,6 +220,9 @@ class Settings(BaseSettings):
     contracts: ContractSettings = ContractSettings()
     control: ControlSettings = ControlSettings()
     worker: WorkerSettings = WorkerSettings()
+    intake: IntakeSettings = IntakeSettings()
+    slurm: SlurmSettings = SlurmSettings()
+    kubernetes: KubernetesSettings = KubernetesSettings()
 
     @property
     def bundle_cache_dir(self) -> Path:

@@ -26,7 +26,6 @@ from datetime import timedelta
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
-from temporalio.exceptions import TimeoutError as TemporalTimeoutError
 
 with workflow.unsafe.imports_passed_through():
     from activities.budget import TokenGrant
@@ -41,7 +40,6 @@ with workflow.unsafe.imports_passed_through():
     from activities.fleet.control_state import AcquisitionRecord
     from activities.fleet.repository import InstanceSpec
     from activities.provider.activities import (
-        InstanceRef,
         ProviderActivities,
         WaitActiveInput,
         WaitReservationInput,
@@ -62,10 +60,10 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.budget.client import BudgetClient
     from workflows.metrics import count
+    from workflows.provider_calls import RETRIED_BY_US, delete_instance, error_type, lost
 
 #: Retrying these would not help: capacity is a shortfall, the rest is a bug or gone.
 _NOT_RETRIED = ["InsufficientCapacity", "NotFound", "Permanent"]
-_RETRIED_BY_US = {"Transient", "RateLimited"}
 _STATE_RETRY = RetryPolicy(maximum_attempts=20, maximum_interval=timedelta(seconds=30))
 
 
@@ -115,17 +113,6 @@ def _user_data(slot: _Slot) -> str | None:
     if template is None:
         return None
     return template.replace("{hostname}", slot.hostname or slot.instance_id)
-
-
-def _lost(exc: BaseException) -> bool:
-    """The activity timed out: the worker running it died, or the call hung. The create or
-    delete may or may not have happened; both are idempotent, so the answer is to retry."""
-    return isinstance(exc, ActivityError) and isinstance(exc.cause, TemporalTimeoutError)
-
-
-def _error_type(exc: BaseException) -> str:
-    cause = exc.cause if isinstance(exc, ActivityError) else exc
-    return cause.type or "" if isinstance(cause, ApplicationError) else ""
 
 
 @workflow.defn
@@ -345,12 +332,12 @@ class AcquisitionWorkflow:
             except ActivityError as exc:
                 # A lost create may have made the instance: retried until it answers (the
                 # same name finds it), however long, so nothing is ever leaked.
-                if _lost(exc):
+                if lost(exc):
                     await workflow.sleep(timedelta(seconds=min(30, 2 ** min(attempt, 5))))
                     continue
                 attempt += 1
-                kind = _error_type(exc)
-                if kind in _RETRIED_BY_US and attempt < inp.max_create_attempts:
+                kind = error_type(exc)
+                if kind in RETRIED_BY_US and attempt < inp.max_create_attempts:
                     await workflow.sleep(timedelta(seconds=min(30, 2**attempt)))
                     continue
                 if kind == "InsufficientCapacity":
@@ -369,7 +356,7 @@ class AcquisitionWorkflow:
                 retry_policy=RetryPolicy(non_retryable_error_types=_NOT_RETRIED),
             )
         except ActivityError as exc:
-            kind = _error_type(exc)
+            kind = error_type(exc)
             if kind == "InsufficientCapacity":
                 self._capacity_error(slot)
             # An instance that never became ACTIVE still holds its name and maybe a host.
@@ -405,24 +392,7 @@ class AcquisitionWorkflow:
 
     async def _delete(self, slot: _Slot, *, fail: bool, reason: str) -> None:
         assert slot.provider_id is not None
-        attempt = 0
-        while True:
-            await self._budget.take(self._inp.region, 1)
-            try:
-                await workflow.execute_activity_method(
-                    ProviderActivities.delete_instance,
-                    InstanceRef(provider_id=slot.provider_id),
-                    start_to_close_timeout=timedelta(seconds=60),
-                    retry_policy=RetryPolicy(maximum_attempts=1),
-                )
-                break
-            except ActivityError as exc:
-                # Deleting is a desired state and idempotent: keep at it while it can work.
-                if _lost(exc) or _error_type(exc) in _RETRIED_BY_US:
-                    attempt += 1
-                    await workflow.sleep(timedelta(seconds=min(30, 2 ** min(attempt, 5))))
-                    continue
-                raise
+        await delete_instance(self._budget, self._inp.region, slot.provider_id)
         if fail:
             await self._fail(slot, reason)
         else:

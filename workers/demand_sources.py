@@ -1,0 +1,33 @@
+"""The region's scheduler demand sources, from settings (`slurm.*`, `kubernetes.*`)."""
+
+from __future__ import annotations
+
+import os
+
+from activities.demand.slurm import SlurmPendingJobs
+from activities.demand.source import DemandSource
+from workers.settings import Settings
+
+
+def sources_for(settings: Settings) -> list[DemandSource]:
+    """Every source turned on: `slurm.pending_demand`, `kubernetes.pending_demand`."""
+    sources: list[DemandSource] = []
+    if settings.slurm.pending_demand:
+        slurm = settings.slurm
+        sources.append(
+            SlurmPendingJobs(
+                squeue=os.path.join(slurm.bin_dir, "squeue") if slurm.bin_dir else "squeue",
+                env={"SLURM_CONF": str(slurm.slurm_conf)} if slurm.slurm_conf else None,
+                partitions=slurm.partitions,
+            )
+        )
+    if settings.kubernetes.pending_demand:
+        # Imported only when used: the client is large and most regions run one scheduler.
+        from activities.demand.kubernetes import KubernetesPendingPods, api_client_from_kubeconfig
+
+        k8s = settings.kubernetes
+        api = api_client_from_kubeconfig(
+            str(k8s.kubeconfig) if k8s.kubeconfig else None, k8s.context
+        )
+        sources.append(KubernetesPendingPods(api, namespaces=k8s.namespaces or None))
+    return sources
