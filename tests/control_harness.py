@@ -7,11 +7,12 @@ import asyncio
 import concurrent.futures
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from temporalio.client import Client
 from temporalio.service import RPCError
@@ -31,6 +32,7 @@ from tests.conftest import REGIONS_DIR, REPO
 from workflows.acquisition.workflow import AcquisitionWorkflow
 from workflows.budget.workflow import TokenBudgetWorkflow
 from workflows.controller.workflow import RegionControllerWorkflow
+from workflows.slurm.workflow import SlurmReleaseWorkflow
 
 
 @dataclass
@@ -74,8 +76,12 @@ async def region_worker(
     trust_dir: Path,
     rate_per_second: float = 50.0,
     burst: int = 50,
+    queue: str | None = None,
+    extra_workflows: Sequence[type] = (),
+    extra_activities: Sequence[Callable[..., Any]] = (),
 ) -> AsyncIterator[Harness]:
-    queue = f"tq-{uuid.uuid4()}"
+    """`queue`: default a fresh uuid queue; `extra_*`: more workflows and activities on it."""
+    queue = queue or f"tq-{uuid.uuid4()}"
     fleet_acts = FleetActivities(fleet, REGIONS_DIR)
     cloud_acts = ProviderActivities(cloud)
     control_acts = ControlActivities(
@@ -91,7 +97,13 @@ async def region_worker(
         async with Worker(
             client,
             task_queue=queue,
-            workflows=[AcquisitionWorkflow, RegionControllerWorkflow, TokenBudgetWorkflow],
+            workflows=[
+                AcquisitionWorkflow,
+                RegionControllerWorkflow,
+                TokenBudgetWorkflow,
+                SlurmReleaseWorkflow,
+                *extra_workflows,
+            ],
             activities=[
                 fleet_acts.record_acquire,
                 fleet_acts.record_event,
@@ -101,6 +113,7 @@ async def region_worker(
                 control_acts.record_decision,
                 control_acts.mark_surplus,
                 budget.ensure,
+                *extra_activities,
             ],
             activity_executor=pool,
         ):

@@ -14,10 +14,11 @@ the 404 `Status` a real API server sends and is kept in `.unmatched` for the tes
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -42,6 +43,22 @@ class RecordedServer:
     recordings: list[dict[str, Any]]
     requests: list[Received] = field(default_factory=list)
     unmatched: list[Received] = field(default_factory=list)
+    connections: set[socket.socket] = field(default_factory=set)
+    _httpd: ThreadingHTTPServer | None = None
+    _thread: threading.Thread | None = None
+
+    def stop(self) -> None:
+        """Stop listening and drop every open connection; later requests are refused."""
+        if self._httpd is None or self._thread is None:
+            return
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        # Kept-alive connections would outlive the listener: a stopped server must refuse.
+        for conn in list(self.connections):
+            with suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+        self._thread.join(timeout=5)
+        self._httpd = self._thread = None
 
     def answer(self, req: Received) -> dict[str, Any] | None:
         for rec in self.recordings:
@@ -76,7 +93,15 @@ def not_found_status(path: str) -> dict[str, Any]:
 
 def _handler(server: RecordedServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"  # keep-alive, as the client's urllib3 pool expects
+        protocol_version = "HTTP/1.1"  # keep-alive, as a real API server does
+
+        def setup(self) -> None:
+            super().setup()
+            server.connections.add(self.connection)
+
+        def finish(self) -> None:
+            server.connections.discard(self.connection)
+            super().finish()
 
         def _serve(self) -> None:
             parts = urlsplit(self.path)
@@ -95,13 +120,16 @@ def _handler(server: RecordedServer) -> type[BaseHTTPRequestHandler]:
             time.sleep(response.get("delay_seconds", 0))
             body = response["body"]
             raw = (body if isinstance(body, str) else json.dumps(body)).encode()
-            self.send_response(response["status"])
-            sent = {"Content-Type": "application/json", **response.get("headers", {})}
-            for name, value in sent.items():
-                self.send_header(name, value)
-            self.send_header("Content-Length", str(len(raw)))
-            self.end_headers()
-            self.wfile.write(raw)
+            try:
+                self.send_response(response["status"])
+                sent = {"Content-Type": "application/json", **response.get("headers", {})}
+                for name, value in sent.items():
+                    self.send_header(name, value)
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+            except (BrokenPipeError, ConnectionResetError):
+                self.close_connection = True  # the client gave up waiting (a timeout test)
 
         do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _serve
 
@@ -113,19 +141,22 @@ def _handler(server: RecordedServer) -> type[BaseHTTPRequestHandler]:
 
 @contextmanager
 def recorded_k8s_server(*names: str) -> Iterator[RecordedServer]:
-    """Serves the named recordings (file stems) on 127.0.0.1 and a free port."""
+    """Serves the named recordings (file stems) on 127.0.0.1 and a free port; `.url`,
+    `.requests` and `.unmatched` for the test, `.stop()` to play a server going away."""
     state = RecordedServer(url="", recordings=[load_recording(n) for n in names])
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
     httpd.daemon_threads = True  # a delayed answer must not hold up the shutdown
     state.url = f"http://127.0.0.1:{httpd.server_address[1]}"
-    thread = threading.Thread(target=httpd.serve_forever, name="k8s-recorded", daemon=True)
+    # A short poll interval: shutdown() waits up to one interval.
+    thread = threading.Thread(
+        target=httpd.serve_forever, args=(0.02,), name="k8s-recorded", daemon=True
+    )
     thread.start()
+    state._httpd, state._thread = httpd, thread
     try:
         yield state
     finally:
-        httpd.shutdown()
-        httpd.server_close()
-        thread.join(timeout=5)
+        state.stop()
 
 
 def write_kubeconfig(path: Path, server_url: str, token: str = TOKEN) -> Path:

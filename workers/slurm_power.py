@@ -334,10 +334,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         s = load_settings()
-        report = asyncio.run(run(args.verb, args.hostlist, s))
-    except (ProgramError, SettingsError) as exc:
+    except SettingsError as exc:
         _log({"verb": args.verb, "hostlist": args.hostlist, "error": str(exc)}, None)
-        print(f"sco slurm {args.verb}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        report = asyncio.run(run(args.verb, args.hostlist, s))
+    except ProgramError as exc:
+        _log({"verb": args.verb, "hostlist": args.hostlist, "error": str(exc)}, s)
         return 2
     _log(report.model_dump(), s)
     return 0 if report.ok else 1
@@ -345,7 +348,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _log(entry: dict[str, Any], s: Settings | None) -> None:
     line = json.dumps({"at": datetime.now(UTC).isoformat(), **entry}, default=str)
-    print(line)
+    print(line, file=sys.stderr if "error" in entry else sys.stdout)
     if s is not None and s.slurm.log_file is not None:
         with open(s.slurm.log_file, "a", encoding="utf-8") as fh:
             fh.write(line + "\n")

@@ -202,7 +202,7 @@ def _api_reason(exc: ApiException) -> str:
 def _transport_reason(exc: urllib3.exceptions.HTTPError) -> str:
     # MaxRetryError's own text repeats the URL and pool; the cause is what matters.
     cause = exc.reason if isinstance(exc, urllib3.exceptions.MaxRetryError) else exc
-    return _short(f"cannot reach the API server: {cause}")
+    return _short(f"request to the API server failed: {cause}")
 
 
 class KubernetesPendingPods:
@@ -218,8 +218,12 @@ class KubernetesPendingPods:
         request_timeout: float = 10,
         page_size: int = 500,
     ) -> None:
+        # Checked here: the client would refuse them on every read, as if the server had.
+        if request_timeout <= 0 or page_size < 1:
+            raise ValueError("request_timeout must be > 0 and page_size >= 1")
         self._core = CoreV1Api(api)
-        self._namespaces = namespaces
+        # An empty list means cluster-wide: listing no namespace would report zero demand.
+        self._namespaces = namespaces or None
         # Bounds each HTTP attempt; urllib3 may retry a failed connection or read.
         self._timeout = request_timeout
         self._page_size = page_size
@@ -240,7 +244,8 @@ class KubernetesPendingPods:
     def _list_pending(self) -> list[V1Pod]:
         try:
             pods: list[V1Pod] = []
-            for namespace in self._namespaces if self._namespaces is not None else [None]:
+            scopes: list[str | None] = [*self._namespaces] if self._namespaces else [None]
+            for namespace in scopes:
                 pods += self._list_pages(namespace)
             return pods
         except ApiException as exc:

@@ -15,6 +15,7 @@ from workers.cli import (
     fleet,
     floor,
     ledger,
+    schedulers,
     temporal,
 )
 
@@ -31,6 +32,10 @@ app.add_typer(fleet.instances_app, name="instances")
 app.add_typer(fleet.outbox_app, name="outbox")
 app.command("worker")(control.worker)
 app.add_typer(control.demand_app, name="demand")
+control.demand_app.command("sources")(schedulers.demand_sources)
+control.demand_app.command("intake")(schedulers.demand_intake)
+control.demand_app.command("collect")(schedulers.demand_collect)
+app.add_typer(schedulers.slurm_app, name="slurm")
 app.add_typer(control.acq_app, name="acquisitions")
 app.add_typer(control.controller_app, name="controller")
 app.add_typer(control.budget_app, name="budget")

@@ -1,0 +1,186 @@
+"""Slurm cloud bursting end to end, on a real slurmctld and Temporal's dev server.
+
+1. A job of a valid contract (ci-runners: account ci, partition spot, tag ci) is
+   allocated a powered-down CLOUD node; slurmctld runs deploy/slurm/sco-resume.
+2. The program plans and starts an acquisition; the region worker acquires an instance
+   named after the node from the simulated cloud.
+3. The instance "boots": a slurmd for the node starts on loopback (what its cloud-init
+   does; the one step one machine cannot do for real) and registers with slurmctld.
+4. The job runs and completes.
+5. After SuspendTime, slurmctld runs sco-suspend: SCO releases the instance.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+
+from activities.events import InstanceState
+from activities.fleet.control_state import ControlRepository
+from activities.fleet.db import open_pool
+from activities.fleet.repository import FleetRepository
+from activities.provider.interface import HOSTNAME_KEY, InstanceStatus
+from activities.provider.simulator import Latency, SimulatedCloud
+from contracts.region import Region
+from tests.conftest import REGIONS_DIR, REPO
+from tests.control_harness import install_example_bundle, region_worker
+from tests.slurm_burst_cluster import BINARIES, BurstCluster, burst_cluster
+from tests.slurm_cluster import missing_binaries
+from workers.temporal_bootstrap import bootstrap_namespace, ensure_search_attributes
+
+pytestmark = [
+    pytest.mark.timeout(240),
+    pytest.mark.skipif(bool(missing_binaries(BINARIES)), reason="Slurm is not installed"),
+]
+
+NODE = "r1-a-gp-l-001"
+POOL = "r1.A.gp.l"
+
+
+@pytest.fixture
+async def region_client(dev_server_env: WorkflowEnvironment) -> AsyncIterator[Client]:
+    """A fresh `<prefix>r1` namespace on the dev server, as the programs will name it."""
+    prefix = f"t{uuid.uuid4().hex[:8]}-"
+    base = dev_server_env.client
+    await bootstrap_namespace(base, f"{prefix}r1", timedelta(days=1))
+    client = await Client.connect(
+        base.service_client.config.target_host,
+        namespace=f"{prefix}r1",
+        data_converter=pydantic_data_converter,
+    )
+    await ensure_search_attributes(client, client.namespace)
+    client.prefix = prefix  # type: ignore[attr-defined]
+    yield client
+
+
+async def cloud_init(cloud: SimulatedCloud, cluster: BurstCluster) -> None:
+    """Instances with a hostname run slurmd for it while they are ACTIVE."""
+    while True:
+        up = {
+            i.metadata[HOSTNAME_KEY]
+            for i in await cloud.list_owned("r1")
+            if i.status is InstanceStatus.ACTIVE and HOSTNAME_KEY in i.metadata
+        }
+        for node in up - set(cluster.slurmd):
+            cluster.boot(node)
+        for node in set(cluster.slurmd) - up:
+            cluster.power_off(node)
+        await asyncio.sleep(0.2)
+
+
+async def wait_for(what: str, check: object, within: float, cluster: BurstCluster) -> None:
+    assert callable(check)
+    for _ in range(int(within / 0.25)):
+        if await asyncio.to_thread(check):
+            return
+        await asyncio.sleep(0.25)
+    raise AssertionError(
+        f"{what} not within {within} s\npower log:\n{cluster.power_log()}\n"
+        f"slurmctld log (tail):\n{cluster.log()[-3000:]}"
+    )
+
+
+async def test_job_bursts_onto_a_cloud_node_and_the_node_is_released(
+    region_client: Client,
+    region_r1: Region,
+    pg_dsn: str,
+    fleet_repo: FleetRepository,
+    tmp_path: Path,
+) -> None:
+    cache, trust = install_example_bundle(tmp_path)
+    loop = asyncio.get_running_loop()
+    cloud = SimulatedCloud(region_r1, latency=Latency(boot_s=0.5), clock=loop.time)
+    pool = open_pool(pg_dsn, max_size=4)
+    control = ControlRepository(pool)
+    prefix: str = region_client.prefix  # type: ignore[attr-defined]
+    config = tmp_path / "sco.toml"  # settings come from sco.env alone
+    config.write_text("")
+    sco_env = {
+        "SCO_PYTHON": sys.executable,
+        "SCO_HOME": str(REPO),
+        "SCO_CONFIG": str(config),
+        "SCO_REGION": "r1",
+        "SCO_REGIONS_DIR": str(REGIONS_DIR),
+        "SCO_POSTGRES_DSN": pg_dsn,
+        "SCO_TEMPORAL__ADDRESS": region_client.service_client.config.target_host,
+        "SCO_TEMPORAL__NAMESPACE_PREFIX": prefix,
+        "SCO_CONTRACTS__CACHE_DIR": str(cache),
+        "SCO_CONTRACTS__TRUST_DIR": str(trust),
+        "SCO_SLURM__SLURMCTLD": "127.0.0.1",
+        "SCO_SLURM__POLL_SECONDS": "0.2",
+    }
+    try:
+        ctx = burst_cluster({NODE: POOL}, sco_env, suspend_time=5)
+        cluster = ctx.__enter__()
+    except RuntimeError as exc:
+        pytest.skip(f"slurmctld did not start here: {exc}")
+    try:
+        async with region_worker(
+            region_client,
+            cloud,
+            fleet_repo,
+            control,
+            bundle_dir=cache,
+            trust_dir=trust,
+            queue="sco-r1",
+        ):
+            booter = asyncio.ensure_future(cloud_init(cloud, cluster))
+            try:
+                out = cluster.run(
+                    "sbatch",
+                    "-p",
+                    "spot",
+                    "-A",
+                    "ci",
+                    "--comment=sco-contract=ci",
+                    "-o",
+                    str(cluster.dir / "job.out"),
+                    "--wrap",
+                    "hostname; echo ran",
+                )
+                assert out.returncode == 0, out.stderr
+                job_id = out.stdout.split()[-1]
+
+                # 1-2: Slurm called our ResumeProgram, which started an acquisition.
+                def acquired() -> bool:
+                    return bool(fleet_repo.live_by_hostname("r1", [NODE]))
+
+                await wait_for("an instance for the node", acquired, 60, cluster)
+                [row] = fleet_repo.live_by_hostname("r1", [NODE])
+                assert row.workload == "ci-runners" and row.pool_id == POOL
+                assert row.acquisition_id and row.acquisition_id.startswith("slurm-r1-ci-runners-")
+                assert '"verb": "resume"' in cluster.power_log()
+
+                # 3-4: slurmd registered for the node and the job ran there.
+                def job_done() -> bool:
+                    state = cluster.run("scontrol", "show", "job", job_id, "-o").stdout
+                    return "JobState=COMPLETED" in state
+
+                await wait_for("the job to complete", job_done, 90, cluster)
+                assert "ran" in (cluster.dir / "job.out").read_text()
+                assert fleet_repo.get_instance(row.instance_id).state is InstanceState.ACTIVE  # type: ignore[union-attr]
+
+                # 5: idle for SuspendTime -> SuspendProgram -> the instance is released.
+                def released() -> bool:
+                    inst = fleet_repo.get_instance(row.instance_id)
+                    return inst is not None and inst.state is InstanceState.DELETED
+
+                await wait_for("the instance to be released", released, 90, cluster)
+                assert '"verb": "suspend"' in cluster.power_log()
+                assert not [
+                    i for i in await cloud.list_owned("r1") if i.metadata.get(HOSTNAME_KEY) == NODE
+                ]
+            finally:
+                booter.cancel()
+    finally:
+        ctx.__exit__(None, None, None)
+        pool.close()

@@ -1,0 +1,244 @@
+"""`sco slurm ...` and `sco demand sources|intake|collect`: the schedulers as demand."""
+
+from __future__ import annotations
+
+import asyncio
+
+import psycopg
+import typer
+
+from activities.demand.hostlist import HostlistError, ranged
+from activities.demand.intake import CollectResult, DemandIntakeActivities
+from activities.demand.slurm_power import feature_list
+from activities.fleet.db import open_pool
+from activities.fleet.repository import FleetRepository
+from contracts.cache import installed_bundle
+from contracts.region import RegionFileError, load_region
+from workers.cli.common import (
+    console,
+    errors_as_exit,
+    fail,
+    print_json,
+    run_temporal,
+    settings,
+    table,
+    temporal_client,
+)
+from workers.slurm_power import ProgramError, Report, release, resume
+from workflows.intake.models import CollectNow, IntakeStatus, intake_workflow_id
+from workflows.intake.workflow import DemandIntakeWorkflow
+from workflows.slurm.models import ReleaseReason
+
+slurm_app = typer.Typer(
+    help="Slurm power saving: CLOUD nodes SCO brings up and releases.", no_args_is_help=True
+)
+
+RegionOpt = typer.Option(None, "--region", help="Region; default from settings.")
+JsonOpt = typer.Option(False, "--json")
+
+
+# -- slurm -------------------------------------------------------------------------------
+
+
+@slurm_app.command("conf")
+def slurm_conf(
+    pools: list[str] = typer.Option(..., "--pool", help="Pool id (repeat), e.g. r1.A.gp.l."),
+    nodes: int = typer.Option(16, "--nodes", min=1, help="CLOUD nodes per pool."),
+    partition: str = typer.Option("spot", "--partition", help="Partition of the nodes."),
+    region: str = RegionOpt,
+) -> None:
+    """The slurm.conf node and partition lines for SCO's CLOUD nodes of these pools."""
+    s = settings()
+    r = region or s.region
+    with errors_as_exit(RegionFileError, OSError):
+        reg = load_region(s.region_file(r))
+    by_id = {reg.pool_id(p): p for p in reg.pools}
+    lines = [f"# SCO CLOUD nodes of region {r}: `sco slurm conf` output; one line per pool."]
+    names = []
+    for pool_id in pools:
+        pool = by_id.get(pool_id)
+        if pool is None:
+            fail(f"--pool {pool_id}: not a pool of region {r} (see `sco pools list`)")
+        prefix = f"{r}-{pool.hall.lower()}-{pool.sku}-{pool.size}-"
+        with errors_as_exit(HostlistError):
+            hosts = ranged(prefix, nodes)
+        names.append(hosts)
+        features = ",".join(feature_list(pool_id, pool.hall, pool.sku, pool.size, "reclaimable"))
+        gres = f" Gres=gpu:{pool.gpus}" if pool.gpus else ""
+        lines.append(
+            f"NodeName={hosts} CPUs={pool.vcpu} RealMemory={pool.memory_gib * 1024 - 512}"
+            f"{gres} Features={features} State=CLOUD"
+        )
+    lines.append(f"PartitionName={partition} Nodes={','.join(names)} MaxTime=INFINITE State=UP")
+    typer.echo("\n".join(lines))
+
+
+def _show(report: Report, json_out: bool) -> None:
+    if json_out:
+        print_json(report.model_dump(mode="json"))
+    else:
+        console.print(
+            f"{report.verb} {len(report.nodes)} node(s) in {report.region} "
+            f"in {report.seconds:.2f} s"
+        )
+        for wid in report.started:
+            console.print(f"  started {wid}")
+        for wid in report.cancelled:
+            console.print(f"  cancelled {wid} (still launching)")
+        for node, why in sorted(report.refused.items()):
+            console.print(f"  [red]refused[/] {node}: {why}")
+    if report.refused:
+        raise typer.Exit(1)
+
+
+@slurm_app.command("resume")
+def slurm_resume(
+    hostlist: str = typer.Argument(..., help="Slurm hostlist, as slurmctld passes it."),
+    resume_file: str = typer.Option(None, "--resume-file", help="A SLURM_RESUME_FILE copy."),
+    json_out: bool = JsonOpt,
+) -> None:
+    """What ResumeProgram does: acquire instances named after the nodes."""
+    s = settings()
+    with errors_as_exit(ProgramError, psycopg.Error):
+        _show(run_temporal(resume(s, hostlist, resume_file=resume_file)), json_out)
+
+
+@slurm_app.command("suspend")
+def slurm_suspend(hostlist: str = typer.Argument(...), json_out: bool = JsonOpt) -> None:
+    """What SuspendProgram does: release the instances behind the nodes."""
+    s = settings()
+    with errors_as_exit(ProgramError, psycopg.Error):
+        _show(run_temporal(release(s, hostlist, ReleaseReason.SUSPEND)), json_out)
+
+
+@slurm_app.command("resume-failed")
+def slurm_resume_failed(hostlist: str = typer.Argument(...), json_out: bool = JsonOpt) -> None:
+    """What ResumeFailProgram does: release, and count against the pools' exclusion."""
+    s = settings()
+    with errors_as_exit(ProgramError, psycopg.Error):
+        _show(run_temporal(release(s, hostlist, ReleaseReason.RESUME_FAILED)), json_out)
+
+
+@slurm_app.command("nodes")
+def slurm_nodes(
+    region: str = RegionOpt, all_: bool = typer.Option(False, "--all"), json_out: bool = JsonOpt
+) -> None:
+    """Instances behind Slurm nodes (live ones; --all: deleted and failed too)."""
+    s = settings()
+    r = region or s.region
+    with errors_as_exit(psycopg.Error):
+        pool = open_pool(s.postgres_dsn, max_size=1)
+        try:
+            rows = [x for x in FleetRepository(pool).list_instances(r) if x.hostname]
+        finally:
+            pool.close()
+    if not all_:
+        rows = [x for x in rows if x.state.value not in ("deleted", "failed")]
+    if json_out:
+        print_json([x.model_dump(mode="json") for x in rows])
+        return
+    table(
+        f"Slurm nodes in {r}",
+        ["node", "state", "contract", "pool", "instance", "since"],
+        [
+            (x.hostname, x.state.value, x.workload, x.pool_id, x.instance_id, x.state_changed_at)
+            for x in rows
+        ],
+    )
+
+
+# -- demand sources ----------------------------------------------------------------------
+
+
+def demand_sources(region: str = RegionOpt, json_out: bool = JsonOpt) -> None:
+    """Read every scheduler source now (Slurm pending jobs, unschedulable pods) and show
+    their units per contract; stores nothing."""
+    from workers.demand_sources import sources_for
+
+    s = settings()
+    r = region or s.region
+    with errors_as_exit(ValueError, OSError):
+        sources = sources_for(s)
+    if not sources:
+        fail("no scheduler source is on: set slurm.pending_demand or kubernetes.pending_demand")
+    intake = DemandIntakeActivities(
+        sources, None, lambda: installed_bundle(s.bundle_cache_dir, s.trust_dir)
+    )
+    result: CollectResult = asyncio.run(intake.read(r))
+    if json_out:
+        print_json(result.model_dump(mode="json"))
+        return
+    if result.problem:
+        fail(result.problem)
+    _reports_table(f"pending work in {r} (bundle {result.bundle_serial})", result)
+
+
+def _reports_table(title: str, result: CollectResult) -> None:
+    rows: list[tuple[object, ...]] = []
+    for rep in result.reports:
+        if not rep.ok:
+            rows.append((rep.source, "", "", f"unavailable: {rep.error}"))
+            continue
+        for contract, units in sorted(rep.units.items()):
+            rows.append((rep.source, contract, units, ""))
+        if rep.unmatched_count:
+            first = rep.unmatched[0]
+            rows.append(
+                (
+                    rep.source,
+                    "(none)",
+                    "",
+                    f"{rep.unmatched_count} unmatched, e.g. {first.ref}: {first.reason}",
+                )
+            )
+        if not rep.units and not rep.unmatched_count:
+            rows.append((rep.source, "", 0, f"{rep.pending} pending"))
+    table(title, ["source", "contract", "units", "note"], rows)
+
+
+def demand_intake(region: str = RegionOpt, json_out: bool = JsonOpt) -> None:
+    """The region's demand intake: its last round per source, and whom it woke."""
+    s = settings()
+    r = region or s.region
+
+    async def go() -> IntakeStatus:
+        client = await temporal_client(s, r)
+        return await client.get_workflow_handle(intake_workflow_id(r)).query(
+            DemandIntakeWorkflow.status
+        )
+
+    status = run_temporal(go())
+    if json_out:
+        print_json(status.model_dump(mode="json"))
+        return
+    last = status.last
+    if last is None:
+        console.print(f"intake {r}: no round yet")
+        return
+    console.print(
+        f"intake {r}: round {last.round} at {last.at:%H:%M:%S} (bundle {last.bundle_serial})"
+        + (f" [red]{last.problem}[/]" if last.problem else "")
+    )
+    _reports_table(
+        f"last round in {r}",
+        CollectResult(bundle_serial=last.bundle_serial, reports=last.reports),
+    )
+    if last.changed:
+        console.print(f"changed: {', '.join(last.changed)}; woke {', '.join(last.signalled)}")
+    if last.not_running:
+        console.print(f"[yellow]not running:[/] {', '.join(last.not_running)}")
+
+
+def demand_collect(region: str = RegionOpt) -> None:
+    """Have the region's intake read its sources now instead of at its next round."""
+    s = settings()
+    r = region or s.region
+
+    async def go() -> None:
+        client = await temporal_client(s, r)
+        await client.get_workflow_handle(intake_workflow_id(r)).signal(
+            DemandIntakeWorkflow.collect_now, CollectNow()
+        )
+
+    run_temporal(go())
+    console.print(f"asked {intake_workflow_id(r)} to collect now")
