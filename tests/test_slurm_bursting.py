@@ -25,6 +25,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from activities.events import InstanceState
+from activities.exclusion import ExclusionActivities
 from activities.fleet.control_state import ControlRepository
 from activities.fleet.db import open_pool
 from activities.fleet.repository import FleetRepository
@@ -32,10 +33,17 @@ from activities.provider.interface import HOSTNAME_KEY, InstanceStatus
 from activities.provider.simulator import Latency, SimulatedCloud
 from contracts.region import Region
 from tests.conftest import REGIONS_DIR, REPO
-from tests.control_harness import install_example_bundle, region_worker
+from tests.control_harness import install_example_bundle, poll_until, region_worker
 from tests.slurm_burst_cluster import BINARIES, BurstCluster, burst_cluster
 from tests.slurm_cluster import missing_binaries
+from workers.settings import Settings
+from workers.slurm_power import release
 from workers.temporal_bootstrap import bootstrap_namespace, ensure_search_attributes
+from workflows.acquisition.models import AcquisitionInput, LaunchItem
+from workflows.acquisition.workflow import AcquisitionWorkflow
+from workflows.exclusion.models import exclusion_workflow_id
+from workflows.exclusion.workflow import PoolExclusionWorkflow
+from workflows.slurm.models import ReleaseReason
 
 pytestmark = [
     pytest.mark.timeout(240),
@@ -60,6 +68,28 @@ async def region_client(dev_server_env: WorkflowEnvironment) -> AsyncIterator[Cl
     await ensure_search_attributes(client, client.namespace)
     client.prefix = prefix  # type: ignore[attr-defined]
     yield client
+
+
+def program_env(
+    client: Client, pg_dsn: str, cache: Path, trust: Path, tmp_path: Path
+) -> dict[str, str]:
+    """The SCO_* settings the power programs read from sco.env."""
+    config = tmp_path / "sco.toml"  # settings come from sco.env alone
+    config.write_text("")
+    return {
+        "SCO_PYTHON": sys.executable,
+        "SCO_HOME": str(REPO),
+        "SCO_CONFIG": str(config),
+        "SCO_REGION": "r1",
+        "SCO_REGIONS_DIR": str(REGIONS_DIR),
+        "SCO_POSTGRES_DSN": pg_dsn,
+        "SCO_TEMPORAL__ADDRESS": client.service_client.config.target_host,
+        "SCO_TEMPORAL__NAMESPACE_PREFIX": client.prefix,  # type: ignore[attr-defined]
+        "SCO_CONTRACTS__CACHE_DIR": str(cache),
+        "SCO_CONTRACTS__TRUST_DIR": str(trust),
+        "SCO_SLURM__SLURMCTLD": "127.0.0.1",
+        "SCO_SLURM__POLL_SECONDS": "0.2",
+    }
 
 
 async def cloud_init(cloud: SimulatedCloud, cluster: BurstCluster) -> None:
@@ -101,23 +131,7 @@ async def test_job_bursts_onto_a_cloud_node_and_the_node_is_released(
     cloud = SimulatedCloud(region_r1, latency=Latency(boot_s=0.5), clock=loop.time)
     pool = open_pool(pg_dsn, max_size=4)
     control = ControlRepository(pool)
-    prefix: str = region_client.prefix  # type: ignore[attr-defined]
-    config = tmp_path / "sco.toml"  # settings come from sco.env alone
-    config.write_text("")
-    sco_env = {
-        "SCO_PYTHON": sys.executable,
-        "SCO_HOME": str(REPO),
-        "SCO_CONFIG": str(config),
-        "SCO_REGION": "r1",
-        "SCO_REGIONS_DIR": str(REGIONS_DIR),
-        "SCO_POSTGRES_DSN": pg_dsn,
-        "SCO_TEMPORAL__ADDRESS": region_client.service_client.config.target_host,
-        "SCO_TEMPORAL__NAMESPACE_PREFIX": prefix,
-        "SCO_CONTRACTS__CACHE_DIR": str(cache),
-        "SCO_CONTRACTS__TRUST_DIR": str(trust),
-        "SCO_SLURM__SLURMCTLD": "127.0.0.1",
-        "SCO_SLURM__POLL_SECONDS": "0.2",
-    }
+    sco_env = program_env(region_client, pg_dsn, cache, trust, tmp_path)
     try:
         ctx = burst_cluster({NODE: POOL}, sco_env, suspend_time=5)
         cluster = ctx.__enter__()
@@ -183,4 +197,117 @@ async def test_job_bursts_onto_a_cloud_node_and_the_node_is_released(
                 booter.cancel()
     finally:
         ctx.__exit__(None, None, None)
+        pool.close()
+
+
+async def test_a_job_without_a_contract_gets_its_node_set_down_with_the_reason(
+    region_client: Client, pg_dsn: str, tmp_path: Path
+) -> None:
+    """SCO refuses what it cannot attribute, at once: the node goes DOWN naming why, so
+    Slurm requeues the job instead of waiting out ResumeTimeout."""
+    cache, trust = install_example_bundle(tmp_path)
+    env = program_env(region_client, pg_dsn, cache, trust, tmp_path)
+    try:
+        ctx = burst_cluster({NODE: POOL}, env)
+        cluster = ctx.__enter__()
+    except RuntimeError as exc:
+        pytest.skip(f"slurmctld did not start here: {exc}")
+    try:
+        out = cluster.run("sbatch", "-p", "spot", "-A", "ci", "--wrap", "true")
+        assert out.returncode == 0, out.stderr
+
+        def refused() -> bool:
+            return "reason=sco" in cluster.run("scontrol", "show", "node", NODE).stdout.lower()
+
+        await wait_for("the node to be set down", refused, 30, cluster)
+        node = cluster.run("scontrol", "show", "node", NODE).stdout
+        assert "job names no contract" in node
+        assert "DOWN" in node
+        assert '"refused": {"r1-a-gp-l-001"' in cluster.power_log()
+    finally:
+        ctx.__exit__(None, None, None)
+
+
+async def test_a_failed_resume_releases_the_instance_and_counts_against_the_pool(
+    region_client: Client,
+    region_r1: Region,
+    pg_dsn: str,
+    fleet_repo: FleetRepository,
+    tmp_path: Path,
+) -> None:
+    """ResumeFailProgram: the instance is deleted and the pool's exclusion cycle counts
+    the failure like a reclaim notice."""
+    cache, trust = install_example_bundle(tmp_path)
+    cloud = SimulatedCloud(region_r1, latency=Latency(boot_s=0.0))
+    pool = open_pool(pg_dsn, max_size=4)
+    exclusion = ExclusionActivities(pool)
+    node = "r1-a-gp-l-009"
+    settings = Settings(
+        region="r1",
+        regions_dir=REGIONS_DIR,
+        postgres_dsn=pg_dsn,
+        temporal={"namespace_prefix": region_client.prefix},  # type: ignore[attr-defined]
+        contracts={"cache_dir": cache, "trust_dir": trust},
+    )
+    try:
+        async with region_worker(
+            region_client,
+            cloud,
+            fleet_repo,
+            ControlRepository(pool),
+            bundle_dir=cache,
+            trust_dir=trust,
+            queue="sco-r1",
+            extra_workflows=[PoolExclusionWorkflow],
+            extra_activities=[
+                exclusion.set_state,
+                exclusion.load_state,
+                exclusion.count_notices,
+                exclusion.canaries,
+            ],
+        ):
+            result = await region_client.execute_workflow(
+                AcquisitionWorkflow.run,
+                AcquisitionInput(
+                    region="r1",
+                    contract="ci-runners",
+                    tier=3,
+                    items=[
+                        LaunchItem(
+                            pool_id=POOL,
+                            hall="A",
+                            flavor="gp.l",
+                            instances=1,
+                            units=2,
+                            hostnames=[node],
+                            user_data="#cloud-config\nhostname: {hostname}\n",
+                        )
+                    ],
+                    poll_seconds=0.1,
+                ),
+                id=f"slurm-r1-ci-runners-{uuid.uuid4().hex[:8]}",
+                task_queue="sco-r1",
+            )
+            assert result.progress.active == 1
+            [row] = fleet_repo.live_by_hostname("r1", [node])
+
+            report = await release(
+                settings, node, ReleaseReason.RESUME_FAILED, client=region_client
+            )
+            assert report.released == [row.instance_id] and report.ok
+
+            async def gone() -> bool:
+                inst = fleet_repo.get_instance(row.instance_id)
+                return inst is not None and inst.state is InstanceState.DELETED
+
+            await poll_until(gone, 30)
+            handle = region_client.get_workflow_handle(exclusion_workflow_id(POOL))
+
+            async def counted() -> bool:
+                status = await handle.query(PoolExclusionWorkflow.status)
+                return status.notices_in_window == 1
+
+            await poll_until(counted, 30)
+            await handle.terminate()
+    finally:
         pool.close()

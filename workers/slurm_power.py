@@ -102,8 +102,14 @@ async def resume(
         client_task.cancel()
         raise ProgramError(str(exc)) from exc
     plan = plan_resume(nodes, node_info, node_jobs, bundle.content.contracts, region)
-    temporal = await client_task
-    report.started = await _start_acquisitions(s, temporal, plan)
+    if plan.groups:
+        try:
+            temporal = await client_task
+        except RuntimeError as exc:
+            raise ProgramError(f"cannot reach Temporal at {s.temporal.address}: {exc}") from exc
+        report.started = await _start_acquisitions(s, temporal, plan)
+    else:
+        client_task.cancel()
     report.refused = dict(plan.refused)
     if plan.refused:
         await _set_down(cmds, plan.refused)
