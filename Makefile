@@ -59,6 +59,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/planner_bench.py
 	$(BIN)/python bench/control_bench.py
 	$(BIN)/python bench/floor_bench.py
+	$(BIN)/python bench/slurm_resume_bench.py
 
 ## The real OpenStack test cloud (deploy/testcloud/README.md): ~3.5 min on a fresh machine
 ## (pip ~1.5 min of it), ~35 s after testcloud-down, ~5 s when up; ~3.3 GiB while up.

@@ -62,10 +62,17 @@ SchedulerParameters=sched_interval=1
 """
 
 
-def fragment(directory: Path, *, resume_timeout: int, suspend_time: int) -> str:
-    """The shipped fragment with this directory's programs and test-sized times."""
+def fragment(
+    directory: Path, *, resume_timeout: int, suspend_time: int, programs: bool = True
+) -> str:
+    """The shipped fragment with this directory's programs and test-sized times;
+    `programs=False`: Slurm calls /bin/true instead (benchmarks call them by hand)."""
     text = (REPO / "deploy" / "slurm" / "slurm.conf.fragment").read_text()
-    text = text.replace("/usr/lib/sco/slurm/", f"{directory}/")
+    if programs:
+        text = text.replace("/usr/lib/sco/slurm/", f"{directory}/")
+    else:
+        for name in ("sco-resume-fail", "sco-resume", "sco-suspend"):
+            text = text.replace(f"/usr/lib/sco/slurm/{name}", "/bin/true")
     out = []
     for line in text.splitlines():
         key = line.split("=", 1)[0]
@@ -121,6 +128,7 @@ def burst_cluster(
     resume_timeout: int = 60,
     suspend_time: int = 5,
     start_timeout: float = 30,
+    programs: bool = True,
 ) -> Iterator[BurstCluster]:
     """`nodes`: node name -> pool id (region r1), all in partition `spot`. `sco_env`: the
     SCO_* settings the programs get (SLURM_CONF and the log file are added here)."""
@@ -144,7 +152,12 @@ def burst_cluster(
             )
         conf = (
             _BASE
-            + fragment(directory, resume_timeout=resume_timeout, suspend_time=suspend_time)
+            + fragment(
+                directory,
+                resume_timeout=resume_timeout,
+                suspend_time=suspend_time,
+                programs=programs,
+            )
             + "\n".join(node_lines)
             + f"\nPartitionName=spot Nodes={','.join(nodes)} Default=YES MaxTime=60 State=UP\n"
         )

@@ -361,4 +361,9 @@ def _log(entry: dict[str, Any], s: Settings | None) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # Leave without interpreter teardown: the Temporal client's runtime threads can abort
+    # it (SIGABRT in PyGILState_Release), and Slurm would log a failed program.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

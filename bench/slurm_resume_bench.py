@@ -1,0 +1,174 @@
+"""Slurm resume request -> acquisition started, on a real slurmctld and Temporal's dev
+server, through the shipped program (`deploy/slurm/sco-resume`: the shell wrapper, Python
+start-up, `scontrol show node`, the job lookup, the bundle check, Temporal's start).
+
+    .venv/bin/python bench/slurm_resume_bench.py [--trials 5]
+
+Jobs of the ci-runners contract wanting 1, 8 and 32 CLOUD nodes are allocated powered-down
+nodes (Slurm's own ResumeProgram is /bin/true here, so the jobs wait in CONFIGURING); the
+benchmark then calls sco-resume with each job's hostlist, as slurmctld would, `--trials`
+times, with and without a SLURM_RESUME_FILE. Measured per call: from the program's start
+to the acquisition's start time in Temporal (`resume_to_started_s`), and the program's own
+time after Python start-up (`in_program_s`). Target <= 2 s (Slurm's ResumeTimeout default
+is 60 s; the shipped fragment sets 600 s). No worker runs: the acquisitions are started,
+not run, and terminated afterwards. Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from temporalio.client import Client  # noqa: E402
+from temporalio.contrib.pydantic import pydantic_data_converter  # noqa: E402
+from temporalio.testing import WorkflowEnvironment  # noqa: E402
+
+from tests.control_harness import install_example_bundle  # noqa: E402
+from tests.slurm_burst_cluster import BurstCluster, burst_cluster  # noqa: E402
+from workers.temporal_bootstrap import bootstrap_namespace  # noqa: E402
+
+SIZES = (1, 8, 32)
+NODES = 64
+POOL = "r1.A.gp.l"
+
+
+def submit(cluster: BurstCluster, size: int) -> str:
+    out = cluster.run(
+        "sbatch",
+        "-N",
+        str(size),
+        "-p",
+        "spot",
+        "-A",
+        "ci",
+        "--comment=sco-contract=ci",
+        "--wrap",
+        "true",
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split()[-1]
+
+
+def hostlist_of(cluster: BurstCluster, job: str, timeout: float = 30) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = cluster.run("squeue", "-h", "-j", job, "-o", "%T %N").stdout.split()
+        if len(line) == 2 and line[0] == "CONFIGURING":
+            return line[1]
+        time.sleep(0.2)
+    raise RuntimeError(f"job {job} not allocated: {cluster.run('squeue').stdout}")
+
+
+async def one_call(
+    client: Client, cluster: BurstCluster, job: str, hosts: str, resume_file: bool
+) -> dict[str, float]:
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    if resume_file:
+        path = cluster.dir / "resume.json"
+        path.write_text(json.dumps({"jobs": [{"job_id": int(job), "nodes": hosts}]}))
+        env["SLURM_RESUME_FILE"] = str(path)
+    t0 = time.time()
+    proc = subprocess.run(  # noqa: ASYNC221 - the timing is the point; nothing else runs
+        [str(cluster.dir / "sco-resume"), hosts],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    wall = time.time() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"sco-resume exited {proc.returncode}: {proc.stderr}{proc.stdout}")
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    [wid] = report["started"]
+    desc = await client.get_workflow_handle(wid).describe()
+    await client.get_workflow_handle(wid).terminate()
+    assert desc.start_time is not None
+    return {
+        "resume_to_started_s": desc.start_time.timestamp() - t0,
+        "program_wall_s": wall,
+        "in_program_s": float(report["seconds"]),
+    }
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {
+        "p50": round(statistics.median(values), 3),
+        "max": round(max(values), 3),
+        "min": round(min(values), 3),
+    }
+
+
+async def main(trials: int) -> dict[str, object]:
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=str(Path(sys.executable).parent / "temporal"),
+        data_converter=pydantic_data_converter,
+        ui=False,
+    )
+    tmp = Path(tempfile.mkdtemp(prefix="sco-resume-bench-"))
+    try:
+        address = env.client.service_client.config.target_host
+        await bootstrap_namespace(env.client, "bench-r1", timedelta(days=1))
+        client = await Client.connect(
+            address, namespace="bench-r1", data_converter=pydantic_data_converter
+        )
+        cache, trust = install_example_bundle(tmp)
+        (tmp / "sco.toml").write_text("")
+        sco_env = {
+            "SCO_PYTHON": sys.executable,
+            "SCO_HOME": str(ROOT),
+            "SCO_CONFIG": str(tmp / "sco.toml"),
+            "SCO_REGION": "r1",
+            "SCO_REGIONS_DIR": str(ROOT / "deploy" / "regions"),
+            "SCO_TEMPORAL__ADDRESS": address,
+            "SCO_TEMPORAL__NAMESPACE_PREFIX": "bench-",
+            "SCO_CONTRACTS__CACHE_DIR": str(cache),
+            "SCO_CONTRACTS__TRUST_DIR": str(trust),
+        }
+        nodes = {f"r1-a-gp-l-{i:03d}": POOL for i in range(1, NODES + 1)}
+        results: dict[str, object] = {}
+        with burst_cluster(nodes, sco_env, programs=False, resume_timeout=600) as cluster:
+            jobs = {size: submit(cluster, size) for size in SIZES}
+            hosts = {size: hostlist_of(cluster, job) for size, job in jobs.items()}
+            for size in SIZES:
+                for resume_file in (True, False):
+                    calls = [
+                        await one_call(client, cluster, jobs[size], hosts[size], resume_file)
+                        for _ in range(trials)
+                    ]
+                    key = f"{size}_nodes_{'resume_file' if resume_file else 'squeue'}"
+                    results[key] = {name: summary([c[name] for c in calls]) for name in calls[0]}
+        worst = max(
+            v["resume_to_started_s"]["max"]  # type: ignore[index]
+            for v in results.values()
+        )
+        return {
+            "benchmark": "slurm_resume_to_acquisition_started",
+            "trials": trials,
+            "cpus": os.cpu_count(),
+            "target_s": 2.0,
+            "worst_s": worst,
+            "met": worst <= 2.0,
+            "results": results,
+        }
+    finally:
+        await env.shutdown()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--trials", type=int, default=5)
+    args = parser.parse_args()
+    print(json.dumps(asyncio.run(main(args.trials)), indent=2))
