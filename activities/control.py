@@ -189,6 +189,7 @@ class ControlActivities:
                         a.workload == c.name and a.state == "waiting_approval" for a in open_acqs
                     ),
                     fallback_declined_at=declines.get(c.name),
+                    kubernetes=bool(c.selectors.kubernetes),
                     instances=[
                         _brief(r)
                         for r in mine

@@ -18,6 +18,7 @@ from activities.fleet.db import open_pool
 from activities.fleet.migrate import migrate
 from activities.fleet.repository import FleetRepository
 from activities.provider.simulator import Latency, SimulatedCloud
+from contracts.node_labels import kubelet_join_args
 from contracts.region import Region
 from tests import histories, services
 from tests.conftest import BASE_DSN
@@ -84,13 +85,22 @@ async def test_demand_becomes_acquisitions_and_idle_capacity_is_released(
     harness: Harness, workflow_env: WorkflowEnvironment
 ) -> None:
     harness.control.set_demand("r1", "cli", {CONTRACT: 40})
-    wid = await start_controller(harness, release_idle_seconds=300)
+    wid = await start_controller(
+        harness, release_idle_seconds=300, kubernetes_user_data="join: {kubelet_args}"
+    )
     handle = harness.client.get_workflow_handle(wid)
 
     async def enough() -> bool:
         return covered(harness, CONTRACT) >= 40
 
     await poll_until(enough)
+    # spark-etl has Kubernetes selectors: its nodes join labelled with pool, hall and
+    # capacity type, and tainted as reclaimable (the names the Kyverno policy checks).
+    for inst in await harness.cloud.list_owned("r1"):
+        if inst.metadata.get("sco-workload") == CONTRACT:
+            assert harness.cloud.user_data[inst.name] == "join: " + " ".join(
+                kubelet_join_args(inst.pool_id, inst.hall, "reclaimable")
+            )
     status = await handle.query(RegionControllerWorkflow.status)
     assert status.acquisitions_started >= 1 and status.last is not None
     assert status.last.demand_units == 40 and not status.last.problem

@@ -74,6 +74,7 @@ def controller_config(settings: Settings) -> ControllerConfig:
         max_instances_per_acquisition=c.max_instances_per_acquisition,
         reclaim_window_hours=c.reclaim_window_hours,
         partitions=c.partitions,
+        kubernetes_user_data=settings.kubernetes.node_user_data or None,
     )
 
 

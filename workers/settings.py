@@ -186,6 +186,21 @@ class SlurmSettings(BaseModel):
     log_file: Path | None = None
 
 
+#: Cloud-init for instances of contracts with Kubernetes selectors: kubelet joins with the
+#: labels and taints naming the node's pool, hall and capacity type (`{kubelet_args}`, the
+#: names the Kyverno policy and the agent use). How the node authenticates (a bootstrap
+#: token, kubeadm join) is the site's image; set `kubernetes.node_user_data` to add it.
+DEFAULT_KUBELET_USER_DATA = """\
+#cloud-config
+write_files:
+  - path: /etc/default/kubelet
+    content: |
+      KUBELET_EXTRA_ARGS="{kubelet_args}"
+runcmd:
+  - [systemctl, enable, --now, kubelet]
+"""
+
+
 class KubernetesSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -196,6 +211,9 @@ class KubernetesSettings(BaseModel):
     context: str | None = None
     # Only these namespaces are listed; empty: every namespace (needs cluster-wide list).
     namespaces: list[str] = []
+    # Cloud-init for instances of contracts with Kubernetes selectors; `{kubelet_args}`
+    # is filled per instance. Empty: the instances get no user-data.
+    node_user_data: str = DEFAULT_KUBELET_USER_DATA
 
 
 class Settings(BaseSettings):

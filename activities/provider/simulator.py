@@ -124,6 +124,8 @@ class SimulatedCloud:
         self._queued: list[ProviderError] = []
         self._next_id = 0
         self.calls: Counter[str] = Counter()
+        # What each create passed as user-data, by instance name: what cloud-init would run.
+        self.user_data: dict[str, str | None] = {}
         self._reclaim_due: list[tuple[float, str]] = []  # (clock time, provider id)
         self._reclaim_sampled_until: float | None = None
 
@@ -207,6 +209,7 @@ class SimulatedCloud:
         inst = _Instance(info, self.clock() + self.latency.boot_s, pool, request.reservation_id)
         self._by_id[info.provider_id] = inst
         self._by_name[request.name] = info.provider_id
+        self.user_data[request.name] = request.user_data
         return self._view(inst)
 
     async def delete(self, provider_id: str) -> None:

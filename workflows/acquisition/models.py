@@ -85,6 +85,9 @@ class AcquisitionInput(BaseModel):
     max_create_attempts: int = Field(default=5, ge=1)
     # Seconds between ACTIVE polls while waiting for a boot.
     poll_seconds: float = Field(default=1.0, gt=0)
+    # Cloud-init for every instance without its own (a Kubernetes node join):
+    # `{kubelet_args}` becomes the labels and taints naming its pool, hall, capacity type.
+    kubelet_user_data: str | None = None
 
 
 class OperatorInput(BaseModel):

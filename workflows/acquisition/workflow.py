@@ -45,6 +45,7 @@ with workflow.unsafe.imports_passed_through():
         WaitReservationInput,
     )
     from activities.provider.interface import HOSTNAME_KEY, CreateRequest, ReservationRequest
+    from contracts.node_labels import kubelet_join_args
     from workflows import search_attributes as sa
     from workflows.acquisition.models import (
         FINISHED,
@@ -108,11 +109,13 @@ def _slots(prefix: str, items: list[LaunchItem]) -> list[_Slot]:
     return out
 
 
-def _user_data(slot: _Slot) -> str | None:
-    template = slot.item.user_data
-    if template is None:
-        return None
-    return template.replace("{hostname}", slot.hostname or slot.instance_id)
+def _user_data(slot: _Slot, kubelet_template: str | None) -> str | None:
+    if slot.item.user_data is not None:
+        return slot.item.user_data.replace("{hostname}", slot.hostname or slot.instance_id)
+    if kubelet_template is not None:
+        args = kubelet_join_args(slot.item.pool_id, slot.item.hall, slot.capacity_type.value)
+        return kubelet_template.replace("{kubelet_args}", " ".join(args))
+    return None
 
 
 @workflow.defn
@@ -310,7 +313,7 @@ class AcquisitionWorkflow:
             metadata={"sco-workload": inp.contract, "sco-acquisition": self._id}
             | ({HOSTNAME_KEY: slot.hostname} if slot.hostname else {}),
             reservation_id=slot.reservation_id,
-            user_data=_user_data(slot),
+            user_data=_user_data(slot, inp.kubelet_user_data),
         )
         attempt, tried = 0, False
         while True:

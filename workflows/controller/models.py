@@ -43,6 +43,7 @@ class ContractView(BaseModel):
     awaiting_approval: bool = False
     fallback_declined_at: datetime | None = None
     instances: list[InstanceBrief] = []  # live instances SCO acquired (release candidates)
+    kubernetes: bool = False  # has Kubernetes selectors: its instances join as nodes
 
 
 class ControllerSnapshot(BaseModel):
@@ -73,6 +74,9 @@ class ControllerConfig(BaseModel):
     partitions: int = 4
     # Ticks per run before continue-as-new keeps the history short.
     ticks_per_run: int = 200
+    # Cloud-init for instances of contracts with Kubernetes selectors; `{kubelet_args}`
+    # becomes the node's labels and taints. None: no user-data.
+    kubernetes_user_data: str | None = None
 
 
 class ControllerInput(BaseModel):

@@ -151,6 +151,7 @@ class RegionControllerWorkflow:
         summary.planned_units = result.planned_units
         summary.shortfall_units = result.shortfall_units
         summary.plan_cost_per_hour = result.plan_cost_per_hour
+        k8s = {v.demand.contract for v in snap.contracts if v.kubernetes}
         for req in result.acquisitions:
             acq_id = f"acq-{inp.region}-{req.contract}-{workflow.uuid4().hex[:10]}"
             acq = AcquisitionInput(
@@ -162,6 +163,7 @@ class RegionControllerWorkflow:
                 fallback=req.fallback,
                 approval_timeout_seconds=cfg.approval_timeout_seconds,
                 fallback_lease_hours=cfg.fallback_lease_hours,
+                kubelet_user_data=cfg.kubernetes_user_data if req.contract in k8s else None,
             )
             fb = req.fallback
             await workflow.execute_activity_method(
