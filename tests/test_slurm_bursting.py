@@ -173,10 +173,6 @@ async def test_job_bursts_onto_a_cloud_node_and_the_node_is_released(
                 assert row.workload == "ci-runners" and row.pool_id == POOL
                 assert row.acquisition_id and row.acquisition_id.startswith("slurm-r1-ci-runners-")
                 assert '"verb": "resume"' in cluster.power_log()
-                # Its cloud-init names the host after the node and starts slurmd for it.
-                user_data = cloud.user_data[row.instance_id] or ""
-                assert f"hostname: {NODE}" in user_data
-                assert f'SLURMD_OPTIONS="-N {NODE} --conf-server 127.0.0.1"' in user_data
 
                 # 3-4: slurmd registered for the node and the job ran there.
                 def job_done() -> bool:
@@ -185,6 +181,10 @@ async def test_job_bursts_onto_a_cloud_node_and_the_node_is_released(
 
                 await wait_for("the job to complete", job_done, 90, cluster)
                 assert "ran" in (cluster.dir / "job.out").read_text()
+                # Its cloud-init names the host after the node and starts slurmd for it.
+                user_data = cloud.user_data[row.instance_id] or ""
+                assert f"hostname: {NODE}" in user_data
+                assert f'SLURMD_OPTIONS="-N {NODE} --conf-server 127.0.0.1"' in user_data
                 assert fleet_repo.get_instance(row.instance_id).state is InstanceState.ACTIVE  # type: ignore[union-attr]
 
                 # 5: idle for SuspendTime -> SuspendProgram -> the instance is released.
