@@ -15,44 +15,28 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tests.slurm_cluster import SlurmCluster, _stop, missing_binaries, start_controller
+from tests.slurm_cluster import (
+    COMMON_CONF,
+    SLURMD_CONF,
+    SlurmCluster,
+    _stop,
+    missing_binaries,
+    start_controller,
+)
 
 BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "squeue")
 NODE = "agentnode1"
 
-_SLURM_CONF = """\
-ClusterName=sco-agent-test
-SlurmctldHost={host}(127.0.0.1)
-SlurmctldPort={ctld_port}
-SlurmdPort={slurmd_port}
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-CredType=cred/munge
-AuthInfo=socket={munge_socket}
-StateSaveLocation={dir}/state
-SlurmdSpoolDir={dir}/spool
-SlurmctldPidFile={dir}/slurmctld.pid
-SlurmdPidFile={dir}/slurmd.pid
-SlurmctldLogFile={dir}/slurmctld.log
-SlurmdLogFile={dir}/slurmd.log
-SlurmctldDebug=info
-SlurmdDebug=info
-MailProg=/bin/true
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-MpiDefault=none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/none
-JobAcctGatherType=jobacct_gather/none
-ReturnToService=2
+_SLURM_CONF = (
+    "ClusterName=sco-agent-test\n"
+    + COMMON_CONF
+    + SLURMD_CONF
+    + """\
 JobRequeue=1
-SchedulerParameters=sched_interval=1
 NodeName={node} NodeAddr=127.0.0.1 NodeHostname={node} CPUs=2 RealMemory=1000 State=UNKNOWN
 PartitionName=spot Nodes={node} Default=YES MaxTime=60 State=UP
 """
+)
 
 
 @contextmanager

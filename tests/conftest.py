@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import AsyncIterator, Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
@@ -18,7 +21,7 @@ from tests import services
 from workers.devbox import process
 from workers.devbox.services import KafkaService
 from workers.settings import Settings
-from workers.temporal_bootstrap import ensure_search_attributes
+from workers.temporal_bootstrap import bootstrap_namespace, ensure_search_attributes
 
 REPO = Path(__file__).resolve().parent.parent
 REGIONS_DIR = REPO / "deploy" / "regions"
@@ -83,6 +86,28 @@ async def dev_server_env() -> AsyncIterator[WorkflowEnvironment]:
     await ensure_search_attributes(env.client, env.client.namespace)
     yield env
     await env.shutdown()
+
+
+@pytest.fixture
+async def region_client(dev_server_env: WorkflowEnvironment) -> AsyncIterator[Client]:
+    """A client of a fresh `<prefix>r1` namespace on the dev server: region r1 under
+    `temporal.namespace_prefix` (see `namespace_prefix`), its fixed workflow ids (controller
+    partitions, budgets) apart from every other test's."""
+    prefix = f"t{uuid.uuid4().hex[:8]}-"
+    base = dev_server_env.client
+    await bootstrap_namespace(base, f"{prefix}r1", timedelta(days=1))
+    client = await Client.connect(
+        base.service_client.config.target_host,
+        namespace=f"{prefix}r1",
+        data_converter=pydantic_data_converter,
+    )
+    await ensure_search_attributes(client, client.namespace)
+    yield client
+
+
+def namespace_prefix(client: Client) -> str:
+    """The `temporal.namespace_prefix` setting that names `region_client`'s namespace."""
+    return client.namespace.removesuffix("r1")
 
 
 @pytest.fixture(scope="session")

@@ -25,41 +25,19 @@ from pathlib import Path
 
 from activities.demand.slurm_power import feature_list
 from tests.conftest import REPO
-from tests.slurm_cluster import SlurmCluster, _stop, missing_binaries, start_controller
+from tests.slurm_cluster import (
+    COMMON_CONF,
+    SLURMD_CONF,
+    SlurmCluster,
+    _stop,
+    missing_binaries,
+    start_controller,
+)
 
 BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "squeue")
 PROGRAMS = ("sco-power", "sco-resume", "sco-suspend", "sco-resume-fail")
 
-_BASE = """\
-ClusterName=sco-burst-test
-SlurmctldHost={host}(127.0.0.1)
-SlurmctldPort={ctld_port}
-SlurmdPort={slurmd_port}
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-CredType=cred/munge
-AuthInfo=socket={munge_socket}
-StateSaveLocation={dir}/state
-SlurmdSpoolDir={dir}/spool
-SlurmctldPidFile={dir}/slurmctld.pid
-SlurmdPidFile={dir}/slurmd.pid
-SlurmctldLogFile={dir}/slurmctld.log
-SlurmdLogFile={dir}/slurmd.log
-SlurmctldDebug=info
-SlurmdDebug=info
-MailProg=/bin/true
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-MpiDefault=none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/none
-JobAcctGatherType=jobacct_gather/none
-ReturnToService=2
-SchedulerParameters=sched_interval=1
-"""
+_BASE = "ClusterName=sco-burst-test\n" + COMMON_CONF + SLURMD_CONF
 
 
 def fragment(

@@ -25,8 +25,9 @@ from tests.services import free_port
 
 BINARIES = ("munged", "slurmctld", "sbatch", "scontrol")
 
-_SLURM_CONF = """\
-ClusterName=sco-test
+#: What every test cluster's slurm.conf holds: our own munged, state and logs in the test's
+#: directory, no accounting database. Each cluster adds its name, nodes and partitions.
+COMMON_CONF = """\
 # slurmctld only runs where SlurmctldHost names this host; the address pins it to loopback.
 SlurmctldHost={host}(127.0.0.1)
 SlurmctldPort={ctld_port}
@@ -53,6 +54,21 @@ SelectTypeParameters=CR_Core
 AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
 JobAcctGatherType=jobacct_gather/none
+"""
+
+#: The lines a cluster with a slurmd adds: its log, and nodes return to service on their own.
+SLURMD_CONF = """\
+SlurmdLogFile={dir}/slurmd.log
+SlurmdDebug=info
+ReturnToService=2
+# The scheduler looks every second, not every minute.
+SchedulerParameters=sched_interval=1
+"""
+
+_SLURM_CONF = (
+    "ClusterName=sco-test\n"
+    + COMMON_CONF
+    + """\
 # Loads job_submit.lua from this file's directory.
 JobSubmitPlugins=lua
 # CLOUD nodes are "resumed" by a program that does nothing: accepted jobs just wait.
@@ -65,6 +81,7 @@ NodeName=batch1 NodeAddr=127.0.0.1 CPUs=2 RealMemory=1000 State=UNKNOWN
 PartitionName=spot Nodes=spot[1-2] MaxTime=60 State=UP
 PartitionName=batch Nodes=batch1 Default=YES MaxTime=60 State=UP
 """
+)
 
 
 class SlurmCluster:

@@ -4,15 +4,17 @@ server) become demand rows per source, and a contract's demand is their sum."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
+import json
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from temporalio.testing import WorkflowEnvironment
+from temporalio.client import Client
+from temporalio.service import RPCError
+from typer.testing import CliRunner
 
 from activities.demand.intake import CollectInput, DemandIntakeActivities
 from activities.demand.kubernetes import KubernetesPendingPods, api_client_from_kubeconfig
@@ -24,9 +26,11 @@ from activities.fleet.db import open_pool
 from activities.provider.simulator import SimulatedCloud
 from contracts.cache import installed_bundle
 from contracts.region import Region
+from tests import histories
 from tests.control_harness import install_example_bundle, poll_until, region_worker
 from tests.k8s_recorded_server import recorded_k8s_server, write_kubeconfig
 from tests.slurm_cluster import SlurmCluster, missing_binaries, slurm_cluster
+from workers.cli.main import app
 from workflows.controller.models import ControllerInput, controller_workflow_id, partition_of
 from workflows.controller.workflow import RegionControllerWorkflow
 from workflows.intake.models import CollectNow, IntakeConfig, IntakeInput
@@ -139,7 +143,7 @@ async def test_a_contracts_demand_is_the_sum_over_both_schedulers(
 
 
 async def test_the_intake_workflow_stores_demand_and_wakes_the_controller(
-    workflow_env: WorkflowEnvironment,
+    region_client: Client,
     region_r1: Region,
     slurm: SlurmCluster,
     control: ControlRepository,
@@ -152,8 +156,10 @@ async def test_the_intake_workflow_stores_demand_and_wakes_the_controller(
         [slurm_source(slurm)], control, lambda: installed_bundle(cache, trust)
     )
     partition = partition_of("ci-runners", 4)
+    # The dev server, in a namespace of its own: the controller it wakes really plans and
+    # starts acquisitions, which must not outlive the test in a shared server.
     async with region_worker(
-        workflow_env.client,
+        region_client,
         cloud,
         fleet_repo,  # type: ignore[arg-type]
         control,
@@ -197,8 +203,33 @@ async def test_the_intake_workflow_stores_demand_and_wakes_the_controller(
             await poll_until(second, 30)
             status = await handle.query(DemandIntakeWorkflow.status)
             assert status.last is not None and status.last.changed == []
+            await histories.record(handle, "demand_intake")
         finally:
             await handle.terminate()
             await controller.terminate()
             control.replace_demand("r1", "slurm", {})
-            await asyncio.sleep(0)
+            for acq in control.open_acquisitions("r1"):
+                if acq.workload == "ci-runners":
+                    with contextlib.suppress(RPCError):
+                        await h.client.get_workflow_handle(acq.acquisition_id).terminate()
+
+
+def test_sco_demand_sources_shows_what_each_scheduler_has_pending(
+    slurm: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache, trust = install_example_bundle(tmp_path)
+    monkeypatch.setenv("SCO_CONTRACTS__CACHE_DIR", str(cache))
+    monkeypatch.setenv("SCO_CONTRACTS__TRUST_DIR", str(trust))
+    monkeypatch.setenv("SCO_SLURM__PENDING_DEMAND", "true")
+    monkeypatch.setenv("SCO_SLURM__SLURM_CONF", str(slurm.conf))
+    result = CliRunner().invoke(app, ["demand", "sources", "--region", "r1", "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    [report] = out["reports"]
+    assert report["source"] == "slurm" and report["units"] == {"ci-runners": 7}
+    assert report["unmatched_count"] == 1
+
+    monkeypatch.setenv("SCO_SLURM__PENDING_DEMAND", "false")
+    result = CliRunner().invoke(app, ["demand", "sources"])
+    assert result.exit_code == 1
+    assert "no scheduler source is on" in result.output

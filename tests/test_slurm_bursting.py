@@ -13,16 +13,13 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 import uuid
-from collections.abc import AsyncIterator
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.testing import WorkflowEnvironment
 
 from activities.events import InstanceState
 from activities.exclusion import ExclusionActivities
@@ -32,13 +29,13 @@ from activities.fleet.repository import FleetRepository
 from activities.provider.interface import HOSTNAME_KEY, InstanceStatus
 from activities.provider.simulator import Latency, SimulatedCloud
 from contracts.region import Region
-from tests.conftest import REGIONS_DIR, REPO
+from tests import histories
+from tests.conftest import REGIONS_DIR, REPO, namespace_prefix
 from tests.control_harness import install_example_bundle, poll_until, region_worker
 from tests.slurm_burst_cluster import BINARIES, BurstCluster, burst_cluster
 from tests.slurm_cluster import missing_binaries
 from workers.settings import Settings
 from workers.slurm_power import release
-from workers.temporal_bootstrap import bootstrap_namespace, ensure_search_attributes
 from workflows.acquisition.models import AcquisitionInput, LaunchItem
 from workflows.acquisition.workflow import AcquisitionWorkflow
 from workflows.exclusion.models import exclusion_workflow_id
@@ -52,22 +49,6 @@ pytestmark = [
 
 NODE = "r1-a-gp-l-001"
 POOL = "r1.A.gp.l"
-
-
-@pytest.fixture
-async def region_client(dev_server_env: WorkflowEnvironment) -> AsyncIterator[Client]:
-    """A fresh `<prefix>r1` namespace on the dev server, as the programs will name it."""
-    prefix = f"t{uuid.uuid4().hex[:8]}-"
-    base = dev_server_env.client
-    await bootstrap_namespace(base, f"{prefix}r1", timedelta(days=1))
-    client = await Client.connect(
-        base.service_client.config.target_host,
-        namespace=f"{prefix}r1",
-        data_converter=pydantic_data_converter,
-    )
-    await ensure_search_attributes(client, client.namespace)
-    client.prefix = prefix  # type: ignore[attr-defined]
-    yield client
 
 
 def program_env(
@@ -84,7 +65,7 @@ def program_env(
         "SCO_REGIONS_DIR": str(REGIONS_DIR),
         "SCO_POSTGRES_DSN": pg_dsn,
         "SCO_TEMPORAL__ADDRESS": client.service_client.config.target_host,
-        "SCO_TEMPORAL__NAMESPACE_PREFIX": client.prefix,  # type: ignore[attr-defined]
+        "SCO_TEMPORAL__NAMESPACE_PREFIX": namespace_prefix(client),
         "SCO_CONTRACTS__CACHE_DIR": str(cache),
         "SCO_CONTRACTS__TRUST_DIR": str(trust),
         "SCO_SLURM__SLURMCTLD": "127.0.0.1",
@@ -193,6 +174,19 @@ async def test_job_bursts_onto_a_cloud_node_and_the_node_is_released(
                     return inst is not None and inst.state is InstanceState.DELETED
 
                 await wait_for("the instance to be released", released, 90, cluster)
+                assert row.acquisition_id is not None
+                await histories.record(
+                    region_client.get_workflow_handle(row.acquisition_id), "slurm_acquisition"
+                )
+                release_id = next(
+                    wid
+                    for line in cluster.power_log().splitlines()
+                    if '"verb": "suspend"' in line
+                    for wid in json.loads(line)["started"]
+                )
+                await histories.record(
+                    region_client.get_workflow_handle(release_id), "slurm_release"
+                )
                 assert '"verb": "suspend"' in cluster.power_log()
                 assert not [
                     i for i in await cloud.list_owned("r1") if i.metadata.get(HOSTNAME_KEY) == NODE
@@ -250,7 +244,7 @@ async def test_a_failed_resume_releases_the_instance_and_counts_against_the_pool
         region="r1",
         regions_dir=REGIONS_DIR,
         postgres_dsn=pg_dsn,
-        temporal={"namespace_prefix": region_client.prefix},  # type: ignore[attr-defined]
+        temporal={"namespace_prefix": namespace_prefix(region_client)},
         contracts={"cache_dir": cache, "trust_dir": trust},
     )
     try:
