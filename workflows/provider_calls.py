@@ -2,12 +2,13 @@
 
 `delete_instance` is the budgeted, idempotent delete: one token per attempt, retried with
 backoff while retrying can help (the activity was lost, 503, 429), so an instance that
-should go is never left behind by a transient error.
+should go is never left behind by a transient error. `record_release` writes what a
+release leaves behind: the DELETE lifecycle event and the release decision in the ledger.
 """
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
@@ -15,11 +16,17 @@ from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.exceptions import TimeoutError as TemporalTimeoutError
 
 with workflow.unsafe.imports_passed_through():
+    from activities.control import ControlActivities
+    from activities.decisions import Decision, DecisionKind
+    from activities.events import EventKind
+    from activities.fleet.activities import FleetActivities, RecordEventInput
     from activities.provider.activities import InstanceRef, ProviderActivities
     from workflows.budget.client import BudgetClient
 
 #: Provider errors worth another attempt (each attempt takes a token).
 RETRIED_BY_US = frozenset({"Transient", "RateLimited"})
+#: Fleet-state writes: retried through a database switchover.
+STATE_RETRY = RetryPolicy(maximum_attempts=20, maximum_interval=timedelta(seconds=30))
 
 
 def lost(exc: BaseException) -> bool:
@@ -53,3 +60,41 @@ async def delete_instance(budget: BudgetClient, region: str, provider_id: str) -
                 await workflow.sleep(timedelta(seconds=min(30, 2 ** min(attempt, 5))))
                 continue
             raise
+
+
+async def record_release(
+    *,
+    region: str,
+    instance_id: str,
+    subject: str,
+    event_reason: str,
+    decision_reason: str,
+    price_per_hour: float,
+    at: datetime,
+    outcome: str = "released",
+) -> None:
+    """The instance is gone: DELETE in fleet state (its event through the outbox), and a
+    release decision (who, why, what it cost) in the ledger."""
+    await workflow.execute_activity_method(
+        FleetActivities.record_event,
+        RecordEventInput(instance_id=instance_id, kind=EventKind.DELETE, reason=event_reason),
+        start_to_close_timeout=timedelta(seconds=30),
+        retry_policy=STATE_RETRY,
+    )
+    await workflow.execute_activity_method(
+        ControlActivities.record_decision,
+        Decision(
+            event_id=workflow.uuid4(),
+            occurred_at=at,
+            region=region,
+            kind=DecisionKind.RELEASE,
+            subject=subject,
+            outcome=outcome,
+            reason=decision_reason,
+            amount_per_hour=price_per_hour,
+            units=1,
+            workflow_id=workflow.info().workflow_id,
+        ),
+        start_to_close_timeout=timedelta(seconds=30),
+        retry_policy=STATE_RETRY,
+    )

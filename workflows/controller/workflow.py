@@ -21,9 +21,6 @@ from temporalio.workflow import ParentClosePolicy
 with workflow.unsafe.imports_passed_through():
     from activities.budget import TokenGrant
     from activities.control import ControlActivities
-    from activities.decisions import Decision, DecisionKind
-    from activities.events import EventKind
-    from activities.fleet.activities import FleetActivities, RecordEventInput
     from activities.fleet.control_state import AcquisitionRecord
     from activities.provider.activities import InstanceRef, ProviderActivities
     from workflows import search_attributes as sa
@@ -43,6 +40,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.controller.reconcile import reconcile
     from workflows.metrics import count
+    from workflows.provider_calls import record_release
 
 _RETRY = RetryPolicy(maximum_attempts=10, maximum_interval=timedelta(seconds=30))
 
@@ -236,32 +234,14 @@ class RegionControllerWorkflow:
                 workflow.logger.warning("release of %s failed: %s", instance_id, exc.cause)
                 continue
             idle = int((now - since).total_seconds())
-            await workflow.execute_activity_method(
-                FleetActivities.record_event,
-                RecordEventInput(
-                    instance_id=instance_id,
-                    kind=EventKind.DELETE,
-                    reason=f"released: idle {idle} s",
-                ),
-                start_to_close_timeout=timedelta(seconds=30),
-                retry_policy=_RETRY,
-            )
-            await workflow.execute_activity_method(
-                ControlActivities.record_decision,
-                Decision(
-                    event_id=workflow.uuid4(),
-                    occurred_at=now,
-                    region=inp.region,
-                    kind=DecisionKind.RELEASE,
-                    subject=contract,
-                    outcome="released",
-                    reason=f"{instance_id} ({brief.pool_id}) surplus for {idle} s",
-                    amount_per_hour=brief.price_per_hour,
-                    units=1,
-                    workflow_id=workflow.info().workflow_id,
-                ),
-                start_to_close_timeout=timedelta(seconds=30),
-                retry_policy=_RETRY,
+            await record_release(
+                region=inp.region,
+                instance_id=instance_id,
+                subject=contract,
+                event_reason=f"released: idle {idle} s",
+                decision_reason=f"{instance_id} ({brief.pool_id}) surplus for {idle} s",
+                price_per_hour=brief.price_per_hour,
+                at=now,
             )
             summary.released.append(instance_id)
             self._status.released += 1

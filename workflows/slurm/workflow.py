@@ -17,13 +17,9 @@ from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
     from activities.budget import TokenGrant
-    from activities.control import ControlActivities
-    from activities.decisions import Decision, DecisionKind
-    from activities.events import EventKind
-    from activities.fleet.activities import FleetActivities, RecordEventInput
     from workflows.budget.client import BudgetClient
     from workflows.metrics import count
-    from workflows.provider_calls import delete_instance
+    from workflows.provider_calls import delete_instance, record_release
     from workflows.slurm.models import (
         NodeInstance,
         ReleaseReason,
@@ -68,28 +64,15 @@ class SlurmReleaseWorkflow:
         why = f"{_WHY[inp.reason]} ({inst.hostname})"
         if inst.provider_id is not None:
             await delete_instance(self._budget, inp.region, inst.provider_id)
-        await workflow.execute_activity_method(
-            FleetActivities.record_event,
-            RecordEventInput(instance_id=inst.instance_id, kind=EventKind.DELETE, reason=why),
-            start_to_close_timeout=timedelta(seconds=30),
-            retry_policy=_STATE_RETRY,
-        )
-        await workflow.execute_activity_method(
-            ControlActivities.record_decision,
-            Decision(
-                event_id=workflow.uuid4(),
-                occurred_at=workflow.now(),
-                region=inp.region,
-                kind=DecisionKind.RELEASE,
-                subject=inst.workload,
-                outcome="released" if inp.reason is ReleaseReason.SUSPEND else "resume_failed",
-                reason=f"{inst.instance_id} ({inst.pool_id}): {why}",
-                amount_per_hour=inst.price_per_hour,
-                units=1,
-                workflow_id=workflow.info().workflow_id,
-            ),
-            start_to_close_timeout=timedelta(seconds=30),
-            retry_policy=_STATE_RETRY,
+        await record_release(
+            region=inp.region,
+            instance_id=inst.instance_id,
+            subject=inst.workload,
+            event_reason=why,
+            decision_reason=f"{inst.instance_id} ({inst.pool_id}): {why}",
+            price_per_hour=inst.price_per_hour,
+            at=workflow.now(),
+            outcome="released" if inp.reason is ReleaseReason.SUSPEND else "resume_failed",
         )
         self._result.released.append(inst.instance_id)
         self._result.nodes.append(inst.hostname)
