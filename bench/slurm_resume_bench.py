@@ -9,9 +9,10 @@ nodes (Slurm's own ResumeProgram is /bin/true here, so the jobs wait in CONFIGUR
 benchmark then calls sco-resume with each job's hostlist, as slurmctld would, `--trials`
 times, with and without a SLURM_RESUME_FILE. Measured per call: from the program's start
 to the acquisition's start time in Temporal (`resume_to_started_s`), and the program's own
-time after Python start-up (`in_program_s`). Target <= 2 s (Slurm's ResumeTimeout default
-is 60 s; the shipped fragment sets 600 s). No worker runs: the acquisitions are started,
-not run, and terminated afterwards. Prints one JSON object.
+time after Python start-up (`in_program_s`: the Slurm reads and the fleet-state lookup of
+the nodes' instances run concurrently with connecting to Temporal). Target <= 2 s (Slurm's
+ResumeTimeout default is 60 s; the shipped fragment sets 600 s). No worker runs: the
+acquisitions are started, not run, and terminated afterwards. Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -35,10 +36,13 @@ from temporalio.client import Client  # noqa: E402
 from temporalio.contrib.pydantic import pydantic_data_converter  # noqa: E402
 from temporalio.testing import WorkflowEnvironment  # noqa: E402
 
+from activities.fleet.migrate import migrate  # noqa: E402
+from tests import services  # noqa: E402
 from tests.control_harness import install_example_bundle  # noqa: E402
 from tests.slurm_burst_cluster import BurstCluster, burst_cluster  # noqa: E402
 from workers.temporal_bootstrap import bootstrap_namespace  # noqa: E402
 
+BASE_DSN = os.environ.get("SCO_TEST_POSTGRES_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
 SIZES = (1, 8, 32)
 NODES = 64
 POOL = "r1.A.gp.l"
@@ -118,6 +122,9 @@ async def main(trials: int) -> dict[str, object]:
         ui=False,
     )
     tmp = Path(tempfile.mkdtemp(prefix="sco-resume-bench-"))
+    # Fleet state: the program looks up the nodes' instances (one instance per node).
+    dsn = services.scratch_database(BASE_DSN)
+    migrate(dsn)
     try:
         address = env.client.service_client.config.target_host
         await bootstrap_namespace(env.client, "bench-r1", timedelta(days=1))
@@ -133,6 +140,7 @@ async def main(trials: int) -> dict[str, object]:
             "SCO_REGION": "r1",
             "SCO_REGIONS_DIR": str(ROOT / "deploy" / "regions"),
             "SCO_TEMPORAL__ADDRESS": address,
+            "SCO_POSTGRES_DSN": dsn,
             "SCO_TEMPORAL__NAMESPACE_PREFIX": "bench-",
             "SCO_CONTRACTS__CACHE_DIR": str(cache),
             "SCO_CONTRACTS__TRUST_DIR": str(trust),
@@ -165,6 +173,7 @@ async def main(trials: int) -> dict[str, object]:
         }
     finally:
         await env.shutdown()
+        services.drop_database(dsn)
 
 
 if __name__ == "__main__":

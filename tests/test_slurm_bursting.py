@@ -35,8 +35,8 @@ from tests.control_harness import install_example_bundle, poll_until, region_wor
 from tests.slurm_burst_cluster import BINARIES, BurstCluster, burst_cluster
 from tests.slurm_cluster import missing_binaries
 from workers.settings import Settings
-from workers.slurm_power import release
-from workflows.acquisition.models import AcquisitionInput, LaunchItem
+from workers.slurm_power import release, resume
+from workflows.acquisition.models import AcquisitionInput, LaunchItem, OperatorInput
 from workflows.acquisition.workflow import AcquisitionWorkflow
 from workflows.exclusion.models import exclusion_workflow_id
 from workflows.exclusion.workflow import PoolExclusionWorkflow
@@ -308,4 +308,103 @@ async def test_a_failed_resume_releases_the_instance_and_counts_against_the_pool
             await poll_until(counted, 30)
             await handle.terminate()
     finally:
+        pool.close()
+
+
+async def test_one_instance_per_node_across_resumes(
+    region_client: Client,
+    region_r1: Region,
+    pg_dsn: str,
+    fleet_repo: FleetRepository,
+    tmp_path: Path,
+) -> None:
+    """An instance left from a node's earlier life is released before a new one is made;
+    a node whose acquisition is still bringing it up is left to that acquisition."""
+    cache, trust = install_example_bundle(tmp_path)
+    loop = asyncio.get_running_loop()
+    cloud = SimulatedCloud(region_r1, latency=Latency(boot_s=0.0), clock=loop.time)
+    pool = open_pool(pg_dsn, max_size=4)
+    node = "r1-a-gp-l-002"
+    env = program_env(region_client, pg_dsn, cache, trust, tmp_path)
+    try:
+        ctx = burst_cluster({node: POOL}, env, programs=False)
+        cluster = ctx.__enter__()
+    except RuntimeError as exc:
+        pool.close()
+        pytest.skip(f"slurmctld did not start here: {exc}")
+    settings = Settings(
+        region="r1",
+        regions_dir=REGIONS_DIR,
+        postgres_dsn=pg_dsn,
+        temporal={"namespace_prefix": namespace_prefix(region_client)},
+        contracts={"cache_dir": cache, "trust_dir": trust},
+        slurm={"slurm_conf": cluster.conf},
+    )
+    try:
+        async with region_worker(
+            region_client,
+            cloud,
+            fleet_repo,
+            ControlRepository(pool),
+            bundle_dir=cache,
+            trust_dir=trust,
+            queue="sco-r1",
+        ):
+            # The node's earlier life: an ACTIVE instance whose suspend never reached SCO.
+            earlier = await region_client.execute_workflow(
+                AcquisitionWorkflow.run,
+                AcquisitionInput(
+                    region="r1",
+                    contract="ci-runners",
+                    tier=3,
+                    items=[
+                        LaunchItem(
+                            pool_id=POOL,
+                            hall="A",
+                            flavor="gp.l",
+                            instances=1,
+                            units=2,
+                            hostnames=[node],
+                        )
+                    ],
+                    poll_seconds=0.1,
+                ),
+                id=f"slurm-r1-ci-runners-{uuid.uuid4().hex[:8]}",
+                task_queue="sco-r1",
+            )
+            [old_id] = earlier.instance_ids
+            out = cluster.run(
+                "sbatch", "-p", "spot", "-A", "ci", "--comment=sco-contract=ci", "--wrap", "true"
+            )
+            assert out.returncode == 0, out.stderr
+
+            def configuring() -> bool:
+                return "CONFIGURING" in cluster.run("squeue", "-h", "-o", "%T").stdout
+
+            await wait_for("the job to be allocated the node", configuring, 30, cluster)
+            # Slow boots from here on, so the new acquisition is still open below.
+            cloud.latency = Latency(boot_s=30.0)
+            report = await resume(settings, node, client=region_client)
+            assert report.released == [old_id] and report.ok
+            assert len(report.started) == 2  # the release, then the new acquisition
+
+            async def replaced() -> bool:
+                rows = fleet_repo.live_by_hostname("r1", [node])
+                return [r.instance_id for r in rows] != [old_id] and len(rows) == 1
+
+            await poll_until(replaced, 30)
+            old = fleet_repo.get_instance(old_id)
+            assert old is not None and old.state is InstanceState.DELETED
+
+            # Slurm asks again while the new instance boots: nothing new is made.
+            again = await resume(settings, node, client=region_client)
+            assert again.in_flight == [node] and again.started == [] and again.released == []
+            assert len(fleet_repo.live_by_hostname("r1", [node])) == 1
+            [new] = fleet_repo.live_by_hostname("r1", [node])
+            assert new.acquisition_id is not None
+            await region_client.get_workflow_handle(new.acquisition_id).execute_update(
+                "cancel", OperatorInput(operator="test", reason="done")
+            )
+    finally:
+        ctx.__exit__(None, None, None)
         pool.close()

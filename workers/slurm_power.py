@@ -69,6 +69,7 @@ class Report(BaseModel):
     cancelled: list[str] = []  # acquisitions still launching, cancelled
     released: list[str] = []  # instance ids handed to a release workflow
     refused: dict[str, str] = {}  # node -> why
+    in_flight: list[str] = []  # nodes an acquisition is still bringing up: left to it
     seconds: float = 0.0
 
     @property
@@ -97,17 +98,28 @@ async def resume(
     # Connecting to Temporal overlaps the Slurm reads: the resume is on the clock.
     client_task = asyncio.ensure_future(_given(client) if client else _connect(s))
     try:
-        node_info, node_jobs = await asyncio.gather(cmds.nodes(), cmds.node_jobs(nodes, text))
+        node_info, node_jobs, (rows, open_acqs) = await asyncio.gather(
+            cmds.nodes(), cmds.node_jobs(nodes, text), asyncio.to_thread(_fleet_rows, s, nodes)
+        )
     except SlurmError as exc:
         client_task.cancel()
         raise ProgramError(str(exc)) from exc
-    plan = plan_resume(nodes, node_info, node_jobs, bundle.content.contracts, region)
-    if plan.groups:
+    # One instance per node: a node still being brought up is left to that acquisition; an
+    # instance left from an earlier life of the node (a suspend that never reached SCO) is
+    # released before a new one is made, so two instances never claim one node name.
+    report.in_flight = sorted({r.hostname or "" for r in rows if r.acquisition_id in open_acqs})
+    stale = [r for r in rows if r.acquisition_id not in open_acqs]
+    wanted = [n for n in nodes if n not in report.in_flight]
+    plan = plan_resume(wanted, node_info, node_jobs, bundle.content.contracts, region)
+    if plan.groups or stale:
         try:
             temporal = await client_task
         except RuntimeError as exc:
             raise ProgramError(f"cannot reach Temporal at {s.temporal.address}: {exc}") from exc
-        report.started = await _start_acquisitions(s, temporal, plan)
+        if stale:
+            report.started.append(await _start_release(s, temporal, stale, ReleaseReason.REPLACED))
+            report.released = [r.instance_id for r in stale]
+        report.started += await _start_acquisitions(s, temporal, plan)
     else:
         client_task.cancel()
     report.refused = dict(plan.refused)
@@ -199,35 +211,42 @@ async def release(
             print(f"sco slurm {verb}: cancel {acq}: {exc}", file=sys.stderr)
     done = [r for r in rows if r.acquisition_id not in report.cancelled]
     if done:
-        inp = SlurmReleaseInput(
-            region=s.region,
-            reason=reason,
-            instances=[
-                NodeInstance(
-                    instance_id=r.instance_id,
-                    hostname=r.hostname or "",
-                    pool_id=r.pool_id,
-                    workload=r.workload,
-                    provider_id=r.provider_id,
-                    price_per_hour=r.price_per_hour,
-                )
-                for r in done
-            ],
-        )
-        handle: WorkflowHandle[Any, Any] = await temporal.start_workflow(
-            "SlurmReleaseWorkflow",
-            inp,
-            id=f"{RELEASE_PREFIX}{s.region}-{reason.value}-"
-            + _digest([r.instance_id for r in done]),
-            task_queue=s.temporal.task_queue(s.region),
-            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-        )
-        report.started.append(handle.id)
+        report.started.append(await _start_release(s, temporal, done, reason))
         report.released = [r.instance_id for r in done]
     if reason is ReleaseReason.RESUME_FAILED:
         await _count_failures(s, temporal, nodes, rows)
     report.seconds = round(time.monotonic() - t0, 3)
     return report
+
+
+async def _start_release(
+    s: Settings, client: Client, rows: list[InstanceRow], reason: ReleaseReason
+) -> str:
+    """A SlurmReleaseWorkflow for these instances; its id is derived from them, so a
+    repeated call finds the same workflow."""
+    inp = SlurmReleaseInput(
+        region=s.region,
+        reason=reason,
+        instances=[
+            NodeInstance(
+                instance_id=r.instance_id,
+                hostname=r.hostname or "",
+                pool_id=r.pool_id,
+                workload=r.workload,
+                provider_id=r.provider_id,
+                price_per_hour=r.price_per_hour,
+            )
+            for r in rows
+        ],
+    )
+    handle: WorkflowHandle[Any, Any] = await client.start_workflow(
+        "SlurmReleaseWorkflow",
+        inp,
+        id=f"{RELEASE_PREFIX}{s.region}-{reason.value}-" + _digest([r.instance_id for r in rows]),
+        task_queue=s.temporal.task_queue(s.region),
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+    )
+    return handle.id
 
 
 async def _count_failures(

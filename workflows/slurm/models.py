@@ -13,6 +13,7 @@ from pydantic import BaseModel, Field
 class ReleaseReason(enum.StrEnum):
     SUSPEND = "suspend"  # SuspendProgram: Slurm powers the idle node down
     RESUME_FAILED = "resume_failed"  # ResumeFailProgram: no slurmd within ResumeTimeout
+    REPLACED = "replaced"  # ResumeProgram found an instance of the node's earlier life
 
 
 class NodeInstance(BaseModel):

@@ -31,6 +31,7 @@ _STATE_RETRY = RetryPolicy(maximum_attempts=20, maximum_interval=timedelta(secon
 _WHY = {
     ReleaseReason.SUSPEND: "slurm suspend: node idle for SuspendTime",
     ReleaseReason.RESUME_FAILED: "slurm resume failed: no slurmd within ResumeTimeout",
+    ReleaseReason.REPLACED: "slurm resume: an instance left from the node's earlier life",
 }
 
 
@@ -72,7 +73,7 @@ class SlurmReleaseWorkflow:
             decision_reason=f"{inst.instance_id} ({inst.pool_id}): {why}",
             price_per_hour=inst.price_per_hour,
             at=workflow.now(),
-            outcome="released" if inp.reason is ReleaseReason.SUSPEND else "resume_failed",
+            outcome="released" if inp.reason is ReleaseReason.SUSPEND else inp.reason.value,
         )
         self._result.released.append(inst.instance_id)
         self._result.nodes.append(inst.hostname)
