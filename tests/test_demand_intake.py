@@ -233,3 +233,57 @@ def test_sco_demand_sources_shows_what_each_scheduler_has_pending(
     result = CliRunner().invoke(app, ["demand", "sources"])
     assert result.exit_code == 1
     assert "no scheduler source is on" in result.output
+
+
+async def test_a_source_unreadable_too_long_has_its_demand_dropped(
+    region_client: Client,
+    region_r1: Region,
+    control: ControlRepository,
+    fleet_repo: object,
+    tmp_path: Path,
+) -> None:
+    """Kept through an outage shorter than `stale_after_seconds`, dropped after it."""
+    cache, trust = install_example_bundle(tmp_path)
+    region = "r2"  # rows of its own in the shared database
+    control.replace_demand(region, "slurm", {"ci-runners": 5})
+    broken = SlurmPendingJobs(squeue=str(tmp_path / "no-squeue"))
+    intake = DemandIntakeActivities([broken], control, lambda: installed_bundle(cache, trust))
+    async with region_worker(
+        region_client,
+        SimulatedCloud(region_r1),
+        fleet_repo,  # type: ignore[arg-type]
+        control,
+        bundle_dir=cache,
+        trust_dir=trust,
+        extra_workflows=[DemandIntakeWorkflow],
+        extra_activities=[intake.collect],
+    ) as h:
+        handle = await h.client.start_workflow(
+            DemandIntakeWorkflow.run,
+            IntakeInput(
+                region=region,
+                config=IntakeConfig(interval_seconds=0.5, stale_after_seconds=2.0),
+            ),
+            id=f"demand-intake-test-{uuid.uuid4().hex[:6]}",
+            task_queue=h.queue,
+        )
+        try:
+
+            async def first_failure() -> bool:
+                status = await handle.query(DemandIntakeWorkflow.status)
+                return "slurm" in status.failing_since
+
+            await poll_until(first_failure, 10)
+            assert control.demand_by_contract(region) == {"ci-runners": 5}  # kept
+
+            async def dropped() -> bool:
+                return control.demand_by_contract(region) == {}
+
+            await poll_until(dropped, 15)
+            status = await handle.query(DemandIntakeWorkflow.status)
+            assert status.last is not None
+            [report] = status.last.reports
+            assert not report.ok and report.dropped
+        finally:
+            await handle.terminate()
+            control.replace_demand(region, "slurm", {})

@@ -118,6 +118,7 @@ async def ensure_intake(client: Client, settings: Settings, region: str) -> list
             region=region,
             config=IntakeConfig(
                 interval_seconds=settings.intake.interval_seconds,
+                stale_after_seconds=settings.intake.stale_after_seconds,
                 partitions=settings.control.partitions,
             ),
         ),

@@ -163,6 +163,8 @@ class IntakeSettings(BaseModel):
 
     # How often the region's DemandIntakeWorkflow reads the scheduler sources.
     interval_seconds: float = Field(default=15.0, gt=0)
+    # A source unreadable this long has its demand dropped; until then its last is kept.
+    stale_after_seconds: float = Field(default=1800.0, gt=0)
 
 
 class SlurmSettings(BaseModel):

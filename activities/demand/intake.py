@@ -25,6 +25,9 @@ _UNMATCHED_SHOWN = 20
 
 class CollectInput(BaseModel):
     region: str
+    # Sources unreadable for longer than the intake tolerates: if they fail again, their
+    # demand is dropped (kept demand would hold capacity for work nobody can see).
+    drop_if_failing: list[str] = []
 
 
 class SourceReport(BaseModel):
@@ -35,6 +38,7 @@ class SourceReport(BaseModel):
     units: dict[str, int] = {}  # per contract, as stored
     unmatched_count: int = 0
     unmatched: list[Unmatched] = []  # the first few, for `sco demand sources`
+    dropped: bool = False  # failing too long: its demand was dropped
 
 
 class CollectResult(BaseModel):
@@ -99,6 +103,18 @@ class DemandIntakeActivities:
                     await asyncio.to_thread(
                         self._control.replace_demand, inp.region, report.source, report.units
                     )
+                )
+            elif report.source in inp.drop_if_failing:
+                changed.update(
+                    await asyncio.to_thread(
+                        self._control.replace_demand, inp.region, report.source, {}
+                    )
+                )
+                report.dropped = True
+                activity.logger.warning(
+                    "demand source %s failing too long, its demand dropped: %s",
+                    report.source,
+                    report.error,
                 )
             else:
                 activity.logger.warning("demand source %s: %s", report.source, report.error)

@@ -177,7 +177,8 @@ def _reports_table(title: str, result: CollectResult) -> None:
     rows: list[tuple[object, ...]] = []
     for rep in result.reports:
         if not rep.ok:
-            rows.append((rep.source, "", "", f"unavailable: {rep.error}"))
+            kept = "demand dropped" if rep.dropped else "last demand kept"
+            rows.append((rep.source, "", "", f"unavailable ({kept}): {rep.error}"))
             continue
         for contract, units in sorted(rep.units.items()):
             rows.append((rep.source, contract, units, ""))
@@ -227,6 +228,8 @@ def demand_intake(region: str = RegionOpt, json_out: bool = JsonOpt) -> None:
         console.print(f"changed: {', '.join(last.changed)}; woke {', '.join(last.signalled)}")
     if last.not_running:
         console.print(f"[yellow]not running:[/] {', '.join(last.not_running)}")
+    for source, since in sorted(status.failing_since.items()):
+        console.print(f"[yellow]{source} unreadable since {since:%Y-%m-%d %H:%M:%S}[/]")
 
 
 def demand_collect(region: str = RegionOpt) -> None:

@@ -22,12 +22,15 @@ class IntakeConfig(BaseModel):
     partitions: int = Field(default=4, ge=1)
     # Rounds per run before continue-as-new keeps the history short.
     rounds_per_run: int = Field(default=500, ge=1)
+    # A source unreadable this long has its demand dropped (until then it is kept).
+    stale_after_seconds: float = Field(default=1800.0, gt=0)
 
 
 class IntakeInput(BaseModel):
     region: str
     config: IntakeConfig = IntakeConfig()
     rounds: int = 0  # carried over continue-as-new
+    failing_since: dict[str, datetime] = {}  # source -> first failed round, carried over
 
 
 class CollectNow(BaseModel):
@@ -49,3 +52,4 @@ class IntakeStatus(BaseModel):
     region: str
     rounds: int
     last: IntakeRound | None = None
+    failing_since: dict[str, datetime] = {}

@@ -32,7 +32,9 @@ class DemandIntakeWorkflow:
     def __init__(self, inp: IntakeInput) -> None:
         self._inp = inp
         self._now = False
-        self._status = IntakeStatus(region=inp.region, rounds=inp.rounds)
+        self._status = IntakeStatus(
+            region=inp.region, rounds=inp.rounds, failing_since=dict(inp.failing_since)
+        )
 
     @workflow.signal
     def collect_now(self, inp: CollectNow) -> None:
@@ -55,15 +57,28 @@ class DemandIntakeWorkflow:
             if workflow.info().is_continue_as_new_suggested():
                 break
         await workflow.wait_condition(workflow.all_handlers_finished)
-        workflow.continue_as_new(inp.model_copy(update={"rounds": self._status.rounds}))
+        workflow.continue_as_new(
+            inp.model_copy(
+                update={
+                    "rounds": self._status.rounds,
+                    "failing_since": self._status.failing_since,
+                }
+            )
+        )
 
     async def _round(self) -> None:
         inp = self._inp
-        summary = IntakeRound(round=self._status.rounds + 1, at=workflow.now())
+        now = workflow.now()
+        summary = IntakeRound(round=self._status.rounds + 1, at=now)
+        failing = self._status.failing_since
+        stale = timedelta(seconds=inp.config.stale_after_seconds)
         try:
             result: CollectResult = await workflow.execute_activity_method(
                 DemandIntakeActivities.collect,
-                CollectInput(region=inp.region),
+                CollectInput(
+                    region=inp.region,
+                    drop_if_failing=sorted(s for s, at in failing.items() if now - at >= stale),
+                ),
                 start_to_close_timeout=timedelta(seconds=60),
                 retry_policy=RetryPolicy(maximum_attempts=3),
             )
@@ -76,6 +91,11 @@ class DemandIntakeWorkflow:
             summary.problem = result.problem
             summary.reports = result.reports
             summary.changed = result.changed
+            for report in result.reports:
+                if report.ok:
+                    failing.pop(report.source, None)
+                else:
+                    failing.setdefault(report.source, now)
             await self._wake(result.changed, summary)
         self._status.rounds += 1
         self._status.last = summary
