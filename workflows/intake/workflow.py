@@ -24,6 +24,7 @@ with workflow.unsafe.imports_passed_through():
         partition_of,
     )
     from workflows.intake.models import CollectNow, IntakeInput, IntakeRound, IntakeStatus
+    from workflows.metrics import count
 
 
 @workflow.defn
@@ -96,6 +97,12 @@ class DemandIntakeWorkflow:
                     failing.pop(report.source, None)
                 else:
                     failing.setdefault(report.source, now)
+                    count(
+                        "sco_demand_source_errors",
+                        "Intake rounds in which a scheduler source could not be read",
+                        region=inp.region,
+                        source=report.source,
+                    )
             await self._wake(result.changed, summary)
         self._status.rounds += 1
         self._status.last = summary
