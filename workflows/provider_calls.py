@@ -2,8 +2,9 @@
 
 `delete_instance` is the budgeted, idempotent delete: one token per attempt, retried with
 backoff while retrying can help (the activity was lost, 503, 429), so an instance that
-should go is never left behind by a transient error. `record_release` writes what a
-release leaves behind: the DELETE lifecycle event and the release decision in the ledger.
+should go is never left behind by a transient error. `reserve` makes a Blazar reservation
+and waits until it is ACTIVE (committed capacity for floors and fallback). `record_release`
+writes what a release leaves behind: the DELETE lifecycle event and the release decision.
 """
 
 from __future__ import annotations
@@ -20,11 +21,18 @@ with workflow.unsafe.imports_passed_through():
     from activities.decisions import Decision, DecisionKind
     from activities.events import EventKind
     from activities.fleet.activities import FleetActivities, RecordEventInput
-    from activities.provider.activities import InstanceRef, ProviderActivities
+    from activities.provider.activities import (
+        InstanceRef,
+        ProviderActivities,
+        WaitReservationInput,
+    )
+    from activities.provider.interface import Reservation, ReservationRequest
     from workflows.budget.client import BudgetClient
 
 #: Provider errors worth another attempt (each attempt takes a token).
 RETRIED_BY_US = frozenset({"Transient", "RateLimited"})
+#: Retrying these would not help: capacity is a shortfall, the rest is a bug or gone.
+NOT_RETRIED = ["InsufficientCapacity", "NotFound", "Permanent"]
 #: Fleet-state writes: retried through a database switchover.
 STATE_RETRY = RetryPolicy(maximum_attempts=20, maximum_interval=timedelta(seconds=30))
 
@@ -98,3 +106,37 @@ async def record_release(
         start_to_close_timeout=timedelta(seconds=30),
         retry_policy=STATE_RETRY,
     )
+
+
+async def reserve(
+    budget: BudgetClient,
+    request: ReservationRequest,
+    *,
+    poll_seconds: float = 2.0,
+    wait: timedelta = timedelta(minutes=10),
+) -> Reservation | None:
+    """A Blazar reservation (one token), waited for until ACTIVE; None when the hall has no
+    room or the lease never starts (logged): the caller counts it as a shortfall."""
+    await budget.take(request.region, 1)
+    try:
+        res: Reservation = await workflow.execute_activity_method(
+            ProviderActivities.create_reservation,
+            request,
+            start_to_close_timeout=timedelta(seconds=120),
+            retry_policy=RetryPolicy(maximum_attempts=3, non_retryable_error_types=NOT_RETRIED),
+        )
+        await workflow.execute_activity_method(
+            ProviderActivities.wait_reservation_active,
+            WaitReservationInput(
+                region=request.region, lease_id=res.lease_id, poll_seconds=poll_seconds
+            ),
+            start_to_close_timeout=wait,
+            heartbeat_timeout=timedelta(seconds=60),
+            retry_policy=RetryPolicy(non_retryable_error_types=NOT_RETRIED),
+        )
+    except ActivityError as exc:
+        workflow.logger.warning(
+            "reservation %s in %s failed: %s", request.name, request.hall, exc.cause
+        )
+        return None
+    return res

@@ -42,7 +42,6 @@ with workflow.unsafe.imports_passed_through():
     from activities.provider.activities import (
         ProviderActivities,
         WaitActiveInput,
-        WaitReservationInput,
     )
     from activities.provider.interface import HOSTNAME_KEY, CreateRequest, ReservationRequest
     from contracts.node_labels import kubelet_join_args
@@ -61,10 +60,15 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.budget.client import BudgetClient
     from workflows.metrics import count
-    from workflows.provider_calls import RETRIED_BY_US, delete_instance, error_type, lost
+    from workflows.provider_calls import (
+        NOT_RETRIED,
+        RETRIED_BY_US,
+        delete_instance,
+        error_type,
+        lost,
+        reserve,
+    )
 
-#: Retrying these would not help: capacity is a shortfall, the rest is a bug or gone.
-_NOT_RETRIED = ["InsufficientCapacity", "NotFound", "Permanent"]
 _STATE_RETRY = RetryPolicy(maximum_attempts=20, maximum_interval=timedelta(seconds=30))
 
 
@@ -356,7 +360,7 @@ class AcquisitionWorkflow:
                 WaitActiveInput(provider_id=created.provider_id, poll_seconds=inp.poll_seconds),
                 start_to_close_timeout=timedelta(minutes=15),
                 heartbeat_timeout=timedelta(seconds=30),
-                retry_policy=RetryPolicy(non_retryable_error_types=_NOT_RETRIED),
+                retry_policy=RetryPolicy(non_retryable_error_types=NOT_RETRIED),
             )
         except ActivityError as exc:
             kind = error_type(exc)
@@ -529,27 +533,8 @@ class AcquisitionWorkflow:
             amount=item.instances,
             end=now + timedelta(hours=self._inp.fallback_lease_hours),
         )
-        await self._budget.take(self._inp.region, 1)
-        try:
-            res = await workflow.execute_activity_method(
-                ProviderActivities.create_reservation,
-                request,
-                start_to_close_timeout=timedelta(seconds=120),
-                retry_policy=RetryPolicy(
-                    maximum_attempts=3, non_retryable_error_types=_NOT_RETRIED
-                ),
-            )
-            await workflow.execute_activity_method(
-                ProviderActivities.wait_reservation_active,
-                WaitReservationInput(region=self._inp.region, lease_id=res.lease_id),
-                start_to_close_timeout=timedelta(minutes=5),
-                heartbeat_timeout=timedelta(seconds=30),
-                retry_policy=RetryPolicy(non_retryable_error_types=_NOT_RETRIED),
-            )
-        except ActivityError as exc:
-            workflow.logger.warning("fallback reservation in %s failed: %s", item.hall, exc.cause)
-            return None
-        return res.reservation_id
+        res = await reserve(self._budget, request)
+        return res.reservation_id if res else None
 
     # -- bookkeeping ---------------------------------------------------------------------
 

@@ -63,7 +63,6 @@ with workflow.unsafe.imports_passed_through():
         InstanceRef,
         LeaseRef,
         ProviderActivities,
-        WaitReservationInput,
     )
     from activities.provider.interface import Reservation, ReservationRequest
     from workflows import search_attributes as sa
@@ -100,11 +99,11 @@ with workflow.unsafe.imports_passed_through():
         to_release,
     )
     from workflows.metrics import count
+    from workflows.provider_calls import reserve
 
 T = TypeVar("T")
 
 _RETRY = RetryPolicy(maximum_attempts=10, maximum_interval=timedelta(seconds=30))
-_NOT_RETRIED = ["InsufficientCapacity", "NotFound", "Permanent"]
 
 
 async def _all(aws: list[Awaitable[T]]) -> list[T]:
@@ -424,31 +423,7 @@ class FloorKeeperWorkflow:
             amount=amount,
             end=workflow.now() + timedelta(hours=self._cfg.lease_hours),
         )
-        await self._budget.take(inp.region, 1)
-        try:
-            res: Reservation = await workflow.execute_activity_method(
-                ProviderActivities.create_reservation,
-                request,
-                start_to_close_timeout=timedelta(seconds=120),
-                retry_policy=RetryPolicy(
-                    maximum_attempts=3, non_retryable_error_types=_NOT_RETRIED
-                ),
-            )
-            await workflow.execute_activity_method(
-                ProviderActivities.wait_reservation_active,
-                WaitReservationInput(
-                    region=inp.region,
-                    lease_id=res.lease_id,
-                    poll_seconds=self._cfg.reservation_poll_seconds,
-                ),
-                start_to_close_timeout=timedelta(minutes=10),
-                heartbeat_timeout=timedelta(seconds=60),
-                retry_policy=RetryPolicy(non_retryable_error_types=_NOT_RETRIED),
-            )
-        except ActivityError as exc:
-            workflow.logger.warning("floor reservation in %s failed: %s", hall, exc.cause)
-            return None
-        return res
+        return await reserve(self._budget, request, poll_seconds=self._cfg.reservation_poll_seconds)
 
     async def _launch(
         self, res: Reservation, instances: int, shape: FloorShape, price: float | None
