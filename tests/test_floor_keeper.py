@@ -6,10 +6,8 @@ rebalanced make-before-break, a changed floor from a new bundle; plus the pure p
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import shutil
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -19,20 +17,15 @@ import pytest
 from psycopg_pool import ConnectionPool
 from temporalio.client import Client, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
-from temporalio.worker import Replayer, Worker
+from temporalio.worker import Replayer
 
-from activities.budget import BudgetActivities, budget_workflow_id
-from activities.control import ControlActivities
 from activities.events import InstanceState
-from activities.fleet.activities import FleetActivities
 from activities.fleet.control_state import ControlRepository
 from activities.fleet.db import open_pool
 from activities.fleet.migrate import migrate
 from activities.fleet.repository import FleetRepository
 from activities.floor import FloorActivities
-from activities.provider.activities import ProviderActivities, all_activities
 from activities.provider.interface import InstanceStatus, Reservation
 from activities.provider.simulator import Latency, SimulatedCloud
 from contracts import keys
@@ -41,10 +34,8 @@ from contracts.compiler import compile_and_sign
 from contracts.region import Region
 from tests import histories, services
 from tests.conftest import BASE_DSN, REGIONS_DIR, REPO
-from tests.control_harness import install_example_bundle, poll_until
+from tests.control_harness import install_example_bundle, poll_until, region_worker
 from workflows.acquisition.workflow import AcquisitionWorkflow
-from workflows.budget.workflow import TokenBudgetWorkflow
-from workflows.controller.workflow import RegionControllerWorkflow
 from workflows.floor.models import (
     FloorConfig,
     FloorInput,
@@ -224,50 +215,20 @@ async def floor_worker(
     trust_dir: Path,
 ) -> AsyncIterator[str]:
     """tests/control_harness.py's region worker plus the floor keeper and its activities."""
-    queue = f"tq-{uuid.uuid4()}"
-    fleet_acts = FleetActivities(fleet, REGIONS_DIR)
-    cloud_acts = ProviderActivities(cloud)
-    control_acts = ControlActivities(
-        fleet,
-        control,
-        cloud,
-        regions_dir=REGIONS_DIR,
-        bundle_cache_dir=bundle_dir,
-        trust_dir=trust_dir,
-    )
     floor_acts = FloorActivities(
         fleet, cloud, regions_dir=REGIONS_DIR, bundle_cache_dir=bundle_dir, trust_dir=trust_dir
     )
-    budget = BudgetActivities(client, queue, rate_per_second=50.0, burst=50)
-    with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        async with Worker(
-            client,
-            task_queue=queue,
-            workflows=[
-                AcquisitionWorkflow,
-                RegionControllerWorkflow,
-                TokenBudgetWorkflow,
-                FloorKeeperWorkflow,
-            ],
-            activities=[
-                fleet_acts.record_acquire,
-                fleet_acts.record_event,
-                *all_activities(cloud_acts),
-                control_acts.snapshot,
-                control_acts.record_acquisition,
-                control_acts.record_decision,
-                control_acts.mark_surplus,
-                floor_acts.snapshot,
-                floor_acts.probe_halls,
-                budget.ensure,
-            ],
-            activity_executor=pool,
-        ):
-            try:
-                yield queue
-            finally:
-                with contextlib.suppress(RPCError):
-                    await client.get_workflow_handle(budget_workflow_id("r1")).terminate()
+    async with region_worker(
+        client,
+        cloud,
+        fleet,
+        control,
+        bundle_dir=bundle_dir,
+        trust_dir=trust_dir,
+        extra_workflows=[FloorKeeperWorkflow],
+        extra_activities=[floor_acts.snapshot, floor_acts.probe_halls],
+    ) as h:
+        yield h.queue
 
 
 @pytest.fixture

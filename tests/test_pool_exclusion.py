@@ -5,7 +5,6 @@ Temporal's time-skipping server with real PostgreSQL and the in-process simulate
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import uuid
 from collections.abc import AsyncIterator
@@ -19,26 +18,21 @@ from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
-from temporalio.worker import Replayer, Worker
+from temporalio.worker import Replayer
 
 from activities.budget import (
     STATUS_QUERY,
-    BudgetActivities,
     BudgetStatus,
     budget_workflow_id,
 )
-from activities.control import ControlActivities
 from activities.events import CapacityType, EventKind, InstanceState
 from activities.exclusion import ExclusionActivities, ensure_exclusion, notify_reclaim
-from activities.fleet.activities import FleetActivities
 from activities.fleet.control_state import ControlRepository
 from activities.fleet.repository import FleetRepository, InstanceSpec
-from activities.provider.activities import ProviderActivities, all_activities
 from activities.provider.simulator import Latency, SimulatedCloud
 from contracts.region import Region
 from tests import histories
-from tests.conftest import REGIONS_DIR
-from tests.control_harness import poll_until
+from tests.control_harness import poll_until, region_worker
 from workflows import search_attributes as sa
 from workflows.acquisition.workflow import AcquisitionWorkflow
 from workflows.budget.workflow import TokenBudgetWorkflow
@@ -185,47 +179,34 @@ async def env(
     tmp_path: Path,
 ) -> AsyncIterator[Env]:
     client = workflow_env.client
-    queue = f"tq-{uuid.uuid4()}"
     control = ControlRepository(fleet_repo._pool)
     cloud = SimulatedCloud(
         region_r1, latency=Latency(boot_s=0.0), clock=asyncio.get_running_loop().time
     )
-    fleet_acts = FleetActivities(fleet_repo, REGIONS_DIR)
-    control_acts = ControlActivities(
+    exclusion = ExclusionActivities(fleet_repo._pool)
+    async with region_worker(
+        client,
+        cloud,
         fleet_repo,
         control,
-        cloud,
-        regions_dir=REGIONS_DIR,
-        bundle_cache_dir=tmp_path / "cache",
+        bundle_dir=tmp_path / "cache",
         trust_dir=tmp_path / "trust",
-    )
-    budget = BudgetActivities(client, queue, rate_per_second=50.0, burst=50)
-    exclusion = ExclusionActivities(fleet_repo._pool)
-    with concurrent.futures.ThreadPoolExecutor(8) as executor:
-        async with Worker(
-            client,
-            task_queue=queue,
-            workflows=[PoolExclusionWorkflow, AcquisitionWorkflow, TokenBudgetWorkflow],
-            activities=[
-                fleet_acts.record_acquire,
-                fleet_acts.record_event,
-                *all_activities(ProviderActivities(cloud)),
-                control_acts.record_acquisition,
-                control_acts.record_decision,
-                budget.ensure,
-                exclusion.set_state,
-                exclusion.load_state,
-                exclusion.count_notices,
-                exclusion.canaries,
-            ],
-            activity_executor=executor,
-        ):
-            try:
-                yield Env(client, queue, cloud, fleet_repo, control, workflow_env)
-            finally:
-                for region in ("r1", probe_budget_key("r1")):
-                    with contextlib.suppress(RPCError):
-                        await client.get_workflow_handle(budget_workflow_id(region)).terminate()
+        extra_workflows=[PoolExclusionWorkflow],
+        extra_activities=[
+            exclusion.set_state,
+            exclusion.load_state,
+            exclusion.count_notices,
+            exclusion.canaries,
+        ],
+    ) as h:
+        try:
+            yield Env(client, h.queue, cloud, fleet_repo, control, workflow_env)
+        finally:
+            # region_worker ends r1's budget; the probes have one of their own.
+            with contextlib.suppress(RPCError):
+                await client.get_workflow_handle(
+                    budget_workflow_id(probe_budget_key("r1"))
+                ).terminate()
 
 
 async def terminate(h: Env, pool_id: str) -> None:
