@@ -8,7 +8,7 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -23,11 +23,12 @@ from activities.demand.slurm import SlurmPendingJobs
 from activities.demand.source import DemandSource
 from activities.fleet.control_state import ControlRepository
 from activities.fleet.db import open_pool
+from activities.fleet.repository import FleetRepository
 from activities.provider.simulator import SimulatedCloud
 from contracts.cache import installed_bundle
 from contracts.region import Region
 from tests import histories
-from tests.control_harness import install_example_bundle, poll_until, region_worker
+from tests.control_harness import Harness, install_example_bundle, poll_until, region_worker
 from tests.k8s_recorded_server import recorded_k8s_server, write_kubeconfig
 from tests.slurm_cluster import SlurmCluster, missing_binaries, slurm_cluster
 from workers.cli.main import app
@@ -91,6 +92,31 @@ def kubernetes_source(tmp_path: Path) -> Iterator[KubernetesPendingPods]:
             yield KubernetesPendingPods(api)
 
 
+@contextlib.asynccontextmanager
+async def intake_worker(
+    client: Client,
+    cloud: SimulatedCloud,
+    fleet: FleetRepository,
+    control: ControlRepository,
+    sources: list[DemandSource],
+    cache: Path,
+    trust: Path,
+) -> AsyncIterator[Harness]:
+    """The region worker with the intake workflow and its activity reading `sources`."""
+    intake = DemandIntakeActivities(sources, control, lambda: installed_bundle(cache, trust))
+    async with region_worker(
+        client,
+        cloud,
+        fleet,
+        control,
+        bundle_dir=cache,
+        trust_dir=trust,
+        extra_workflows=[DemandIntakeWorkflow],
+        extra_activities=[intake.collect],
+    ) as h:
+        yield h
+
+
 @pytest.fixture
 def control(pg_dsn: str) -> Iterator[ControlRepository]:
     pool = open_pool(pg_dsn, max_size=2)
@@ -147,26 +173,16 @@ async def test_the_intake_workflow_stores_demand_and_wakes_the_controller(
     region_r1: Region,
     slurm: SlurmCluster,
     control: ControlRepository,
-    fleet_repo: object,
+    fleet_repo: FleetRepository,
     tmp_path: Path,
 ) -> None:
     cache, trust = install_example_bundle(tmp_path)
     cloud = SimulatedCloud(region_r1)
-    intake = DemandIntakeActivities(
-        [slurm_source(slurm)], control, lambda: installed_bundle(cache, trust)
-    )
     partition = partition_of("ci-runners", 4)
     # The dev server, in a namespace of its own: the controller it wakes really plans and
     # starts acquisitions, which must not outlive the test in a shared server.
-    async with region_worker(
-        region_client,
-        cloud,
-        fleet_repo,  # type: ignore[arg-type]
-        control,
-        bundle_dir=cache,
-        trust_dir=trust,
-        extra_workflows=[DemandIntakeWorkflow],
-        extra_activities=[intake.collect],
+    async with intake_worker(
+        region_client, cloud, fleet_repo, control, [slurm_source(slurm)], cache, trust
     ) as h:
         # The controller partition that owns ci-runners, parked on a long tick.
         controller = await h.client.start_workflow(
@@ -239,7 +255,7 @@ async def test_a_source_unreadable_too_long_has_its_demand_dropped(
     region_client: Client,
     region_r1: Region,
     control: ControlRepository,
-    fleet_repo: object,
+    fleet_repo: FleetRepository,
     tmp_path: Path,
 ) -> None:
     """Kept through an outage shorter than `stale_after_seconds`, dropped after it."""
@@ -247,16 +263,8 @@ async def test_a_source_unreadable_too_long_has_its_demand_dropped(
     region = "r2"  # rows of its own in the shared database
     control.replace_demand(region, "slurm", {"ci-runners": 5})
     broken = SlurmPendingJobs(squeue=str(tmp_path / "no-squeue"))
-    intake = DemandIntakeActivities([broken], control, lambda: installed_bundle(cache, trust))
-    async with region_worker(
-        region_client,
-        SimulatedCloud(region_r1),
-        fleet_repo,  # type: ignore[arg-type]
-        control,
-        bundle_dir=cache,
-        trust_dir=trust,
-        extra_workflows=[DemandIntakeWorkflow],
-        extra_activities=[intake.collect],
+    async with intake_worker(
+        region_client, SimulatedCloud(region_r1), fleet_repo, control, [broken], cache, trust
     ) as h:
         handle = await h.client.start_workflow(
             DemandIntakeWorkflow.run,

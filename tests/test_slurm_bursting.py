@@ -36,7 +36,12 @@ from tests.slurm_burst_cluster import BINARIES, BurstCluster, burst_cluster
 from tests.slurm_cluster import missing_binaries
 from workers.settings import Settings
 from workers.slurm_power import release, resume
-from workflows.acquisition.models import AcquisitionInput, LaunchItem, OperatorInput
+from workflows.acquisition.models import (
+    AcquisitionInput,
+    AcquisitionResult,
+    LaunchItem,
+    OperatorInput,
+)
 from workflows.acquisition.workflow import AcquisitionWorkflow
 from workflows.exclusion.models import exclusion_workflow_id
 from workflows.exclusion.workflow import PoolExclusionWorkflow
@@ -71,6 +76,32 @@ def program_env(
         "SCO_SLURM__SLURMCTLD": "127.0.0.1",
         "SCO_SLURM__POLL_SECONDS": "0.2",
     }
+
+
+async def acquire_node(client: Client, node: str) -> AcquisitionResult:
+    """What `sco-resume` starts for one node of ci-runners, run to the end on `sco-r1`."""
+    return await client.execute_workflow(
+        AcquisitionWorkflow.run,
+        AcquisitionInput(
+            region="r1",
+            contract="ci-runners",
+            tier=3,
+            items=[
+                LaunchItem(
+                    pool_id=POOL,
+                    hall="A",
+                    flavor="gp.l",
+                    instances=1,
+                    units=2,
+                    hostnames=[node],
+                    user_data="#cloud-config\nhostname: {hostname}\n",
+                )
+            ],
+            poll_seconds=0.1,
+        ),
+        id=f"slurm-r1-ci-runners-{uuid.uuid4().hex[:8]}",
+        task_queue="sco-r1",
+    )
 
 
 async def cloud_init(cloud: SimulatedCloud, cluster: BurstCluster) -> None:
@@ -264,28 +295,7 @@ async def test_a_failed_resume_releases_the_instance_and_counts_against_the_pool
                 exclusion.canaries,
             ],
         ):
-            result = await region_client.execute_workflow(
-                AcquisitionWorkflow.run,
-                AcquisitionInput(
-                    region="r1",
-                    contract="ci-runners",
-                    tier=3,
-                    items=[
-                        LaunchItem(
-                            pool_id=POOL,
-                            hall="A",
-                            flavor="gp.l",
-                            instances=1,
-                            units=2,
-                            hostnames=[node],
-                            user_data="#cloud-config\nhostname: {hostname}\n",
-                        )
-                    ],
-                    poll_seconds=0.1,
-                ),
-                id=f"slurm-r1-ci-runners-{uuid.uuid4().hex[:8]}",
-                task_queue="sco-r1",
-            )
+            result = await acquire_node(region_client, node)
             assert result.progress.active == 1
             [row] = fleet_repo.live_by_hostname("r1", [node])
 
@@ -351,27 +361,7 @@ async def test_one_instance_per_node_across_resumes(
             queue="sco-r1",
         ):
             # The node's earlier life: an ACTIVE instance whose suspend never reached SCO.
-            earlier = await region_client.execute_workflow(
-                AcquisitionWorkflow.run,
-                AcquisitionInput(
-                    region="r1",
-                    contract="ci-runners",
-                    tier=3,
-                    items=[
-                        LaunchItem(
-                            pool_id=POOL,
-                            hall="A",
-                            flavor="gp.l",
-                            instances=1,
-                            units=2,
-                            hostnames=[node],
-                        )
-                    ],
-                    poll_seconds=0.1,
-                ),
-                id=f"slurm-r1-ci-runners-{uuid.uuid4().hex[:8]}",
-                task_queue="sco-r1",
-            )
+            earlier = await acquire_node(region_client, node)
             [old_id] = earlier.instance_ids
             out = cluster.run(
                 "sbatch", "-p", "spot", "-A", "ci", "--comment=sco-contract=ci", "--wrap", "true"
