@@ -54,3 +54,22 @@ def test_a_toml_syntax_error_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path:
     monkeypatch.setenv("SCO_CONFIG", str(cfg))
     with pytest.raises(SettingsError, match=r"sco\.toml"):
         load_settings()
+
+
+def test_user_data_templates_may_only_name_their_placeholders(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    cfg = tmp_path / "sco.toml"
+    cfg.write_text(
+        '[slurm]\nuser_data = "hostname: {hostname}\\nrack: {rack}"\n'
+        '[kubernetes]\nnode_user_data = "args: {kubelet_args} {"\n'
+    )
+    monkeypatch.setenv("SCO_CONFIG", str(cfg))
+    with pytest.raises(SettingsError) as err:
+        load_settings()
+    text = str(err.value)
+    assert "slurm.user_data: Value error, template placeholders may only be" in text
+    assert "KeyError('rack')" in text
+    assert "kubernetes.node_user_data: Value error" in text
+    cfg.write_text('[slurm]\nuser_data = "a: {{literal}} b: {hostname} c: {slurmctld}"\n')
+    assert load_settings().slurm.user_data.startswith("a: {{literal}}")

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -158,6 +158,18 @@ runcmd:
 """
 
 
+def _check_template(text: str, fields: tuple[str, ...]) -> str:
+    """A user-data template may name only `fields` in braces (literal braces doubled)."""
+    try:
+        text.format(**{f: "" for f in fields})
+    except (KeyError, IndexError, ValueError) as exc:
+        raise ValueError(
+            f"template placeholders may only be {', '.join('{' + f + '}' for f in fields)} "
+            f"(double literal braces): {exc!r}"
+        ) from exc
+    return text
+
+
 class IntakeSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -186,6 +198,11 @@ class SlurmSettings(BaseModel):
     poll_seconds: float = Field(default=1.0, gt=0)
     # The power programs append one JSON line per call here; None: stdout only.
     log_file: Path | None = None
+
+    @field_validator("user_data")
+    @classmethod
+    def _placeholders(cls, text: str) -> str:
+        return _check_template(text, ("hostname", "slurmctld"))
 
 
 #: Cloud-init for instances of contracts with Kubernetes selectors: kubelet joins with the
@@ -216,6 +233,11 @@ class KubernetesSettings(BaseModel):
     # Cloud-init for instances of contracts with Kubernetes selectors; `{kubelet_args}`
     # is filled per instance. Empty: the instances get no user-data.
     node_user_data: str = DEFAULT_KUBELET_USER_DATA
+
+    @field_validator("node_user_data")
+    @classmethod
+    def _placeholders(cls, text: str) -> str:
+        return _check_template(text, ("kubelet_args",))
 
 
 class Settings(BaseSettings):

@@ -10,6 +10,7 @@ import typer
 from activities.demand.hostlist import HostlistError, ranged
 from activities.demand.intake import CollectResult, DemandIntakeActivities
 from activities.demand.slurm_power import feature_list
+from activities.demand.source import SourceUnavailable
 from activities.fleet.db import open_pool
 from activities.fleet.repository import FleetRepository
 from contracts.cache import installed_bundle
@@ -157,7 +158,7 @@ def demand_sources(region: str = RegionOpt, json_out: bool = JsonOpt) -> None:
 
     s = settings()
     r = region or s.region
-    with errors_as_exit(ValueError, OSError):
+    with errors_as_exit(SourceUnavailable, ValueError, OSError):
         sources = sources_for(s)
     if not sources:
         fail("no scheduler source is on: set slurm.pending_demand or kubernetes.pending_demand")

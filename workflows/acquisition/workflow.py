@@ -118,7 +118,7 @@ def _user_data(slot: _Slot, kubelet_template: str | None) -> str | None:
         return slot.item.user_data.replace("{hostname}", slot.hostname or slot.instance_id)
     if kubelet_template is not None:
         args = kubelet_join_args(slot.item.pool_id, slot.item.hall, slot.capacity_type.value)
-        return kubelet_template.replace("{kubelet_args}", " ".join(args))
+        return kubelet_template.format(kubelet_args=" ".join(args))
     return None
 
 
