@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
+import subprocess
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -19,8 +21,8 @@ from typer.testing import CliRunner
 from activities.demand.intake import CollectInput, DemandIntakeActivities
 from activities.demand.kubernetes import KubernetesPendingPods, api_client_from_kubeconfig
 from activities.demand.model import normalise
-from activities.demand.slurm import SlurmPendingJobs
-from activities.demand.source import DemandSource
+from activities.demand.slurm import SlurmPendingJobs, SlurmRestPendingJobs
+from activities.demand.source import DemandSource, SourceUnavailable
 from activities.fleet.control_state import ControlRepository
 from activities.fleet.db import open_pool
 from activities.fleet.repository import FleetRepository
@@ -30,8 +32,10 @@ from contracts.region import Region
 from tests import histories
 from tests.control_harness import Harness, install_example_bundle, poll_until, region_worker
 from tests.k8s_recorded_server import recorded_k8s_server, write_kubeconfig
-from tests.slurm_cluster import SlurmCluster, missing_binaries, slurm_cluster
+from tests.slurm_cluster import SlurmCluster, _stop, missing_binaries, slurm_cluster
 from workers.cli.main import app
+from workers.demand_sources import sources_for
+from workers.settings import Settings
 from workflows.controller.models import ControllerInput, controller_workflow_id, partition_of
 from workflows.controller.workflow import RegionControllerWorkflow
 from workflows.intake.models import CollectNow, IntakeConfig, IntakeInput
@@ -78,6 +82,44 @@ def slurm() -> Iterator[SlurmCluster]:
         yield cluster
     finally:
         ctx.__exit__(None, None, None)
+
+
+@pytest.fixture(scope="module")
+def slurmrestd(slurm: SlurmCluster) -> Iterator[str]:
+    """slurmrestd for the cluster on a unix socket (rest_auth/local). Debian's Slurm has no
+    auth/jwt, so no token path here; slurmrestd refuses root, so it runs as nobody."""
+    if shutil.which("slurmrestd") is None or shutil.which("runuser") is None:
+        pytest.skip("slurmrestd is not installed (apt-get install slurmrestd)")
+    rest_dir = slurm.dir / "rest"
+    rest_dir.mkdir()
+    rest_dir.chmod(0o777)  # nobody creates its socket here
+    sock = rest_dir / "slurmrestd.sock"
+    with (slurm.dir / "slurmrestd.out").open("wb") as out:
+        proc = subprocess.Popen(
+            [
+                "runuser",
+                "-u",
+                "nobody",
+                "--",
+                "slurmrestd",
+                "-a",
+                "rest_auth/local",
+                "-s",
+                "openapi/v0.0.38",
+                f"unix:{sock}",
+            ],
+            env=slurm.env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    deadline = time.monotonic() + 15
+    while not sock.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            _stop(proc)
+            pytest.skip(f"slurmrestd did not start: {(slurm.dir / 'slurmrestd.out').read_text()}")
+        time.sleep(0.1)
+    yield f"unix:{sock}"
+    _stop(proc)
 
 
 def slurm_source(cluster: SlurmCluster) -> SlurmPendingJobs:
@@ -136,6 +178,29 @@ async def test_pending_jobs_are_read_from_squeue_json(slurm: SlurmCluster, tmp_p
     assert [u.reason for u in demand.unmatched] == [
         "no contract's slurm selector matches this work naming 'ci'"
     ]
+
+
+async def test_slurmrestd_gives_the_same_pending_jobs_as_squeue(
+    slurm: SlurmCluster, slurmrestd: str, tmp_path: Path
+) -> None:
+    cache, trust = install_example_bundle(tmp_path)
+    bundle, _ = installed_bundle(cache, trust)
+    assert bundle is not None
+    rest = await SlurmRestPendingJobs(slurmrestd).pending()
+    assert sorted(w.ref for w in rest) == sorted(w.ref for w in await slurm_source(slurm).pending())
+    assert normalise(bundle.content.contracts, "r1", rest).units == {"ci-runners": 7}
+    only_batch = SlurmRestPendingJobs(slurmrestd, partitions=["batch"])
+    assert await only_batch.pending() == []
+    with pytest.raises(SourceUnavailable, match="slurmrestd at unix:/nonexistent"):
+        await SlurmRestPendingJobs("unix:/nonexistent/slurmrestd.sock").pending()
+    with pytest.raises(SourceUnavailable, match="answered 404"):
+        await SlurmRestPendingJobs(slurmrestd, api_version="v9.9.9").pending()
+    with pytest.raises(SourceUnavailable, match="expected http"):
+        await SlurmRestPendingJobs("ftp://x").pending()
+    # The settings pick slurmrestd over squeue when slurm.rest_url is set.
+    s = Settings(slurm={"pending_demand": True, "rest_url": slurmrestd})
+    [source] = sources_for(s)
+    assert isinstance(source, SlurmRestPendingJobs)
 
 
 async def test_a_contracts_demand_is_the_sum_over_both_schedulers(

@@ -4,16 +4,27 @@ from __future__ import annotations
 
 import os
 
-from activities.demand.slurm import SlurmPendingJobs
+from activities.demand.slurm import SlurmPendingJobs, SlurmRestPendingJobs
 from activities.demand.source import DemandSource
 from workers.settings import Settings
 
 
 def sources_for(settings: Settings) -> list[DemandSource]:
-    """Every source turned on: `slurm.pending_demand`, `kubernetes.pending_demand`."""
+    """Every source turned on: `slurm.pending_demand` (squeue, or slurmrestd when
+    `slurm.rest_url` is set), `kubernetes.pending_demand`."""
     sources: list[DemandSource] = []
-    if settings.slurm.pending_demand:
-        slurm = settings.slurm
+    slurm = settings.slurm
+    if slurm.pending_demand and slurm.rest_url:
+        sources.append(
+            SlurmRestPendingJobs(
+                slurm.rest_url,
+                user=slurm.rest_user,
+                token=slurm.rest_token,
+                api_version=slurm.rest_api_version,
+                partitions=slurm.partitions,
+            )
+        )
+    elif slurm.pending_demand:
         sources.append(
             SlurmPendingJobs(
                 squeue=os.path.join(slurm.bin_dir, "squeue") if slurm.bin_dir else "squeue",

@@ -190,6 +190,12 @@ class SlurmSettings(BaseModel):
     pending_demand: bool = False
     # Only jobs of these partitions count; empty: all partitions.
     partitions: list[str] = []
+    # Read pending jobs from slurmrestd instead of squeue: `http://host:6820` (JWT: set
+    # rest_user and rest_token, e.g. SCO_SLURM__REST_TOKEN) or `unix:/path/slurmrestd.sock`.
+    rest_url: str = ""
+    rest_user: str = ""
+    rest_token: str = ""
+    rest_api_version: str = "v0.0.38"
     # slurmctld as slurmd --conf-server reaches it (host[:port]); fills `{slurmctld}`.
     slurmctld: str = "slurmctld"
     # Cloud-init for instances behind CLOUD nodes; `{hostname}` and `{slurmctld}` filled.

@@ -1,4 +1,5 @@
-"""Pending Slurm jobs as demand: `squeue --json` against the cluster's slurmctld.
+"""Pending Slurm jobs as demand: `squeue --json` against the cluster's slurmctld, or the
+same answer from slurmrestd.
 
 Counts jobs that wait for resources now. Jobs held, waiting on a dependency or on their
 begin time are not demand yet; jobs already allocated to powered-down CLOUD nodes are
@@ -9,9 +10,12 @@ so no job is counted twice.
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 import os
 import re
+import socket
+import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
@@ -161,3 +165,78 @@ def array_task_count(spec: str) -> int:
         except ValueError:
             return max(total, 1)
     return max(total, 1)
+
+
+class SlurmRestPendingJobs:
+    """The same pending jobs from slurmrestd (`GET /slurm/<api>/jobs`), for control planes
+    that run without Slurm's client tools and munge: a container, another host.
+
+    `url` is `http://host:6820` (JWT: `user` and `token` go in X-SLURM-USER-NAME and
+    X-SLURM-USER-TOKEN) or `unix:/path/to/slurmrestd.sock` (rest_auth/local: the socket's
+    peer credentials). The answer has squeue --json's shape (both are Slurm's OpenAPI
+    plugin), so one parser reads both.
+    """
+
+    name = "slurm"
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        user: str = "",
+        token: str = "",
+        api_version: str = "v0.0.38",
+        partitions: list[str] | None = None,
+        timeout: float = 20.0,
+    ) -> None:
+        self._url = url
+        self._headers = {"Accept": "application/json"}
+        if token:
+            self._headers |= {"X-SLURM-USER-NAME": user, "X-SLURM-USER-TOKEN": token}
+        self._path = f"/slurm/{api_version}/jobs"
+        self._partitions = set(partitions or [])
+        self._timeout = timeout
+
+    async def pending(self) -> list[PendingWork]:
+        status, body = await asyncio.to_thread(self._get)
+        if status != 200:
+            text = body.decode(errors="replace").strip().replace("\n", " ")
+            raise SourceUnavailable(self.name, f"slurmrestd answered {status}: {text[:200]}")
+        works = parse_squeue_json(body)
+        if self._partitions:
+            works = [w for w in works if w.partition in self._partitions]
+        return works
+
+    def _get(self) -> tuple[int, bytes]:
+        conn = _connection(self._url, self._timeout)
+        try:
+            conn.request("GET", self._path, headers=self._headers)
+            response = conn.getresponse()
+            return response.status, response.read()
+        except (OSError, http.client.HTTPException) as exc:
+            raise SourceUnavailable(self.name, f"slurmrestd at {self._url}: {exc}") from exc
+        finally:
+            conn.close()
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self._socket_path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        sock.connect(self._socket_path)
+        self.sock = sock
+
+
+def _connection(url: str, timeout: float) -> http.client.HTTPConnection:
+    if url.startswith("unix:"):
+        return _UnixConnection(url.removeprefix("unix:"), timeout)
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        why = f"slurm.rest_url {url!r}: expected http(s)://host:port or unix:/path"
+        raise SourceUnavailable("slurm", why)
+    cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    return cls(parts.hostname, parts.port, timeout=timeout)
