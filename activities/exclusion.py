@@ -8,7 +8,9 @@ module imports no workflow code.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
+from typing import Any
 
 from psycopg.rows import class_row
 from psycopg_pool import ConnectionPool
@@ -172,6 +174,11 @@ def list_exclusions(pool: ConnectionPool, region: str | None = None) -> list[Exc
                ORDER BY e.pool_id""",
             {"region": region},
         ).fetchall()
+
+
+def exclusion_activities(acts: ExclusionActivities) -> list[Callable[..., Any]]:
+    """Every activity of the pool exclusion cycle, for a worker to register."""
+    return [acts.set_state, acts.load_state, acts.count_notices, acts.canaries]
 
 
 async def ensure_exclusion(

@@ -26,7 +26,12 @@ from activities.budget import (
     budget_workflow_id,
 )
 from activities.events import CapacityType, EventKind, InstanceState
-from activities.exclusion import ExclusionActivities, ensure_exclusion, notify_reclaim
+from activities.exclusion import (
+    ExclusionActivities,
+    ensure_exclusion,
+    exclusion_activities,
+    notify_reclaim,
+)
 from activities.fleet.control_state import ControlRepository
 from activities.fleet.repository import FleetRepository, InstanceSpec
 from activities.provider.simulator import Latency, SimulatedCloud
@@ -192,12 +197,7 @@ async def env(
         bundle_dir=tmp_path / "cache",
         trust_dir=tmp_path / "trust",
         extra_workflows=[PoolExclusionWorkflow],
-        extra_activities=[
-            exclusion.set_state,
-            exclusion.load_state,
-            exclusion.count_notices,
-            exclusion.canaries,
-        ],
+        extra_activities=exclusion_activities(exclusion),
     ) as h:
         try:
             yield Env(client, h.queue, cloud, fleet_repo, control, workflow_env)

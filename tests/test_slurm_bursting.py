@@ -17,12 +17,13 @@ import json
 import sys
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from temporalio.client import Client
 
 from activities.events import InstanceState
-from activities.exclusion import ExclusionActivities
+from activities.exclusion import ExclusionActivities, exclusion_activities
 from activities.fleet.control_state import ControlRepository
 from activities.fleet.db import open_pool
 from activities.fleet.repository import FleetRepository
@@ -76,6 +77,20 @@ def program_env(
         "SCO_SLURM__SLURMCTLD": "127.0.0.1",
         "SCO_SLURM__POLL_SECONDS": "0.2",
     }
+
+
+def program_settings(
+    client: Client, pg_dsn: str, cache: Path, trust: Path, **more: Any
+) -> Settings:
+    """The same settings as `program_env`, for calling the programs' functions in-process."""
+    return Settings(
+        region="r1",
+        regions_dir=REGIONS_DIR,
+        postgres_dsn=pg_dsn,
+        temporal={"namespace_prefix": namespace_prefix(client)},
+        contracts={"cache_dir": cache, "trust_dir": trust},
+        **more,
+    )
 
 
 async def acquire_node(client: Client, node: str) -> AcquisitionResult:
@@ -271,13 +286,7 @@ async def test_a_failed_resume_releases_the_instance_and_counts_against_the_pool
     pool = open_pool(pg_dsn, max_size=4)
     exclusion = ExclusionActivities(pool)
     node = "r1-a-gp-l-009"
-    settings = Settings(
-        region="r1",
-        regions_dir=REGIONS_DIR,
-        postgres_dsn=pg_dsn,
-        temporal={"namespace_prefix": namespace_prefix(region_client)},
-        contracts={"cache_dir": cache, "trust_dir": trust},
-    )
+    settings = program_settings(region_client, pg_dsn, cache, trust)
     try:
         async with region_worker(
             region_client,
@@ -288,12 +297,7 @@ async def test_a_failed_resume_releases_the_instance_and_counts_against_the_pool
             trust_dir=trust,
             queue="sco-r1",
             extra_workflows=[PoolExclusionWorkflow],
-            extra_activities=[
-                exclusion.set_state,
-                exclusion.load_state,
-                exclusion.count_notices,
-                exclusion.canaries,
-            ],
+            extra_activities=exclusion_activities(exclusion),
         ):
             result = await acquire_node(region_client, node)
             assert result.progress.active == 1
@@ -342,13 +346,8 @@ async def test_one_instance_per_node_across_resumes(
     except RuntimeError as exc:
         pool.close()
         pytest.skip(f"slurmctld did not start here: {exc}")
-    settings = Settings(
-        region="r1",
-        regions_dir=REGIONS_DIR,
-        postgres_dsn=pg_dsn,
-        temporal={"namespace_prefix": namespace_prefix(region_client)},
-        contracts={"cache_dir": cache, "trust_dir": trust},
-        slurm={"slurm_conf": cluster.conf},
+    settings = program_settings(
+        region_client, pg_dsn, cache, trust, slurm={"slurm_conf": cluster.conf}
     )
     try:
         async with region_worker(

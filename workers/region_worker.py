@@ -24,7 +24,7 @@ from temporalio.worker import Worker, WorkerDeploymentConfig
 from activities.budget import BudgetActivities
 from activities.control import ControlActivities
 from activities.demand.intake import DemandIntakeActivities
-from activities.exclusion import ExclusionActivities
+from activities.exclusion import ExclusionActivities, exclusion_activities
 from activities.fleet.activities import FleetActivities
 from activities.fleet.control_state import ControlRepository
 from activities.fleet.db import open_pool
@@ -192,10 +192,7 @@ def build_activities(settings: Settings, region: str, client: Client) -> tuple[l
         control.mark_surplus,
         floor.snapshot,
         floor.probe_halls,
-        exclusion.set_state,
-        exclusion.load_state,
-        exclusion.count_notices,
-        exclusion.canaries,
+        *exclusion_activities(exclusion),
         budget.ensure,
         intake.collect,
     ]
