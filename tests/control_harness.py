@@ -10,12 +10,14 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from temporalio.api.testservice.v1 import SleepRequest
 from temporalio.client import Client
 from temporalio.service import RPCError
+from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from activities.budget import BudgetActivities, budget_workflow_id
@@ -132,3 +134,14 @@ async def poll_until(check: Callable[[], Awaitable[bool]], within: float = 30.0)
             return
         await asyncio.sleep(0.05)
     raise AssertionError(f"condition not met within {within} s")
+
+
+async def skip_time(env: WorkflowEnvironment, seconds: float) -> None:
+    """`env.sleep` with a generous RPC timeout. The test server answers once the skipped
+    span is over, and activities inside it take real time; on a loaded machine (CI with the
+    test cloud up) that outlasts the client's default RPC timeout ("Timeout expired")."""
+    req = SleepRequest()
+    req.duration.FromTimedelta(timedelta(seconds=seconds))
+    await env.client.test_service.unlock_time_skipping_with_sleep(
+        req, timeout=timedelta(seconds=300)
+    )

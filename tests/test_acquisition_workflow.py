@@ -21,7 +21,7 @@ from activities.fleet.repository import FleetRepository
 from activities.provider.simulator import Latency, SimulatedCloud
 from contracts.region import Region
 from tests import histories
-from tests.control_harness import Harness, poll_until, region_worker
+from tests.control_harness import Harness, poll_until, region_worker, skip_time
 from workflows import search_attributes as sa
 from workflows.acquisition.models import (
     AcquisitionInput,
@@ -163,7 +163,7 @@ async def test_pause_stops_creates_until_resume(
     with pytest.raises(WorkflowUpdateFailedError):
         await handle.execute_update(AcquisitionWorkflow.pause, OperatorInput(operator="bob"))
     before = await handle.query(AcquisitionWorkflow.progress)
-    await workflow_env.sleep(120)
+    await skip_time(workflow_env, 120)
     after = await handle.query(AcquisitionWorkflow.progress)
     assert after.launched == before.launched and after.state is AcquisitionState.PAUSED
     assert after.paused_by == "alice"

@@ -34,7 +34,7 @@ from contracts.compiler import compile_and_sign
 from contracts.region import Region
 from tests import histories, services
 from tests.conftest import BASE_DSN, REGIONS_DIR, REPO
-from tests.control_harness import install_example_bundle, poll_until, region_worker
+from tests.control_harness import install_example_bundle, poll_until, region_worker, skip_time
 from workflows.acquisition.workflow import AcquisitionWorkflow
 from workflows.floor.models import (
     FloorConfig,
@@ -286,7 +286,7 @@ async def until_state(
 ) -> None:
     async def check() -> bool:
         if env is not None:
-            await env.sleep(5)
+            await skip_time(env, 5)
         st = await handle.query(FloorKeeperWorkflow.status)
         return (
             st.state is state and not st.pending and (held is None or st.held_units_by_hall == held)
@@ -385,7 +385,7 @@ async def test_a_new_bundle_changes_the_floor(env: Env, workflow_env: WorkflowEn
     assert serial == 2, result
     trust = keys.TrustStore.load(env.bundle_base / "trust")
     assert BundleCache(env.bundle_base / "cache", trust).offer(out.read_bytes()).accepted
-    await workflow_env.sleep(61)  # the next tick reads the new bundle
+    await skip_time(workflow_env, 61)  # the next tick reads the new bundle
     await until_state(handle, FloorState.HOLDING, held={"A": 4, "B": 4, "C": 4, "D": 3})
     st = await handle.query(FloorKeeperWorkflow.status)
     assert st.floor_units == 15 and st.bundle_serial == 2

@@ -22,7 +22,13 @@ from contracts.node_labels import kubelet_join_args
 from contracts.region import Region
 from tests import histories, services
 from tests.conftest import BASE_DSN
-from tests.control_harness import Harness, install_example_bundle, poll_until, region_worker
+from tests.control_harness import (
+    Harness,
+    install_example_bundle,
+    poll_until,
+    region_worker,
+    skip_time,
+)
 from workflows.controller.models import (
     ControllerConfig,
     ControllerInput,
@@ -118,7 +124,7 @@ async def test_demand_becomes_acquisitions_and_idle_capacity_is_released(
 
     # A tick without a change starts nothing new.
     started = status.acquisitions_started
-    await workflow_env.sleep(130)
+    await skip_time(workflow_env, 130)
     assert (await handle.query(RegionControllerWorkflow.status)).acquisitions_started == started
 
     # Demand gone: surplus now, released once idle for 300 s.
@@ -126,10 +132,10 @@ async def test_demand_becomes_acquisitions_and_idle_capacity_is_released(
     await handle.signal(
         RegionControllerWorkflow.demand_changed, DemandChanged(contracts=[CONTRACT])
     )
-    await workflow_env.sleep(420)
+    await skip_time(workflow_env, 420)
 
     async def released() -> bool:
-        await workflow_env.sleep(60)
+        await skip_time(workflow_env, 60)
         return covered(harness, CONTRACT) == 0
 
     await poll_until(released)
@@ -153,7 +159,7 @@ async def test_continue_as_new_carries_the_counters(
     first = (await handle.describe()).run_id
 
     async def moved_on() -> bool:
-        await workflow_env.sleep(30)
+        await skip_time(workflow_env, 30)
         desc = await handle.describe()
         return desc.run_id != first
 
