@@ -40,7 +40,6 @@ from datetime import datetime, timedelta
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
-from temporalio.exceptions import TimeoutError as TemporalTimeoutError
 
 with workflow.unsafe.imports_passed_through():
     from activities.budget import SetRateInput, TokenGrant
@@ -76,22 +75,13 @@ with workflow.unsafe.imports_passed_through():
         probe_budget_key,
     )
     from workflows.metrics import count
+    from workflows.provider_calls import RETRIED_BY_US, error_type, lost
 
 __all__ = ["PoolExclusionWorkflow", "exclusion_workflow_id"]
 
 #: Writes to fleet state: an entity that lives forever retries them for as long as it takes.
 _DB_RETRY = RetryPolicy(maximum_interval=timedelta(seconds=60))
-_RETRIED_BY_US = {"Transient", "RateLimited"}
 HISTORY_LIMIT = 20
-
-
-def _error_type(exc: BaseException) -> str:
-    cause = exc.cause if isinstance(exc, ActivityError) else exc
-    return cause.type or "" if isinstance(cause, ApplicationError) else ""
-
-
-def _lost(exc: BaseException) -> bool:
-    return isinstance(exc, ActivityError) and isinstance(exc.cause, TemporalTimeoutError)
 
 
 @workflow.defn
@@ -405,12 +395,12 @@ class PoolExclusionWorkflow:
                     )
                     break
                 except ActivityError as exc:
-                    kind = _error_type(exc)
+                    kind = error_type(exc)
                     if kind == "NotFound":
                         break  # gone already (the notice relay deleted it)
                     # Deleting is a desired state and idempotent: keep at it.
                     attempt += 1
-                    if not (_lost(exc) or kind in _RETRIED_BY_US) and attempt >= 5:
+                    if not (lost(exc) or kind in RETRIED_BY_US) and attempt >= 5:
                         workflow.logger.warning(
                             "canary %s not deleted: %s", canary.instance_id, exc.cause
                         )
