@@ -9,11 +9,14 @@ from collections.abc import Awaitable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
+import psycopg
 import typer
+from psycopg_pool import ConnectionPool
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from activities.fleet.db import open_pool
 from workers.settings import Settings, SettingsError, load_settings
 
 if TYPE_CHECKING:
@@ -49,6 +52,18 @@ def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[object]]) 
 
 def print_json(data: object) -> None:
     typer.echo(json.dumps(data, indent=2, default=str))
+
+
+@contextmanager
+def fleet_db(s: Settings) -> Iterator[ConnectionPool]:
+    """A one-connection pool on fleet state for one command, closed after; a database
+    error is a one-line error and a non-zero exit."""
+    with errors_as_exit(psycopg.Error):
+        pool = open_pool(s.postgres_dsn, max_size=1)
+        try:
+            yield pool
+        finally:
+            pool.close()
 
 
 @contextmanager

@@ -13,13 +13,13 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities.budget import BudgetStatus, SetRateInput, budget_workflow_id
 from activities.fleet.control_state import ControlRepository
-from activities.fleet.db import open_pool
 from contracts.bundle import VerifiedBundle
 from contracts.cache import installed_bundle
 from workers.cli.common import (
     console,
     errors_as_exit,
     fail,
+    fleet_db,
     print_json,
     run_temporal,
     settings,
@@ -88,12 +88,8 @@ def demand_set(
             f"[yellow]note:[/] {units} units is above the contract's cap "
             f"({c.placement.max_units_per_region} per region); the planner stops at the cap"
         )
-    with errors_as_exit(psycopg.Error):
-        pool = open_pool(s.postgres_dsn, max_size=1)
-        try:
-            changed = ControlRepository(pool).set_demand(r, source, {contract: units})
-        finally:
-            pool.close()
+    with fleet_db(s) as pool:
+        changed = ControlRepository(pool).set_demand(r, source, {contract: units})
     if not changed:
         console.print(f"{contract} in {r}: already {units} units ({source}); nothing changed")
         return
@@ -132,12 +128,8 @@ def demand_list(region: str = RegionOpt, json_out: bool = typer.Option(False, "-
     """Demand per contract and source."""
     s = settings()
     r = region or s.region
-    with errors_as_exit(psycopg.Error):
-        pool = open_pool(s.postgres_dsn, max_size=1)
-        try:
-            rows = ControlRepository(pool).list_demand(r)
-        finally:
-            pool.close()
+    with fleet_db(s) as pool:
+        rows = ControlRepository(pool).list_demand(r)
     if json_out:
         print_json([row.model_dump(mode="json") for row in rows])
         return

@@ -6,18 +6,16 @@ when it is not running (so an operator can act on a pool that never had a notice
 
 from __future__ import annotations
 
-import psycopg
 import typer
 from temporalio.client import WorkflowHandle
 from temporalio.common import WorkflowIDConflictPolicy
 
 from activities.exclusion import ExclusionRow, list_exclusions
-from activities.fleet.db import open_pool
 from contracts.region import RegionFileError, load_region
 from workers.cli.common import (
     console,
-    errors_as_exit,
     fail,
+    fleet_db,
     print_json,
     run_temporal,
     settings,
@@ -170,12 +168,8 @@ def list_(
     """Pools with an exclusions row (admitted ones included, with their strikes)."""
     s = settings()
     r = region or s.region
-    with errors_as_exit(psycopg.Error):
-        pool = open_pool(s.postgres_dsn, max_size=1)
-        try:
-            rows: list[ExclusionRow] = list_exclusions(pool, r)
-        finally:
-            pool.close()
+    with fleet_db(s) as pool:
+        rows: list[ExclusionRow] = list_exclusions(pool, r)
     if json_out:
         print_json([row.model_dump(mode="json") for row in rows])
         return

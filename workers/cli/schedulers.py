@@ -11,7 +11,6 @@ from activities.demand.hostlist import HostlistError, ranged
 from activities.demand.intake import CollectResult, DemandIntakeActivities
 from activities.demand.slurm_power import feature_list
 from activities.demand.source import SourceUnavailable
-from activities.fleet.db import open_pool
 from activities.fleet.repository import FleetRepository
 from contracts.cache import installed_bundle
 from contracts.region import RegionFileError, load_region
@@ -19,6 +18,7 @@ from workers.cli.common import (
     console,
     errors_as_exit,
     fail,
+    fleet_db,
     print_json,
     run_temporal,
     settings,
@@ -127,12 +127,8 @@ def slurm_nodes(
     """Instances behind Slurm nodes (live ones; --all: deleted and failed too)."""
     s = settings()
     r = region or s.region
-    with errors_as_exit(psycopg.Error):
-        pool = open_pool(s.postgres_dsn, max_size=1)
-        try:
-            rows = [x for x in FleetRepository(pool).list_instances(r) if x.hostname]
-        finally:
-            pool.close()
+    with fleet_db(s) as pool:
+        rows = [x for x in FleetRepository(pool).list_instances(r) if x.hostname]
     if not all_:
         rows = [x for x in rows if x.state.value not in ("deleted", "failed")]
     if json_out:
