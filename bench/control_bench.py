@@ -132,22 +132,9 @@ async def demand_latency(
         }
         before = len(cloud.create_times)
         t0 = time.perf_counter()
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "workers.cli",
-            "demand",
-            "set",
-            c,
-            "40",
-            "--region",
-            "r1",
-            env=cli_env,
-            cwd=ROOT,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
+        cli_code, cli_out = await services.run_sco(
+            cli_env, "demand", "set", c, "40", "--region", "r1", cwd=ROOT
         )
-        cli_out, _ = await proc.communicate()
         for _ in range(400):
             if len(cloud.create_times) > before:
                 break
@@ -162,8 +149,8 @@ async def demand_latency(
         "max_s": round(max(samples), 3),
         "target_s": 2.0,
         "via_sco_cli_process_s": round(cli_seconds, 3),
-        "cli_exit_code": proc.returncode,
-        "cli_output": cli_out.decode().strip()[-300:],
+        "cli_exit_code": cli_code,
+        "cli_output": cli_out.strip()[-300:],
     }
 
 
