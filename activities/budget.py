@@ -23,7 +23,7 @@ from temporalio import activity
 from temporalio.client import Client
 from temporalio.common import WorkflowIDConflictPolicy
 
-from workflows.budget.token_bucket import BucketState
+from planning.token_bucket import BucketState
 
 BUDGET_WORKFLOW_TYPE = "TokenBudgetWorkflow"
 REQUEST_TOKENS_SIGNAL = "request_tokens"

@@ -34,15 +34,15 @@ import nats
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from agent.checkpoint import register  # noqa: E402
-from agent.daemon import Agent  # noqa: E402
-from agent.natslink import NatsLink  # noqa: E402
-from agent.scheduler import Workload  # noqa: E402
-from agent.sources.nats import NatsNoticeSource  # noqa: E402
-from contracts.cache import BundleCache  # noqa: E402
-from contracts.keys import TrustStore  # noqa: E402
-from contracts.notice import ReclaimNotice, notice_stream  # noqa: E402
-from tests.test_agent_fakes import RecordingScheduler, agent_config, signed_bundle  # noqa: E402
+from agent.checkpoint import register
+from agent.daemon import Agent
+from agent.natslink import NatsLink
+from agent.scheduler import Workload
+from agent.sources.nats import NatsNoticeSource
+from contracts.cache import BundleCache
+from contracts.keys import TrustStore
+from contracts.notice import ReclaimNotice, notice_stream
+from tests.support.agent_fakes import RecordingScheduler, agent_config, signed_bundle
 
 NODE = "bench-node"
 

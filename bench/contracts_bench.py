@@ -22,9 +22,9 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from contracts import bundle, keys  # noqa: E402
-from contracts.cache import BundleCache  # noqa: E402
-from contracts.compiler import compile_and_sign  # noqa: E402
+from contracts import bundle, keys
+from contracts.cache import BundleCache
+from contracts.compiler import compile_and_sign
 
 EXAMPLES = ROOT / "contracts" / "examples"
 

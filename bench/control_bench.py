@@ -32,30 +32,30 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from temporalio.client import Client  # noqa: E402
-from temporalio.contrib.pydantic import pydantic_data_converter  # noqa: E402
-from temporalio.testing import WorkflowEnvironment  # noqa: E402
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
 
-from activities.fleet.control_state import ControlRepository  # noqa: E402
-from activities.fleet.db import open_pool  # noqa: E402
-from activities.fleet.migrate import migrate  # noqa: E402
-from activities.fleet.repository import FleetRepository  # noqa: E402
-from activities.provider.interface import CreateRequest, ProviderInstance  # noqa: E402
-from activities.provider.simulator import SimulatedCloud  # noqa: E402
-from contracts.region import load_region  # noqa: E402
-from tests import services  # noqa: E402
-from tests.control_harness import install_example_bundle, region_worker  # noqa: E402
-from workers.temporal_bootstrap import bootstrap_namespace, ensure_search_attributes  # noqa: E402
-from workflows.acquisition.models import AcquisitionInput, LaunchItem  # noqa: E402
-from workflows.acquisition.workflow import AcquisitionWorkflow  # noqa: E402
-from workflows.controller.models import (  # noqa: E402
+from activities.control.models import partition_of
+from activities.fleet.control_state import ControlRepository
+from activities.fleet.db import open_pool
+from activities.fleet.migrate import migrate
+from activities.fleet.repository import FleetRepository
+from activities.provider.interface import CreateRequest, ProviderInstance
+from activities.provider.simulator import SimulatedCloud
+from contracts.region import load_region
+from tests.support import services
+from tests.support.control_harness import install_example_bundle, region_worker
+from workers.temporal_bootstrap import bootstrap_namespace, ensure_search_attributes
+from workflows.acquisition.models import AcquisitionInput, LaunchItem
+from workflows.acquisition.workflow import AcquisitionWorkflow
+from workflows.controller.models import (
     ControllerConfig,
     ControllerInput,
     DemandChanged,
     controller_workflow_id,
-    partition_of,
 )
-from workflows.controller.workflow import RegionControllerWorkflow  # noqa: E402
+from workflows.controller.workflow import RegionControllerWorkflow
 
 BASE_DSN = os.environ.get("SCO_TEST_POSTGRES_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
 

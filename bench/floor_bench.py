@@ -44,45 +44,40 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from temporalio import activity  # noqa: E402
-from temporalio.client import Client  # noqa: E402
-from temporalio.contrib.pydantic import pydantic_data_converter  # noqa: E402
-from temporalio.exceptions import ApplicationError, ApplicationErrorCategory  # noqa: E402
-from temporalio.testing import WorkflowEnvironment  # noqa: E402
-from temporalio.worker import Worker  # noqa: E402
+from temporalio import activity
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
 
-from activities.budget import BudgetActivities, budget_workflow_id  # noqa: E402
-from activities.control import ControlActivities  # noqa: E402
-from activities.fleet.activities import FleetActivities  # noqa: E402
-from activities.fleet.control_state import ControlRepository  # noqa: E402
-from activities.fleet.db import open_pool  # noqa: E402
-from activities.fleet.migrate import migrate  # noqa: E402
-from activities.fleet.repository import FleetRepository  # noqa: E402
-from activities.floor import FloorActivities  # noqa: E402
-from activities.provider.activities import (  # noqa: E402
+from activities.budget import BudgetActivities, budget_workflow_id
+from activities.control.activities import ControlActivities
+from activities.fleet.activities import FleetActivities
+from activities.fleet.control_state import ControlRepository
+from activities.fleet.db import open_pool
+from activities.fleet.migrate import migrate
+from activities.fleet.repository import FleetRepository
+from activities.floor.activities import FloorActivities
+from activities.floor.models import floor_workflow_id
+from activities.provider.activities import (
     ProviderActivities,
     WaitActiveInput,
     all_activities,
 )
-from activities.provider.errors import InsufficientCapacity, ProviderError  # noqa: E402
-from activities.provider.interface import InstanceStatus, ProviderInstance  # noqa: E402
-from activities.provider.simulator import Latency, SimulatedCloud  # noqa: E402
-from contracts import keys  # noqa: E402
-from contracts.cache import BundleCache  # noqa: E402
-from contracts.compiler import compile_and_sign  # noqa: E402
-from contracts.region import load_region  # noqa: E402
-from tests import services  # noqa: E402
-from workers.temporal_bootstrap import ensure_search_attributes  # noqa: E402
-from workflows.acquisition.workflow import AcquisitionWorkflow  # noqa: E402
-from workflows.budget.workflow import TokenBudgetWorkflow  # noqa: E402
-from workflows.floor.models import (  # noqa: E402
-    FloorInput,
-    FloorState,
-    FloorStatus,
-    HallEvent,
-    floor_workflow_id,
-)
-from workflows.floor.workflow import FloorKeeperWorkflow  # noqa: E402
+from activities.provider.errors import InsufficientCapacity, ProviderError
+from activities.provider.interface import InstanceStatus, ProviderInstance
+from activities.provider.simulator import Latency, SimulatedCloud
+from contracts import keys
+from contracts.cache import BundleCache
+from contracts.compiler import compile_and_sign
+from contracts.region import load_region
+from tests.support import services
+from workers.temporal_bootstrap import ensure_search_attributes
+from workflows.acquisition.workflow import AcquisitionWorkflow
+from workflows.budget.workflow import TokenBudgetWorkflow
+from workflows.floor.models import FloorInput, FloorState, FloorStatus, HallEvent
+from workflows.floor.workflow import FloorKeeperWorkflow
 
 BASE_DSN = os.environ.get("SCO_TEST_POSTGRES_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
 REGIONS_DIR = ROOT / "deploy" / "regions"

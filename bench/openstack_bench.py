@@ -21,9 +21,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from activities.provider.interface import CreateRequest, InstanceStatus  # noqa: E402
-from activities.provider.openstack import OpenStackProvider  # noqa: E402
-from contracts.region import load_region  # noqa: E402
+from activities.provider.interface import CreateRequest, InstanceStatus
+from activities.provider.openstack import OpenStackProvider
+from contracts.region import load_region
 
 
 async def main() -> None:

@@ -18,6 +18,8 @@ import time
 import uuid
 from pathlib import Path
 
+from tests.support.paths import REGIONS_DIR
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from activities.events import CapacityType, EventKind, lifecycle_topic
@@ -28,12 +30,12 @@ from activities.fleet.repository import FleetRepository, InstanceSpec
 from activities.ledger import LedgerStore
 from activities.ledger.consumer import LedgerConsumer
 from contracts.region import load_region
-from tests import services
+from tests.support import services
 from workers.devbox import process
 from workers.devbox.services import KafkaService
 from workers.settings import Settings
 
-REGION_FILE = Path(__file__).resolve().parent.parent / "deploy" / "regions" / "r1.toml"
+REGION_FILE = REGIONS_DIR / "r1.toml"
 BASE_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 

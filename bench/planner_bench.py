@@ -6,7 +6,7 @@ The headline instance is r1 (144 pools, every pool's free capacity = its reclaim
 units, seeded reclaim rates) with 14 contracts of every kind, shape, cap and spread group,
 10,000 demand units in all. ``plan()`` is timed over ``--runs`` runs (p50/p95, target
 50 ms) and compared with the exact optimum of the same problem, a MILP solved by HiGHS
-(scipy; tests/test_planner.py holds the formulation): equal shortfall, and the cost gap
+(scipy; tests/workflows/test_planner.py holds the formulation): equal shortfall, and the cost gap
 (target 1 %). Then the same comparison on ``--random`` random r1 instances, and on
 ``--small`` small contended instances of the test suite's kind (the tests assert on 30),
 also with tight spread caps (fraction 0.1: a few units per pool), which the tests do not
@@ -30,20 +30,20 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from contracts.region import load_region  # noqa: E402
-from tests.test_planner import (  # noqa: E402
-    UNITS,
-    check_plan,
-    contended_instance,
-    gap_pct,
-    milp_reference,
-)
-from workflows.planning.planner import (  # noqa: E402
+from contracts.region import load_region
+from planning.planner import (
     RESTART_COST_HOURS,
     ContractDemand,
     PlanInput,
     plan,
     pool_input,
+)
+from tests.support.planner_reference import (
+    UNITS,
+    check_plan,
+    contended_instance,
+    gap_pct,
+    milp_reference,
 )
 
 R1 = ROOT / "deploy" / "regions" / "r1.toml"

@@ -21,12 +21,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import nats  # noqa: E402
+import nats
 
-from activities.provider.interface import CreateRequest  # noqa: E402
-from activities.provider.sim_service import SimulatorClient, serve  # noqa: E402
-from activities.provider.simulator import SimulatedCloud  # noqa: E402
-from contracts.region import load_region  # noqa: E402
+from activities.provider.interface import CreateRequest
+from activities.provider.sim_service import SimulatorClient, serve
+from activities.provider.simulator import SimulatedCloud
+from contracts.region import load_region
 
 
 def requests(region_file: Path, n: int) -> tuple[SimulatedCloud, list[CreateRequest]]:

@@ -32,15 +32,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from temporalio.client import Client  # noqa: E402
-from temporalio.contrib.pydantic import pydantic_data_converter  # noqa: E402
-from temporalio.testing import WorkflowEnvironment  # noqa: E402
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
 
-from activities.fleet.migrate import migrate  # noqa: E402
-from tests import services  # noqa: E402
-from tests.control_harness import install_example_bundle  # noqa: E402
-from tests.slurm_burst_cluster import BurstCluster, burst_cluster  # noqa: E402
-from workers.temporal_bootstrap import bootstrap_namespace  # noqa: E402
+from activities.fleet.migrate import migrate
+from tests.support import services
+from tests.support.control_harness import install_example_bundle
+from tests.support.slurm_burst_cluster import BurstCluster, burst_cluster
+from workers.temporal_bootstrap import bootstrap_namespace
 
 BASE_DSN = os.environ.get("SCO_TEST_POSTGRES_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
 SIZES = (1, 8, 32)

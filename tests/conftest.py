@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
@@ -17,15 +16,12 @@ from activities.fleet.db import open_pool
 from activities.fleet.migrate import migrate
 from activities.fleet.repository import FleetRepository
 from contracts.region import Region, load_region
-from tests import services
+from tests.support import services
+from tests.support.paths import BASE_DSN, REGIONS_DIR
 from workers.devbox import process
 from workers.devbox.services import KafkaService
 from workers.settings import Settings
 from workers.temporal_bootstrap import bootstrap_namespace, ensure_search_attributes
-
-REPO = Path(__file__).resolve().parent.parent
-REGIONS_DIR = REPO / "deploy" / "regions"
-BASE_DSN = os.environ.get("SCO_TEST_POSTGRES_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 
 @pytest.fixture(scope="session")
@@ -103,11 +99,6 @@ async def region_client(dev_server_env: WorkflowEnvironment) -> AsyncIterator[Cl
     )
     await ensure_search_attributes(client, client.namespace)
     yield client
-
-
-def namespace_prefix(client: Client) -> str:
-    """The `temporal.namespace_prefix` setting that names `region_client`'s namespace."""
-    return client.namespace.removesuffix("r1")
 
 
 @pytest.fixture(scope="session")

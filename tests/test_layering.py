@@ -33,7 +33,7 @@ def control_plane_imports(path: Path) -> list[str]:
         for name in names:
             if name.split(".")[0] in CONTROL_PLANE:
                 shown = path.relative_to(REPO) if path.is_relative_to(REPO) else path
-                found.append(f"{shown}:{node.lineno}: imports {name}")
+                found.append(f"{shown}:{getattr(node, 'lineno', 0)}: imports {name}")
     return found
 
 

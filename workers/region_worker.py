@@ -22,14 +22,15 @@ from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from temporalio.worker import Worker, WorkerDeploymentConfig
 
 from activities.budget import BudgetActivities
-from activities.control import ControlActivities
+from activities.control.activities import ControlActivities
 from activities.demand.intake import DemandIntakeActivities
-from activities.exclusion import ExclusionActivities, exclusion_activities
+from activities.exclusion.activities import ExclusionActivities, exclusion_activities
 from activities.fleet.activities import FleetActivities
 from activities.fleet.control_state import ControlRepository
 from activities.fleet.db import open_pool
 from activities.fleet.repository import FleetRepository
-from activities.floor import FloorActivities
+from activities.floor.activities import FloorActivities
+from activities.floor.models import floor_workflow_id
 from activities.ledger.store import LedgerStore
 from activities.provider.activities import ProviderActivities, all_activities
 from contracts.cache import installed_bundle
@@ -42,7 +43,7 @@ from workflows.budget.workflow import TokenBudgetWorkflow
 from workflows.controller.models import ControllerConfig, ControllerInput, controller_workflow_id
 from workflows.controller.workflow import RegionControllerWorkflow
 from workflows.exclusion.workflow import PoolExclusionWorkflow
-from workflows.floor.models import FloorInput, floor_workflow_id
+from workflows.floor.models import FloorInput
 from workflows.floor.workflow import FloorKeeperWorkflow
 from workflows.intake.models import IntakeConfig, IntakeInput, intake_workflow_id
 from workflows.intake.workflow import DemandIntakeWorkflow

@@ -36,6 +36,7 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.contrib.pydantic import pydantic_data_converter
 
+from activities.control.models import partition_of
 from activities.demand.hostlist import HostlistError, expand
 from activities.demand.slurm_power import (
     ResumePlan,
@@ -50,7 +51,6 @@ from contracts.cache import installed_bundle
 from contracts.region import RegionFileError, load_region
 from workers.settings import Settings, SettingsError, load_settings
 from workflows.acquisition.models import AcquisitionInput, LaunchItem, OperatorInput
-from workflows.controller.models import partition_of
 from workflows.slurm.models import NodeInstance, ReleaseReason, SlurmReleaseInput
 
 ACQUISITION_PREFIX = "slurm-"
@@ -253,7 +253,7 @@ async def _count_failures(
     s: Settings, client: Client, nodes: list[str], rows: list[InstanceRow]
 ) -> None:
     """Each failed node counts once against its pool's exclusion cycle."""
-    from activities.exclusion import notify_reclaim
+    from workflows.exclusion.client import notify_reclaim
 
     pools = {r.hostname: (r.pool_id, r.instance_id) for r in rows}
     missing = [n for n in nodes if n not in pools]

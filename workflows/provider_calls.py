@@ -17,7 +17,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.exceptions import TimeoutError as TemporalTimeoutError
 
 with workflow.unsafe.imports_passed_through():
-    from activities.control import ControlActivities
+    from activities.control.activities import ControlActivities
     from activities.decisions import Decision, DecisionKind
     from activities.events import EventKind
     from activities.fleet.activities import FleetActivities, RecordEventInput

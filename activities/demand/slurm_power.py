@@ -22,7 +22,7 @@ from activities.demand.hostlist import HostlistError, expand
 from activities.demand.model import PendingWork, Scheduler, match_contract
 from contracts.model import Contract, contract_tag_in_comment
 from contracts.region import Region
-from workflows.planning.costs import fit_units
+from planning.costs import fit_units
 
 #: Node features SCO writes into the slurm.conf fragment (`sco slurm conf`).
 SCO_FEATURE = "sco"

@@ -19,7 +19,7 @@ and `load_latest` skips it. A single process needs no process group (DCP saves a
 "in a single process" when torch.distributed is not initialized; checked with torch
 2.13); in a multi-rank job each rank registers (its own socket) and DCP coordinates the
 ranks' shards. Only `file://` paths are written here; object-store targets need an
-fsspec-backed storage writer. Exercised by tests/test_agent_dcp.py (a CPU training
+fsspec-backed storage writer. Exercised by tests/agent/test_agent_dcp.py (a CPU training
 process drained by the agent, then resumed).
 """
 

@@ -128,8 +128,8 @@ def notice_relay(
 def _exclusion_notifier(s: Settings, region: str) -> Callable[[ReclaimNotice], Awaitable[None]]:
     """Tell the pool's exclusion cycle about each notice (signal-with-start). Temporal
     being down costs nothing here: the cycle's own periodic count catches up."""
-    from activities.exclusion import notify_reclaim
     from workers.region_worker import connect
+    from workflows.exclusion.client import notify_reclaim
 
     client: Client | None = None
 

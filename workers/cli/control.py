@@ -12,6 +12,7 @@ from temporalio.client import WorkflowHandle
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.budget import BudgetStatus, SetRateInput, budget_workflow_id
+from activities.control.models import partition_of
 from activities.fleet.control_state import ControlRepository
 from contracts.bundle import VerifiedBundle
 from contracts.cache import installed_bundle
@@ -35,12 +36,7 @@ from workflows.acquisition.models import (
     OperatorInput,
 )
 from workflows.acquisition.workflow import AcquisitionWorkflow
-from workflows.controller.models import (
-    ControllerStatus,
-    DemandChanged,
-    controller_workflow_id,
-    partition_of,
-)
+from workflows.controller.models import ControllerStatus, DemandChanged, controller_workflow_id
 from workflows.controller.workflow import RegionControllerWorkflow
 
 T = TypeVar("T")

@@ -10,7 +10,8 @@ import typer
 from temporalio.client import WorkflowHandle
 from temporalio.common import WorkflowIDConflictPolicy
 
-from activities.exclusion import ExclusionRow, list_exclusions
+from activities.exclusion.activities import list_exclusions
+from activities.exclusion.models import ExclusionRow
 from contracts.region import RegionFileError, load_region
 from workers.cli.common import (
     console,

@@ -10,7 +10,7 @@ import enum
 from pydantic import BaseModel, Field, model_validator
 
 from activities.events import CapacityType
-from workflows.planning.arbiter import FallbackPlan
+from planning.arbiter import FallbackPlan
 
 
 class AcquisitionState(enum.StrEnum):

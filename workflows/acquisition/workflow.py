@@ -29,7 +29,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from activities.budget import TokenGrant
-    from activities.control import ControlActivities
+    from activities.control.activities import ControlActivities
     from activities.decisions import Decision, DecisionKind
     from activities.events import CapacityType, EventKind
     from activities.fleet.activities import (

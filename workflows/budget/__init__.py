@@ -1,7 +1,7 @@
 """The region token budget: one durable token bucket per region, shared by every workflow
 that makes mutating OpenStack calls there.
 
-- `token_bucket`: the pure bucket arithmetic;
+- the pure bucket arithmetic is `planning.token_bucket` (activities read it too);
 - `workflow`: TokenBudgetWorkflow, the per-region entity workflow;
 - `client`: BudgetClient, the requester side, used inside other workflows.
 

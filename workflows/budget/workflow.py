@@ -62,8 +62,8 @@ with workflow.unsafe.imports_passed_through():
         TokenGrant,
         TokenRequest,
     )
+    from planning.token_bucket import TokenBucket
     from workflows import search_attributes
-    from workflows.budget.token_bucket import TokenBucket
 
 # The messages are re-exported: requesters may import them from here or from activities.budget.
 __all__ = [

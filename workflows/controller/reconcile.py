@@ -12,11 +12,12 @@ from datetime import datetime, timedelta
 
 from pydantic import BaseModel
 
+from activities.control.models import ContractView, ControllerSnapshot
 from activities.events import CapacityType, InstanceState
+from planning.arbiter import FallbackPlan, price_fallback
+from planning.planner import Allocation, PlanInput, plan, units_per_instance
 from workflows.acquisition.models import LaunchItem
-from workflows.controller.models import ContractView, ControllerConfig, ControllerSnapshot
-from workflows.planning.arbiter import FallbackPlan, price_fallback
-from workflows.planning.planner import Allocation, PlanInput, plan, units_per_instance
+from workflows.controller.models import ControllerConfig
 
 
 class AcquisitionRequest(BaseModel):

@@ -20,7 +20,14 @@ from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
     from activities.budget import TokenGrant
-    from activities.control import ControlActivities
+    from activities.control.activities import ControlActivities
+    from activities.control.models import (
+        ControllerSnapshot,
+        InstanceBrief,
+        MarkSurplusInput,
+        MarkSurplusOutput,
+        SnapshotInput,
+    )
     from activities.fleet.control_state import AcquisitionRecord
     from activities.provider.activities import InstanceRef, ProviderActivities
     from workflows import search_attributes as sa
@@ -29,13 +36,8 @@ with workflow.unsafe.imports_passed_through():
     from workflows.budget.client import BudgetClient
     from workflows.controller.models import (
         ControllerInput,
-        ControllerSnapshot,
         ControllerStatus,
         DemandChanged,
-        InstanceBrief,
-        MarkSurplusInput,
-        MarkSurplusOutput,
-        SnapshotInput,
         TickSummary,
     )
     from workflows.controller.reconcile import reconcile

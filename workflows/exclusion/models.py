@@ -5,15 +5,14 @@ New fields always get defaults, so histories recorded before them still decode.
 
 from __future__ import annotations
 
-import enum
 from datetime import datetime
 
 from pydantic import AwareDatetime, BaseModel, Field
 
+from activities.exclusion.models import PoolState
+
 WORKFLOW_TYPE = "PoolExclusionWorkflow"
 RECLAIM_NOTICED_SIGNAL = "reclaim_noticed"
-#: The contract name canaries run under (fleet state, ledger).
-CANARY_WORKLOAD = "sco-canary"
 #: Child ids of probes; the region controller counts only `acq-` acquisitions.
 PROBE_PREFIX = "probe-"
 
@@ -26,14 +25,6 @@ def exclusion_workflow_id(pool_id: str) -> str:
 def probe_budget_key(region: str) -> str:
     """The budget region key of the region's probes: budget id `token-budget-<region>-probes`."""
     return f"{region}-probes"
-
-
-class PoolState(enum.StrEnum):
-    """The `exclusions.state` values; the planner skips EXCLUDED and PROBING pools."""
-
-    ADMITTED = "admitted"
-    EXCLUDED = "excluded"
-    PROBING = "probing"
 
 
 class ExclusionConfig(BaseModel):

@@ -5,7 +5,7 @@
     PROBING --capacity error or a notice during the probe--> EXCLUDED (strikes + 1)
 
 Notices arrive as `reclaim_noticed` signals (signal-with-start, from whoever records a
-NOTICE: `activities.exclusion.notify_reclaim`), deduplicated by instance id; a safety net
+NOTICE: `activities.exclusion.activities.notify_reclaim`), deduplicated by instance id; a safety net
 counts the pool's NOTICE events in fleet state every `check_seconds`, in case a signal was
 lost. Every state change is written to the `exclusions` row (which the planner reads: it
 skips excluded and probing pools) and recorded as a Decision for the ledger.
@@ -43,13 +43,15 @@ from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflow
 
 with workflow.unsafe.imports_passed_through():
     from activities.budget import SetRateInput, TokenGrant
-    from activities.control import ControlActivities
+    from activities.control.activities import ControlActivities
     from activities.decisions import Decision, DecisionKind
     from activities.events import EventKind
-    from activities.exclusion import (
+    from activities.exclusion.activities import ExclusionActivities
+    from activities.exclusion.models import (
+        CANARY_WORKLOAD,
         CountNoticesInput,
-        ExclusionActivities,
         PoolRef,
+        PoolState,
         SetStateInput,
     )
     from activities.fleet.activities import FleetActivities, RecordEventInput
@@ -60,7 +62,6 @@ with workflow.unsafe.imports_passed_through():
     from workflows.budget.client import BudgetClient
     from workflows.exclusion import policy
     from workflows.exclusion.models import (
-        CANARY_WORKLOAD,
         PROBE_PREFIX,
         ExclusionAck,
         ExclusionCarry,
@@ -68,7 +69,6 @@ with workflow.unsafe.imports_passed_through():
         ExclusionStatus,
         OperatorExclude,
         OperatorReadmit,
-        PoolState,
         ReclaimNoticed,
         Transition,
         exclusion_workflow_id,

@@ -12,18 +12,15 @@ from collections.abc import Iterable, Mapping
 from pydantic import BaseModel
 
 from activities.events import InstanceState
-from contracts.feasibility import MAX_HALL_SHARE, MIN_FLOOR_HALLS, spread_floor
-from workflows.floor.models import (
-    FloorConfig,
+from activities.floor.models import (
     FloorInstance,
     FloorShape,
     FloorSnapshot,
     HallCapacity,
-    HallLoss,
     ProbeResult,
-    generation_of,
-    reservation_of,
 )
+from contracts.feasibility import MAX_HALL_SHARE, MIN_FLOOR_HALLS, spread_floor
+from workflows.floor.models import FloorConfig, HallLoss, generation_of, reservation_of
 
 
 def choose_shape(

@@ -52,12 +52,21 @@ from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
     from activities.budget import TokenGrant
-    from activities.control import ControlActivities
+    from activities.control.activities import ControlActivities
     from activities.decisions import Decision, DecisionKind
     from activities.events import CapacityType, EventKind
     from activities.fleet.activities import FleetActivities, RecordEventInput
     from activities.fleet.control_state import AcquisitionRecord
-    from activities.floor import FloorActivities
+    from activities.floor.activities import FloorActivities
+    from activities.floor.models import (
+        FloorInstance,
+        FloorShape,
+        FloorSnapshot,
+        FloorSnapshotInput,
+        ProbeInput,
+        ProbeResult,
+        floor_prefix,
+    )
     from activities.provider.activities import (
         ExtendReservationInput,
         InstanceRef,
@@ -77,17 +86,10 @@ with workflow.unsafe.imports_passed_through():
     from workflows.floor.models import (
         FLOOR_PARTITION,
         FloorInput,
-        FloorInstance,
-        FloorShape,
-        FloorSnapshot,
-        FloorSnapshotInput,
         FloorState,
         FloorStatus,
         HallEvent,
         HallLoss,
-        ProbeInput,
-        ProbeResult,
-        floor_prefix,
         reservation_name,
     )
     from workflows.floor.plan import (

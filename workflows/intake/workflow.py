@@ -17,12 +17,9 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
+    from activities.control.models import partition_of
     from activities.demand.intake import CollectInput, CollectResult, DemandIntakeActivities
-    from workflows.controller.models import (
-        DemandChanged,
-        controller_workflow_id,
-        partition_of,
-    )
+    from workflows.controller.models import DemandChanged, controller_workflow_id
     from workflows.intake.models import CollectNow, IntakeInput, IntakeRound, IntakeStatus
     from workflows.metrics import count
 

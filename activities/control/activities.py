@@ -1,0 +1,282 @@
+"""Control-plane activities: what the region controller reads each tick, and what
+acquisitions record about themselves and their decisions.
+
+`snapshot` gathers one consistent-enough view for a controller partition: the contracts
+(from the signed bundle, the same one nodes and admission use), demand, live instances,
+open acquisitions, exclusions, provider free capacity and ledger reclaim rates. The plan is
+made in the workflow from this snapshot, so planning stays pure and replayable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from temporalio import activity
+
+from activities.control.models import (
+    ContractView,
+    ControllerSnapshot,
+    InstanceBrief,
+    MarkSurplusInput,
+    MarkSurplusOutput,
+    SnapshotInput,
+    partition_of,
+)
+from activities.decisions import Decision
+from activities.events import CapacityType, InstanceState
+from activities.fleet.control_state import AcquisitionRecord, AcquisitionRow, ControlRepository
+from activities.fleet.repository import FleetRepository, InstanceRow
+from activities.ledger.queries import reclaim_rate
+from activities.ledger.store import LedgerStore, LedgerUnavailable
+from activities.provider.errors import ProviderError
+from activities.provider.interface import CloudProvider
+from contracts.bundle import VerifiedBundle
+from contracts.cache import installed_bundle
+from contracts.region import Region, RegionFileError, load_region
+from planning.planner import (
+    ContractDemand,
+    contract_demand,
+    pool_input,
+    units_per_instance,
+)
+
+log = logging.getLogger(__name__)
+
+#: Instances that still cover demand. NOTICED/DRAINING ones are going away: their
+#: replacement starts at the notice, not after the loss.
+_COVERING = (InstanceState.REQUESTED, InstanceState.ACTIVE)
+#: Acquisitions the controller started; floors (issue: floor keeper) use their own prefix.
+ACQUISITION_PREFIX = "acq-"
+_RATE_CACHE_SECONDS = 300.0
+_FREE_CAPACITY_CONCURRENCY = 16
+
+
+class ControlActivities:
+    def __init__(
+        self,
+        fleet: FleetRepository,
+        control: ControlRepository,
+        provider: CloudProvider,
+        *,
+        regions_dir: Path,
+        bundle_cache_dir: Path,
+        trust_dir: Path,
+        ledger: LedgerStore | None = None,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self._fleet = fleet
+        self._control = control
+        self._provider = provider
+        self._regions_dir = regions_dir
+        self._bundle_cache_dir = bundle_cache_dir
+        self._trust_dir = trust_dir
+        self._ledger = ledger
+        self._clock = clock
+        self._rates: dict[str, float] = {}
+        self._rates_at = -math.inf
+
+    # -- writes from acquisitions --------------------------------------------------------
+
+    @activity.defn(name="control.record_acquisition")
+    def record_acquisition(self, rec: AcquisitionRecord) -> None:
+        self._control.record_acquisition(rec)
+
+    @activity.defn(name="control.record_decision")
+    def record_decision(self, decision: Decision) -> bool:
+        return self._control.record_decision(decision)
+
+    @activity.defn(name="control.mark_surplus")
+    def mark_surplus(self, inp: MarkSurplusInput) -> MarkSurplusOutput:
+        since = self._control.mark_surplus(inp.region, inp.workloads, inp.instance_ids)
+        return MarkSurplusOutput(since=since)
+
+    # -- the controller's view -----------------------------------------------------------
+
+    @activity.defn(name="control.snapshot")
+    async def snapshot(self, inp: SnapshotInput) -> ControllerSnapshot:
+        out = ControllerSnapshot(region=inp.region, partition=inp.partition)
+        try:
+            region = await asyncio.to_thread(load_region, self._regions_dir / f"{inp.region}.toml")
+        except (RegionFileError, FileNotFoundError) as exc:
+            return out.model_copy(update={"problem": f"region file: {exc}"})
+        bundle, problem = self._bundle()
+        if bundle is None:
+            return out.model_copy(update={"problem": problem})
+        contracts = [
+            c
+            for c in bundle.content.contracts
+            if inp.region in c.regions and partition_of(c.name, inp.partitions) == inp.partition
+        ]
+        names = [c.name for c in contracts]
+        demand, live, open_acqs, excluded, declines = await asyncio.to_thread(
+            self._fleet_view, inp.region, inp.partition, names
+        )
+        recorded = await asyncio.to_thread(
+            self._control.recorded_instances, [a.acquisition_id for a in open_acqs]
+        )
+        wanted = {c.name for c in contracts if demand.get(c.name, 0) > 0}
+        pool_ids = [
+            region.pool_id(p)
+            for p in region.pools
+            if any(
+                p.sku in c.placement.skus
+                and p.size in c.placement.sizes
+                and p.hall in c.placement.halls
+                for c in contracts
+                if c.name in wanted
+            )
+        ]
+        free = await self._free_capacity(pool_ids)
+        rates = await asyncio.to_thread(self._reclaim_rates, region, inp.reclaim_window_hours)
+        live_per_pool: dict[str, int] = {}
+        for row in live:
+            live_per_pool[row.pool_id] = live_per_pool.get(row.pool_id, 0) + 1
+        pools = [
+            pool_input(
+                region,
+                p,
+                free=min(
+                    free.get(region.pool_id(p), 0),
+                    max(0, p.reclaimable_units - live_per_pool.get(region.pool_id(p), 0)),
+                ),
+                reclaim_rate=rates.get(region.pool_id(p), 0.0),
+                excluded=region.pool_id(p) in excluded,
+            )
+            for p in region.pools
+        ]
+        views = []
+        for c in contracts:
+            # Instances with a hostname are Slurm CLOUD nodes: Slurm's power saving owns
+            # them (ResumeProgram/SuspendProgram), so they neither cover nor count as surplus.
+            mine = [r for r in live if r.workload == c.name and r.hostname is None]
+            reclaimable = [r for r in mine if r.capacity_type is CapacityType.RECLAIMABLE]
+            existing: dict[str, int] = {}
+            for r in reclaimable:
+                existing[r.pool_id] = existing.get(r.pool_id, 0) + 1
+            fallback = [
+                r
+                for r in mine
+                if r.capacity_type is CapacityType.COMMITTED
+                and (r.acquisition_id or "").startswith(ACQUISITION_PREFIX)
+            ]
+            cd = contract_demand(c, inp.region, demand.get(c.name, 0), existing)
+            outstanding = 0
+            for a in open_acqs:
+                if (
+                    a.workload != c.name
+                    or a.requested_instances <= 0
+                    or not a.acquisition_id.startswith(ACQUISITION_PREFIX)
+                ):
+                    continue
+                left = max(0, a.requested_instances - recorded.get(a.acquisition_id, 0))
+                outstanding += math.ceil(a.requested_units * left / a.requested_instances)
+            fallback_units = sum(_units(cd, region, r.pool_id) for r in fallback)
+            views.append(
+                ContractView(
+                    demand=cd,
+                    tier=c.tier,
+                    authority_per_hour=c.max_fallback_spend_per_hour,
+                    fallback_spend_per_hour=sum(r.price_per_hour for r in fallback),
+                    fallback_units=fallback_units,
+                    outstanding_units=outstanding,
+                    awaiting_approval=any(
+                        a.workload == c.name and a.state == "waiting_approval" for a in open_acqs
+                    ),
+                    fallback_declined_at=declines.get(c.name),
+                    kubernetes=bool(c.selectors.kubernetes),
+                    instances=[
+                        _brief(r)
+                        for r in mine
+                        if (r.acquisition_id or "").startswith(ACQUISITION_PREFIX)
+                    ],
+                )
+            )
+        return out.model_copy(
+            update={
+                "bundle_serial": bundle.serial,
+                "contracts": views,
+                "pools": pools,
+                "committed_rate": {
+                    hall: cap.price_per_vcpu_hour for hall, cap in region.committed.items()
+                },
+            }
+        )
+
+    def _bundle(self) -> tuple[VerifiedBundle | None, str]:
+        return installed_bundle(self._bundle_cache_dir, self._trust_dir)
+
+    def _fleet_view(
+        self, region: str, partition: int, names: list[str]
+    ) -> tuple[
+        dict[str, int],
+        list[InstanceRow],
+        list[AcquisitionRow],
+        set[str],
+        dict[str, datetime],
+    ]:
+        demand = self._control.demand_by_contract(region)
+        wanted = set(names)
+        live = [r for r in self._fleet.list_instances(region, _COVERING) if r.workload in wanted]
+        open_acqs = [
+            a for a in self._control.open_acquisitions(region, partition) if a.workload in wanted
+        ]
+        excluded = self._control.excluded_pools(region)
+        declines = self._control.last_fallback_decline(region, names)
+        return demand, live, open_acqs, excluded, declines
+
+    async def _free_capacity(self, pool_ids: list[str]) -> dict[str, int]:
+        gate = asyncio.Semaphore(_FREE_CAPACITY_CONCURRENCY)
+
+        async def one(pool_id: str) -> tuple[str, int]:
+            async with gate:
+                try:
+                    return pool_id, await self._provider.free_capacity(pool_id)
+                except ProviderError as exc:
+                    # One pool the provider cannot answer for is planned as full, not
+                    # a failed tick.
+                    log.warning("free capacity of %s: %s", pool_id, exc)
+                    return pool_id, 0
+
+        return dict(await asyncio.gather(*(one(p) for p in pool_ids)))
+
+    def _reclaim_rates(self, region: Region, window_hours: float) -> dict[str, float]:
+        if self._ledger is None:
+            return {}
+        if time.monotonic() - self._rates_at < _RATE_CACHE_SECONDS:
+            return self._rates
+        end = self._clock()
+        try:
+            self._rates = reclaim_rate(
+                self._ledger,
+                pool_ids=region.pool_ids(),
+                start=end - timedelta(hours=window_hours),
+                end=end,
+            )
+        except LedgerUnavailable as exc:
+            # Planning without risk data beats not planning; the last rates stay in use.
+            log.warning("reclaim rates unavailable, using the last known: %s", exc)
+        self._rates_at = time.monotonic()
+        return self._rates
+
+
+def _units(cd: ContractDemand, region: Region, pool_id: str) -> int:
+    return units_per_instance(cd, pool_input(region, region.pool(pool_id), free=0))
+
+
+def _brief(r: InstanceRow) -> InstanceBrief:
+    return InstanceBrief(
+        instance_id=r.instance_id,
+        pool_id=r.pool_id,
+        hall=r.hall,
+        state=r.state,
+        capacity_type=r.capacity_type,
+        price_per_hour=r.price_per_hour,
+        acquisition_id=r.acquisition_id,
+        provider_id=r.provider_id,
+    )

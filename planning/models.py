@@ -1,0 +1,162 @@
+"""The planner's inputs and outputs, and how they are built from contracts and regions.
+
+Frozen pydantic models: they cross Temporal's data converter inside workflow inputs and
+activity results. The cost model and the solver are in `planner`.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, field_validator
+
+from contracts.model import Contract
+from contracts.region import Pool, Region
+from planning.costs import RESTART_COST_HOURS, expected_cost, fit_units
+
+
+class PoolInput(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    pool_id: str
+    hall: str
+    sku: str
+    size: str
+    vcpu: int = Field(gt=0)
+    memory_gib: int = Field(gt=0)
+    gpus: int = Field(default=0, ge=0)
+    price_per_hour: float = Field(gt=0, allow_inf_nan=False)  # per instance-hour
+    reclaimable_units: int = Field(ge=0)  # pool size in instances
+    free: int = Field(ge=0)  # instances that can start now
+    reclaim_rate: float = Field(default=0.0, ge=0, allow_inf_nan=False)  # per instance-hour
+    excluded: bool = False  # by the pool exclusion cycle: never used for new instances
+
+
+class ContractDemand(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    contract: str
+    kind: str  # a WorkloadKind value
+    unit_vcpu: int = Field(gt=0)
+    unit_memory_gib: int = Field(gt=0)
+    unit_gpus: int = Field(default=0, ge=0)
+    skus: list[str]
+    sizes: list[str]
+    halls: list[str]
+    demand_units: int = Field(ge=0)  # total wanted, including what is already held
+    max_units_per_region: int = Field(ge=0)
+    max_pool_share: float = Field(gt=0, le=1)
+    spread_groups: list[str] = []
+    existing: dict[str, NonNegativeInt] = {}  # pool_id -> instances already held there
+
+    @field_validator("kind")
+    @classmethod
+    def _known_kind(cls, kind: str) -> str:
+        if kind not in RESTART_COST_HOURS:
+            raise ValueError(f"unknown workload kind {kind!r}; known: {sorted(RESTART_COST_HOURS)}")
+        return kind
+
+
+class PlanInput(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    contracts: list[ContractDemand]
+    pools: list[PoolInput]
+    spread_max_pool_fraction: float = Field(default=0.25, gt=0, le=1)
+
+
+class Allocation(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    contract: str
+    pool_id: str
+    hall: str
+    instances: int  # new instances to launch
+    # Demand units those instances cover: instances * units per instance, except that the
+    # last instance may be partly used (the contract needs no more, or a spread cap).
+    units: int
+    cost_per_hour: float  # risk-adjusted expected cost of these instances
+
+
+class ContractOutcome(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    contract: str
+    demand_units: int
+    target_units: int  # min(demand, max_units_per_region)
+    held_units: int  # covered by existing instances
+    planned_units: int  # covered by new allocations
+    shortfall_units: int  # target - held - planned: reclaimable capacity cannot cover it
+    surplus_units: int  # held beyond target (the controller may release)
+
+
+class Plan(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    allocations: list[Allocation]  # sorted by (contract, pool_id); instances > 0 only
+    outcomes: list[ContractOutcome]  # sorted by contract
+    cost_per_hour: float  # sum over allocations
+
+
+# --- building inputs from the contract and region models --------------------------------
+
+
+def contract_demand(
+    contract: Contract, region: str, demand_units: int, existing: dict[str, int] | None = None
+) -> ContractDemand:
+    """The planner's view of ``contract`` in ``region``.
+
+    A contract that does not list ``region`` gets a cap of 0 there: it is planned nothing,
+    and whatever it still holds in the region is reported as surplus.
+    """
+    p = contract.placement
+    return ContractDemand(
+        contract=contract.name,
+        kind=contract.kind.value,
+        unit_vcpu=contract.unit.vcpu,
+        unit_memory_gib=contract.unit.memory_gib,
+        unit_gpus=contract.unit.gpus,
+        skus=list(p.skus),
+        sizes=list(p.sizes),
+        halls=list(p.halls),
+        demand_units=demand_units,
+        max_units_per_region=p.max_units_per_region if region in contract.regions else 0,
+        max_pool_share=p.max_pool_share,
+        spread_groups=list(p.spread_groups),
+        existing=dict(existing or {}),
+    )
+
+
+def pool_input(
+    region: Region, pool: Pool, *, free: int, reclaim_rate: float = 0.0, excluded: bool = False
+) -> PoolInput:
+    """The planner's view of one pool of ``region``, with its live free capacity."""
+    return PoolInput(
+        pool_id=region.pool_id(pool),
+        hall=pool.hall,
+        sku=pool.sku,
+        size=pool.size,
+        vcpu=pool.vcpu,
+        memory_gib=pool.memory_gib,
+        gpus=pool.gpus,
+        price_per_hour=pool.price_per_hour,
+        reclaimable_units=pool.reclaimable_units,
+        free=free,
+        reclaim_rate=reclaim_rate,
+        excluded=excluded,
+    )
+
+
+def units_per_instance(demand: ContractDemand, pool: PoolInput) -> int:
+    """Demand units of ``demand`` one instance of ``pool`` holds (0: a unit does not fit)."""
+    return fit_units(
+        demand.unit_vcpu,
+        demand.unit_memory_gib,
+        demand.unit_gpus,
+        pool.vcpu,
+        pool.memory_gib,
+        pool.gpus,
+    )
+
+
+def risk_cost(pool: PoolInput, kind: str) -> float:
+    """Risk-adjusted expected cost of one instance-hour of ``pool`` for a ``kind`` workload."""
+    return expected_cost(pool.price_per_hour, pool.reclaim_rate, kind)

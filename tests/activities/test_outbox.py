@@ -1,0 +1,160 @@
+"""Outbox: a state change and its event commit together; the relay delivers every event,
+in per-instance order, across a broker outage."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import uuid
+from collections import defaultdict
+
+import psycopg
+
+from activities.events import CapacityType, EventKind, lifecycle_topic
+from activities.fleet.relay import OutboxRelay
+from activities.fleet.repository import FleetRepository, InstanceSpec
+from contracts.region import Region
+from tests.support.kafka_read import read_topic
+from workers.devbox.process import ProcessRecord
+
+LIFECYCLE = [EventKind.READY, EventKind.NOTICE, EventKind.DRAIN, EventKind.DELETE]
+EXPECTED_KINDS = ["acquire", *(k.value for k in LIFECYCLE)]
+
+
+def write_changes(
+    repo: FleetRepository,
+    region: Region,
+    prefix: str,
+    instances: int,
+    on_progress: threading.Event,
+    halfway: int,
+) -> list[str]:
+    """`instances` x 5 state changes, interleaved across instances like a real fleet."""
+    ids = [f"{prefix}-{n:05d}" for n in range(instances)]
+    pools = region.pool_ids()
+    written = 0
+    for n, iid in enumerate(ids):
+        repo.record_acquire(
+            InstanceSpec(
+                instance_id=iid,
+                region=region.id,
+                pool_id=pools[n % len(pools)],
+                capacity_type=CapacityType.RECLAIMABLE,
+                workload="ci-runners",
+                tier=3,
+            )
+        )
+    written += len(ids)
+    for kind in LIFECYCLE:
+        for iid in ids:
+            repo.record_event(iid, kind)
+            written += 1
+            if written == halfway:
+                on_progress.set()
+    return ids
+
+
+def unsent(dsn: str) -> int:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT count(*) FROM outbox WHERE sent_at IS NULL").fetchone()
+    return int(row[0]) if row else -1
+
+
+def test_ten_thousand_changes_survive_a_broker_outage(
+    fleet_repo: FleetRepository,
+    region_r1: Region,
+    pg_dsn: str,
+    kafka_bootstrap: str,
+    tansu: ProcessRecord,
+) -> None:
+    prefix = f"ob-{uuid.uuid4().hex[:8]}"
+    instances = 2000  # x 5 changes each = 10,000 events
+    stop = threading.Event()
+    relay = OutboxRelay(pg_dsn, kafka_bootstrap, batch_size=1000, idle_poll_seconds=0.05)
+    relay_thread = threading.Thread(target=relay.run, args=(stop,), daemon=True)
+    relay_thread.start()
+
+    halfway = threading.Event()
+    writer_result: list[list[str]] = []
+    writer = threading.Thread(
+        target=lambda: writer_result.append(
+            write_changes(fleet_repo, region_r1, prefix, instances, halfway, 5000)
+        )
+    )
+    writer.start()
+    try:
+        assert halfway.wait(120), "writer never reached the midpoint"
+        os.kill(tansu.pid, signal.SIGSTOP)  # broker unreachable: tansu is memory-only
+        try:
+            writer.join(120)
+            assert not writer.is_alive()
+            time.sleep(3)
+            backlog_during_outage = unsent(pg_dsn)
+        finally:
+            os.kill(tansu.pid, signal.SIGCONT)
+        assert backlog_during_outage > 0, "the outage should have held events back"
+        deadline = time.monotonic() + 120
+        while unsent(pg_dsn) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert unsent(pg_dsn) == 0
+    finally:
+        stop.set()
+        relay_thread.join(30)
+
+    with psycopg.connect(pg_dsn) as conn:
+        committed = {
+            str(r[0])
+            for r in conn.execute(
+                "SELECT event_id FROM outbox WHERE key LIKE %s", (f"{prefix}-%",)
+            ).fetchall()
+        }
+    assert len(committed) == instances * 5
+
+    seen = read_topic(
+        kafka_bootstrap,
+        lifecycle_topic("r1"),
+        expect=len(committed),
+        keep=lambda e: e.instance_id.startswith(prefix),
+    )
+    # A consumer that dedupes by event id sees each event exactly once, none missing.
+    first_seen: dict[str, object] = {}
+    per_instance: dict[str, list[str]] = defaultdict(list)
+    for event in seen:
+        key = str(event.event_id)
+        if key in first_seen:
+            continue
+        first_seen[key] = event
+        per_instance[event.instance_id].append(event.kind.value)
+    assert set(first_seen) == committed
+    assert len(per_instance) == instances
+    assert all(kinds == EXPECTED_KINDS for kinds in per_instance.values())
+
+
+def test_pruning_removes_only_sent_rows_past_retention(
+    fleet_repo: FleetRepository, region_r1: Region, pg_dsn: str, kafka_bootstrap: str
+) -> None:
+    relay = OutboxRelay(pg_dsn, kafka_bootstrap, retention_hours=0)
+    with psycopg.connect(pg_dsn) as conn:
+        while relay.publish_batch(conn):
+            pass
+        sent_before = conn.execute(
+            "SELECT count(*) FROM outbox WHERE sent_at IS NOT NULL"
+        ).fetchone()
+        conn.commit()
+        prefix = f"pr-{uuid.uuid4().hex[:8]}"
+        fleet_repo.record_acquire(
+            InstanceSpec(
+                instance_id=prefix,
+                region="r1",
+                pool_id=region_r1.pool_ids()[0],
+                capacity_type=CapacityType.RECLAIMABLE,
+                workload="ci-runners",
+                tier=3,
+            )
+        )
+        assert sent_before is not None
+        assert relay.prune(conn) == sent_before[0]
+        left = conn.execute("SELECT key, sent_at FROM outbox").fetchall()
+    assert left == [(prefix, None)]  # the unsent event stays

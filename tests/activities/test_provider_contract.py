@@ -1,0 +1,256 @@
+"""One contract suite for every CloudProvider implementation.
+
+Runs against the in-process simulator and the simulator service over real NATS (what
+workers, relays and agents share); the OpenStack implementation runs the same checks in
+`tests/test_testcloud_*.py` when the real test cloud is up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import nats
+import pytest
+
+from activities.provider.errors import InsufficientCapacity, NotFound, RateLimited, Transient
+from activities.provider.interface import (
+    CloudProvider,
+    CreateRequest,
+    InstanceStatus,
+    ProviderInstance,
+    ReservationRequest,
+)
+from activities.provider.sim_service import SimulatorClient, serve
+from activities.provider.simulator import Faults, ReclaimModel, SimulatedCloud
+from contracts.region import Region
+from tests.support.paths import REPO
+
+NATS_URL = "nats://127.0.0.1:4222"
+TESTCLOUD_CONFIG = Path(
+    os.environ.get(
+        "OS_CLIENT_CONFIG_FILE",
+        REPO / ".sco/testcloud/clouds.yaml",
+    )
+)
+
+
+@dataclass
+class Cloud:
+    provider: CloudProvider
+    sim: SimulatedCloud | None  # the simulated cloud behind it, for fault control
+
+    def simulated(self) -> SimulatedCloud:
+        if self.sim is None:
+            pytest.skip("fault injection exists only in the simulator")
+        return self.sim
+
+
+def openstack_provider() -> CloudProvider:
+    if not TESTCLOUD_CONFIG.is_file():
+        if os.environ.get("SCO_REQUIRE_TESTCLOUD") == "1":
+            pytest.fail(
+                f"SCO_REQUIRE_TESTCLOUD=1 but {TESTCLOUD_CONFIG} is missing: "
+                "run deploy/testcloud/up.sh"
+            )
+        pytest.skip(f"no test cloud ({TESTCLOUD_CONFIG} missing; deploy/testcloud/up.sh)")
+    import socket
+
+    try:  # clouds.yaml outlives `down.sh`: the cloud must also answer
+        socket.create_connection(("127.0.0.1", 5000), timeout=2).close()
+    except OSError:
+        if os.environ.get("SCO_REQUIRE_TESTCLOUD") == "1":
+            pytest.fail("SCO_REQUIRE_TESTCLOUD=1 but the test cloud's Keystone does not answer")
+        pytest.skip("the test cloud is down (Keystone does not answer)")
+    os.environ["OS_CLIENT_CONFIG_FILE"] = str(TESTCLOUD_CONFIG)
+    from activities.provider.openstack import OpenStackProvider
+
+    return OpenStackProvider.from_cloud("sco-testcloud", image="sco-image", network="none")
+
+
+@pytest.fixture(
+    params=["in-process", "service", pytest.param("openstack", marks=pytest.mark.testcloud)]
+)
+async def cloud(request: pytest.FixtureRequest, region_r1: Region) -> AsyncIterator[Cloud]:
+    if request.param == "openstack":
+        provider = openstack_provider()
+        yield Cloud(provider, None)
+        for inst in await provider.list_owned("r1"):
+            if inst.name.startswith(PREFIX):
+                await provider.delete(inst.provider_id)
+        for res in await provider.list_reservations("r1"):
+            await provider.delete_reservation(res.lease_id)
+        return
+    sim = SimulatedCloud(region_r1, clock=lambda: 0.0)
+    if request.param == "in-process":
+        yield Cloud(sim, sim)
+        return
+    prefix = f"test{uuid.uuid4().hex[:8]}"  # no other test run answers our requests
+    nc = await nats.connect(NATS_URL)
+    server = asyncio.create_task(serve(sim, nc, prefix=prefix))
+    await asyncio.sleep(0.05)
+    client = SimulatorClient(NATS_URL, "r1", prefix=prefix)
+    try:
+        yield Cloud(client, sim)
+    finally:
+        server.cancel()
+        await client.close()
+        await nc.close()
+
+
+PREFIX = f"sco-r1-ct{uuid.uuid4().hex[:6]}-"
+
+
+def request(region: Region, pool_id: str, name: str | None = None) -> CreateRequest:
+    pool = region.pool(pool_id)
+    return CreateRequest(
+        name=name or f"{PREFIX}{uuid.uuid4().hex[:8]}",
+        region=region.id,
+        pool_id=pool_id,
+        hall=pool.hall,
+        flavor=pool.flavor,
+    )
+
+
+async def launch(provider: CloudProvider, req: CreateRequest) -> ProviderInstance:
+    """Create and wait for ACTIVE; a real cloud reports NoValidHost while booting, the
+    simulator at create: both surface as InsufficientCapacity."""
+    inst = await provider.create(req)
+    for _ in range(600):
+        if inst.status is InstanceStatus.ACTIVE:
+            return inst
+        if inst.status is InstanceStatus.ERROR:
+            raise InsufficientCapacity(f"{req.name} went to ERROR")
+        await asyncio.sleep(0.2)
+        inst = await provider.get(inst.provider_id)
+    raise AssertionError(f"{req.name} did not become ACTIVE")
+
+
+async def test_implementations_are_cloud_providers(cloud: Cloud) -> None:
+    assert isinstance(cloud.provider, CloudProvider)
+
+
+async def test_create_get_list_delete(cloud: Cloud, region_r1: Region) -> None:
+    p = cloud.provider
+    created = await launch(p, request(region_r1, "r1.B.gp.l"))
+    assert created.hall == "B" and created.pool_id == "r1.B.gp.l"  # the AZ picks the hall
+    assert (await p.get(created.provider_id)).status is InstanceStatus.ACTIVE
+    assert created.provider_id in {i.provider_id for i in await p.list_owned("r1")}
+    assert await p.list_owned("r2") == []
+    await p.delete(created.provider_id)
+    await p.delete(created.provider_id)  # already gone: still success
+    for _ in range(300):  # a real cloud deletes asynchronously
+        try:
+            await p.get(created.provider_id)
+        except NotFound:
+            break
+        await asyncio.sleep(0.2)
+    with pytest.raises(NotFound):
+        await p.get(created.provider_id)
+
+
+async def test_a_retried_create_makes_no_duplicate(cloud: Cloud, region_r1: Region) -> None:
+    req = request(region_r1, "r1.A.cpu.xl")
+    first = await cloud.provider.create(req)
+    again = await cloud.provider.create(req)  # the response to the first was "lost"
+    assert again.provider_id == first.provider_id
+    assert [i.provider_id for i in await cloud.provider.list_owned("r1") if i.name == req.name] == [
+        first.provider_id
+    ]
+
+
+async def test_an_exhausted_pool_raises_insufficient_capacity(
+    cloud: Cloud, region_r1: Region
+) -> None:
+    pool_id = "r1.D.gpu-a.4xl"  # the biggest VM: few fit, in the simulator and the test cloud
+    with pytest.raises(InsufficientCapacity):
+        for _ in range(region_r1.pool(pool_id).reclaimable_units + 1):
+            await launch(cloud.provider, request(region_r1, pool_id))
+    assert await cloud.provider.free_capacity(pool_id) == 0
+
+
+async def test_a_reservation_admits_its_amount_and_no_more(cloud: Cloud, region_r1: Region) -> None:
+    p = cloud.provider
+    lease = await p.create_reservation(
+        ReservationRequest(
+            name=f"{PREFIX}floor-A",
+            region="r1",
+            hall="A",
+            flavor="cpu.xl",
+            amount=2,
+            end=datetime.now(UTC) + timedelta(days=1),
+        )
+    )
+    for _ in range(600):  # a real Blazar starts leases on a ~10 s poll
+        if lease.status == "ACTIVE":
+            break
+        await asyncio.sleep(0.2)
+        lease = next(r for r in await p.list_reservations("r1") if r.lease_id == lease.lease_id)
+    assert lease.status == "ACTIVE"
+    req = request(region_r1, "r1.A.cpu.xl")
+    for n in range(2):
+        inst = await launch(
+            p,
+            req.model_copy(
+                update={"name": f"{PREFIX}floor-{n}", "reservation_id": lease.reservation_id}
+            ),
+        )
+        assert inst.hall == "A"
+    with pytest.raises(InsufficientCapacity):  # the third: NoValidHost
+        await launch(
+            p,
+            req.model_copy(
+                update={"name": f"{PREFIX}floor-3", "reservation_id": lease.reservation_id}
+            ),
+        )
+    later = datetime.now(UTC) + timedelta(days=2)
+    extended = await p.extend_reservation(lease.lease_id, later)
+    assert extended.end.replace(second=0, microsecond=0) == later.replace(second=0, microsecond=0)
+    await p.delete_reservation(lease.lease_id)
+    for _ in range(300):
+        if all(r.lease_id != lease.lease_id for r in await p.list_reservations("r1")):
+            break
+        await asyncio.sleep(0.2)
+    assert all(r.lease_id != lease.lease_id for r in await p.list_reservations("r1"))
+
+
+async def test_injected_throttling_and_errors_are_typed(cloud: Cloud, region_r1: Region) -> None:
+    sim = cloud.simulated()
+    sim.faults = Faults(rate_limit=1.0, retry_after_s=2.5)
+    with pytest.raises(RateLimited) as err:
+        await cloud.provider.create(request(region_r1, "r1.A.gp.l"))
+    assert err.value.retry_after == timedelta(seconds=2.5)
+    app_error = err.value.to_application_error()
+    assert app_error.type == "RateLimited" and not app_error.non_retryable
+    sim.faults = Faults()
+    sim.fail_next(Transient("503"))
+    with pytest.raises(Transient):
+        await cloud.provider.get("x")
+    assert InsufficientCapacity("x").to_application_error().non_retryable
+
+
+async def test_a_lost_hall_fails_its_instances_and_refuses_new_ones(
+    cloud: Cloud, region_r1: Region
+) -> None:
+    sim = cloud.simulated()
+    inst = await cloud.provider.create(request(region_r1, "r1.C.gp.xl"))
+    sim.fail_hall("C")
+    assert (await cloud.provider.get(inst.provider_id)).status is InstanceStatus.ERROR
+    with pytest.raises(InsufficientCapacity):
+        await cloud.provider.create(request(region_r1, "r1.C.gp.l"))
+    sim.restore_hall("C")
+    assert (await cloud.provider.get(inst.provider_id)).status is InstanceStatus.ACTIVE
+
+
+def test_reclaim_bursts_cluster_within_three_minutes() -> None:
+    model = ReclaimModel(base_per_instance_hour=0.0, bursts_per_pool_hour=1.0, burst_fraction=0.5)
+    events = model.sample([f"i{n}" for n in range(100)], hours=1.0, rng=random.Random(7))
+    assert events, "a one-hour window at one burst per hour should see a burst"
+    first = events[0][0]
+    assert len([t for t, _ in events if t - first <= 180]) >= 50

@@ -1,0 +1,176 @@
+"""Notices on the machine's real NATS JetStream: one drain per notice, every workload told."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import nats
+import pytest
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from agent.checkpoint import register
+from agent.daemon import Agent
+from agent.natslink import NatsLink
+from agent.notices import Notice
+from agent.report import drain_subject
+from agent.scheduler import Workload
+from agent.sources.metadata import MetadataFileSource
+from agent.sources.nats import NatsNoticeSource
+from contracts.cache import BundleCache
+from contracts.keys import TrustStore
+from contracts.notice import ReclaimNotice, notice_stream
+from tests.support.agent_fakes import RecordingScheduler, agent_config, signed_bundle
+
+NATS_URL = "nats://127.0.0.1:4222"
+pytestmark = pytest.mark.timeout(50)
+
+
+@pytest.fixture
+async def nats_region() -> AsyncIterator[tuple[Client, str]]:
+    """A client and a region of our own (its notice stream created, deleted after)."""
+    try:
+        nc = await nats.connect(NATS_URL, connect_timeout=2, max_reconnect_attempts=0)
+    except Exception as exc:
+        pytest.skip(f"no NATS at {NATS_URL}: {exc}")
+    region = f"t{uuid.uuid4().hex[:8]}"
+    js = nc.jetstream()
+    await js.add_stream(name=notice_stream(region), subjects=[f"sco.{region}.notice.>"])
+    yield nc, region
+    await js.delete_stream(notice_stream(region))
+    await nc.close()
+
+
+def install_bundle(tmp: Path) -> None:
+    raw, trust, _ = signed_bundle(tmp)
+    assert BundleCache(tmp / "cache", TrustStore.load(trust)).offer(raw).accepted
+
+
+def make_notice(region: str, node: str, seconds: float = 60) -> ReclaimNotice:
+    now = datetime.now(UTC)
+    return ReclaimNotice(
+        notice_id=ReclaimNotice.stable_id(region, node, now),
+        region=region,
+        hall="D",
+        node=node,
+        pool_id=f"{region}.D.cpu.l",
+        issued_at=now,
+        deadline=now + timedelta(seconds=seconds),
+        reason="test reclaim",
+    )
+
+
+async def wait_for(predicate: object, seconds: float = 10) -> None:
+    assert callable(predicate)
+    end = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < end, "timed out"
+        await asyncio.sleep(0.01)
+
+
+async def test_a_notice_cordons_and_tells_every_workload_once(
+    nats_region: tuple[Client, str], tmp_path: Path
+) -> None:
+    nc, region = nats_region
+    node = "node-a1"
+    install_bundle(tmp_path)
+    config = agent_config(tmp_path, node=node, region=region, nats_urls=[NATS_URL])
+    told: list[tuple[str, float]] = []
+
+    def checkpoint_now(reason: str, deadline: float) -> str:
+        told.append(("101", time.monotonic()))
+        assert deadline > time.time()
+        return "file:///ckpt/step-7"
+
+    server = register(checkpoint_now, socket_path=config.socket_dir / "slurm-101.sock")
+    scheduler = RecordingScheduler(
+        [
+            Workload(id="101", socket_name="slurm-101", account="mlr", partition="spot"),
+            Workload(id="102", socket_name="slurm-102", comment="sco-contract=ci"),
+        ]
+    )
+    link = NatsLink([NATS_URL])
+    source = NatsNoticeSource(link, region, "D", node)
+    agent = Agent(config, scheduler=scheduler, sources=[source], link=link)
+    reports: list[dict[str, object]] = []
+
+    async def on_report(msg: Msg) -> None:
+        reports.append(json.loads(msg.data))
+
+    await nc.subscribe(drain_subject(region, "D", node), cb=on_report)
+    stop = asyncio.Event()
+    run = asyncio.create_task(agent.run(stop))
+    try:
+        await asyncio.wait_for(source.watching.wait(), 10)
+        notice = make_notice(region, node)
+        published = time.monotonic()
+        await nc.jetstream().publish(notice.subject, notice.model_dump_json().encode())
+        await wait_for(lambda: len(agent.reports) == 1)
+        report = agent.reports[0]
+        outcomes = {w.workload: (w.contract, w.result, w.path) for w in report.workloads}
+        assert outcomes == {
+            "101": ("llm-train", "checkpointed", "file:///ckpt/step-7"),
+            "102": ("ci-runners", "requeued", ""),
+        }
+        assert scheduler.ops()[0] == ("cordon", node)
+        assert sorted(scheduler.ops()[1:]) == [("requeue", "101"), ("requeue", "102")]
+        # Latency: publish -> cordon, and publish -> the last workload told.
+        cordoned = scheduler.calls[0][2] - published
+        requeued_102 = next(t for op, w, t in scheduler.calls if w == "102")
+        last_told = max(told[0][1], requeued_102) - published
+        print(f"notice->cordon {cordoned * 1000:.1f} ms, ->all told {last_told * 1000:.1f} ms")
+        assert last_told < 1.0
+
+        # The same notice again (a relay retry, or another source) does nothing.
+        await nc.jetstream().publish(notice.subject, notice.model_dump_json().encode())
+        await asyncio.sleep(0.5)
+        assert len(agent.reports) == 1 and len(scheduler.calls) == 3 and len(told) == 1
+        await wait_for(lambda: any(r.get("event") == "drain_finished" for r in reports))
+    finally:
+        stop.set()
+        await asyncio.wait_for(run, 30)
+        server.close()
+    journal = [json.loads(line) for line in config.journal_path.read_text().splitlines()]
+    assert [e["event"] for e in journal] == ["notice_received", "drain_finished"]
+    # A restarted agent remembers: the dedupe store is on disk beside the journal.
+    again = Agent(config, scheduler=scheduler, sources=[])
+    await again.submit(Notice.from_reclaim(notice, "nats"))
+    assert again.queue.empty()
+
+
+async def test_the_metadata_file_source_drains_once(tmp_path: Path) -> None:
+    node = "node-m1"
+    config = agent_config(tmp_path, node=node)
+    install_bundle(tmp_path)
+    scheduler = RecordingScheduler(
+        [Workload(id="7", socket_name="slurm-7", comment="sco-contract=ci")]
+    )
+    meta = tmp_path / "metadata.json"
+    source = MetadataFileSource(meta, node, poll_seconds=0.02)
+    agent = Agent(config, scheduler=scheduler, sources=[source])
+    stop = asyncio.Event()
+    run = asyncio.create_task(agent.run(stop))
+    try:
+        await asyncio.wait_for(agent.ready.wait(), 5)
+        deadline = (datetime.now(UTC) + timedelta(seconds=30)).isoformat()
+        meta.write_text(json.dumps({"action": "terminate", "time": deadline}))
+        await wait_for(lambda: len(agent.reports) == 1)
+        await asyncio.sleep(0.2)  # ten more polls of the same file
+        assert len(agent.reports) == 1
+        assert scheduler.ops() == [("cordon", node), ("requeue", "7")]
+    finally:
+        stop.set()
+        await asyncio.wait_for(run, 30)
+
+
+async def test_a_notice_for_another_node_is_ignored(tmp_path: Path) -> None:
+    config = agent_config(tmp_path, node="node-x")
+    agent = Agent(config, scheduler=RecordingScheduler(), sources=[])
+    await agent.submit(Notice.from_reclaim(make_notice("r1", "node-y"), "nats"))
+    assert agent.queue.empty()

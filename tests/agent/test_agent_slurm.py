@@ -1,0 +1,117 @@
+"""The agent against a real one-node Slurm (slurmctld + slurmd on loopback) and real NATS:
+a notice drains the node and requeues the contract's job. Skips when slurmd cannot start."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import nats
+import pytest
+
+from agent.daemon import Agent
+from agent.natslink import NatsLink
+from agent.scheduler.slurm import SlurmScheduler
+from agent.sources.nats import NatsNoticeSource
+from contracts.cache import BundleCache
+from contracts.keys import TrustStore
+from contracts.notice import ReclaimNotice, notice_stream
+from tests.support.agent_fakes import agent_config, signed_bundle
+from tests.support.agent_slurm_cluster import NODE, agent_slurm_cluster, node_state
+from tests.support.slurm_cluster import SlurmCluster
+
+NATS_URL = "nats://127.0.0.1:4222"
+pytestmark = pytest.mark.timeout(55)
+
+
+@pytest.fixture(scope="module")
+def slurm() -> Iterator[SlurmCluster]:
+    try:
+        with agent_slurm_cluster() as cluster:
+            yield cluster
+    except RuntimeError as exc:
+        pytest.skip(f"Slurm with slurmd cannot start here: {str(exc)[:400]}")
+
+
+@pytest.fixture
+async def region() -> AsyncIterator[str]:
+    try:
+        nc = await nats.connect(NATS_URL, connect_timeout=2, max_reconnect_attempts=0)
+    except Exception as exc:
+        pytest.skip(f"no NATS at {NATS_URL}: {exc}")
+    name = f"t{uuid.uuid4().hex[:8]}"
+    await nc.jetstream().add_stream(name=notice_stream(name), subjects=[f"sco.{name}.notice.>"])
+    yield name
+    await nc.jetstream().delete_stream(notice_stream(name))
+    await nc.close()
+
+
+def job_field(slurm: SlurmCluster, job: str, key: str) -> str:
+    out = slurm.run("scontrol", "show", "job", job).stdout
+    for token in out.split():
+        if token.startswith(f"{key}="):
+            return token.split("=", 1)[1]
+    return ""
+
+
+async def test_a_notice_drains_the_node_and_requeues_the_job(
+    slurm: SlurmCluster, region: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SLURM_CONF", str(slurm.conf))  # the agent's scontrol/squeue
+    raw, trust, _ = signed_bundle(tmp_path)
+    assert BundleCache(tmp_path / "cache", TrustStore.load(trust)).offer(raw).accepted
+    submitted = slurm.run(
+        "sbatch", "--parsable", "--account=ci", "--partition=spot", "--requeue",
+        "--comment=sco-contract=ci", "--wrap", "sleep 300",
+    )  # fmt: skip
+    assert submitted.returncode == 0, submitted.stderr
+    job = submitted.stdout.strip().split(";")[0]
+    end = time.monotonic() + 20
+    while job_field(slurm, job, "JobState") != "RUNNING":
+        assert time.monotonic() < end, f"job never ran: {slurm.log()[-2000:]}"
+        await asyncio.sleep(0.2)
+
+    config = agent_config(
+        tmp_path, node=NODE, region=region, scheduler="slurm", nats_urls=[NATS_URL]
+    )
+    link = NatsLink([NATS_URL])
+    source = NatsNoticeSource(link, region, "D", NODE)
+    agent = Agent(config, scheduler=SlurmScheduler(dry_run=False), sources=[source], link=link)
+    stop = asyncio.Event()
+    run = asyncio.create_task(agent.run(stop))
+    nc = await nats.connect(NATS_URL)
+    try:
+        await asyncio.wait_for(source.watching.wait(), 10)
+        now = datetime.now(UTC)
+        notice = ReclaimNotice(
+            notice_id=ReclaimNotice.stable_id(region, NODE, now),
+            region=region,
+            hall="D",
+            node=NODE,
+            pool_id="p",
+            issued_at=now,
+            deadline=now + timedelta(seconds=120),
+        )
+        await nc.jetstream().publish(notice.subject, notice.model_dump_json().encode())
+        end = time.monotonic() + 20
+        while not agent.reports:
+            assert time.monotonic() < end, "no drain"
+            await asyncio.sleep(0.05)
+    finally:
+        await nc.close()
+        stop.set()
+        await asyncio.wait_for(run, 30)
+    report = agent.reports[0]
+    assert report.cordoned and not report.conservative
+    assert [(w.workload, w.contract, w.result) for w in report.workloads] == [
+        (job, "ci-runners", "requeued")
+    ]
+    assert node_state(slurm).startswith("drain")
+    assert job_field(slurm, job, "Restarts") == "1"
+    assert job_field(slurm, job, "JobState") in ("PENDING", "REQUEUED")
+    reason = slurm.run("sinfo", "-h", "-R", "-n", NODE, "-o", "%E").stdout
+    assert notice.notice_id in reason

@@ -1,0 +1,128 @@
+"""Fakes for the node agent's tests (and the bench): a recording scheduler, bundles, a
+workload process that answers checkpoints, an agent with a recording scheduler."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from nacl.signing import SigningKey
+
+from agent.config import AgentConfig
+from agent.daemon import Agent
+from agent.scheduler import NodeScheduler, SchedulerError, Workload
+from contracts import bundle, keys
+from contracts.cache import BundleCache
+from contracts.keys import TrustStore
+from contracts.source import read_contracts
+from tests.support.paths import EXAMPLES
+
+
+@dataclass
+class RecordingScheduler:
+    """Holds workloads in memory and records every call with its monotonic time."""
+
+    workloads_on_node: list[Workload] = field(default_factory=list)
+    dry_run: bool = False
+    calls: list[tuple[str, str, float]] = field(default_factory=list)
+    next_error: SchedulerError | None = None
+    kind: str = "fake"
+
+    def _record(self, op: str, target: str) -> None:
+        self.calls.append((op, target, time.monotonic()))
+        if self.next_error is not None:
+            err, self.next_error = self.next_error, None
+            raise err
+
+    async def cordon(self, node: str, reason: str) -> None:
+        self._record("cordon", node)
+
+    async def workloads(self, node: str) -> list[Workload]:
+        return list(self.workloads_on_node)
+
+    async def requeue(self, workload: Workload, grace_seconds: int) -> None:
+        self._record("requeue", workload.id)
+        self.workloads_on_node = [w for w in self.workloads_on_node if w.id != workload.id]
+
+    async def force(self, workload: Workload) -> None:
+        self._record("force", workload.id)
+        self.workloads_on_node = [w for w in self.workloads_on_node if w.id != workload.id]
+
+    def ops(self) -> list[tuple[str, str]]:
+        return [(op, target) for op, target, _ in self.calls]
+
+
+_check: type[NodeScheduler] = RecordingScheduler  # the fake keeps the interface
+
+
+def signed_bundle(directory: Path, *, serial: int = 1) -> tuple[bytes, Path, SigningKey]:
+    """The example contracts signed by a fresh key; returns (raw, trust dir, key)."""
+    trust = directory / "trust"
+    if trust.is_dir() and any(trust.glob("*.key")):
+        key = keys.load_signing_key(next(trust.glob("*.key")))
+    else:
+        _, private, _ = keys.generate(trust)
+        key = keys.load_signing_key(private)
+    sources, findings = read_contracts(EXAMPLES)
+    assert not findings
+    raw = bundle.build(
+        [s.contract for s in sources],
+        serial=serial,
+        created_at=datetime.now(UTC) - timedelta(minutes=1),
+        key=key,
+    )
+    return raw, trust, key
+
+
+def agent_config(tmp: Path, *, node: str, region: str = "r1", **over: Any) -> AgentConfig:
+    values: dict[str, object] = {
+        "node_id": node,
+        "region": region,
+        "hall": "D",
+        "scheduler": "none",
+        "nats_urls": [],
+        "cache_dir": tmp / "cache",
+        "trust_dir": tmp / "trust",
+        "journal_path": tmp / "journal" / "journal.jsonl",
+        "socket_dir": tmp / "sockets",
+        "safety_margin_seconds": 0.5,
+    }
+    values.update(over)
+    return AgentConfig.model_validate(values)
+
+
+# A workload: registers a checkpoint callback that answers after argv[2] seconds.
+WORKLOAD_SCRIPT = """
+import sys, time
+from pathlib import Path
+from agent.checkpoint import register
+delay = float(sys.argv[2])
+def checkpoint_now(reason, deadline):
+    time.sleep(delay)
+    return "file:///ckpt/" + reason
+register(checkpoint_now, socket_path=Path(sys.argv[1]))
+time.sleep(600)
+"""
+
+
+def wait_for_path(path: Path, seconds: float = 10) -> None:
+    import time
+
+    end = time.monotonic() + seconds
+    while not path.exists():
+        assert time.monotonic() < end, f"{path} never appeared"
+        time.sleep(0.02)
+
+
+def training_agent(tmp_path: Path, job: str, **over: Any) -> tuple[Agent, RecordingScheduler]:
+    raw, trust, _ = signed_bundle(tmp_path)
+    assert BundleCache(tmp_path / "cache", TrustStore.load(trust)).offer(raw).accepted
+    scheduler = RecordingScheduler(
+        [Workload(id=job, socket_name=f"slurm-{job}", account="mlr", partition="spot")]
+    )
+    return Agent(
+        agent_config(tmp_path, node="g1", **over), scheduler=scheduler, sources=[]
+    ), scheduler

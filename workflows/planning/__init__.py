@@ -1,1 +1,0 @@
-"""Planning: which pools reclaimable instances should be launched in, and for whom."""
