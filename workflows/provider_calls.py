@@ -48,8 +48,21 @@ def error_type(exc: BaseException) -> str:
     return cause.type or "" if isinstance(cause, ApplicationError) else ""
 
 
-async def delete_instance(budget: BudgetClient, region: str, provider_id: str) -> None:
-    """Delete until the provider says it is done; other errors raise ActivityError."""
+async def delete_instance(
+    budget: BudgetClient,
+    region: str,
+    provider_id: str,
+    *,
+    attempts: int | None = None,
+    call_timeout: timedelta = timedelta(seconds=60),
+) -> bool:
+    """The one budgeted delete: a token per attempt, backoff between attempts.
+
+    `attempts=None`: delete until the provider says it is done, retrying while retrying can
+    help; another error raises ActivityError. `attempts=N`: give up after N attempts of any
+    kind and return False (logged), for callers that try again later on their own (the
+    controller's next tick, the floor keeper's next round, the next probe's leftovers).
+    An instance the provider no longer has counts as deleted."""
     attempt = 0
     while True:
         await budget.take(region, 1)
@@ -57,17 +70,21 @@ async def delete_instance(budget: BudgetClient, region: str, provider_id: str) -
             await workflow.execute_activity_method(
                 ProviderActivities.delete_instance,
                 InstanceRef(provider_id=provider_id),
-                start_to_close_timeout=timedelta(seconds=60),
+                start_to_close_timeout=call_timeout,
                 retry_policy=RetryPolicy(maximum_attempts=1),
             )
-            return
+            return True
         except ActivityError as exc:
+            if error_type(exc) == "NotFound":
+                return True
+            attempt += 1
+            if attempts is not None and attempt >= attempts:
+                workflow.logger.warning("delete of %s: gave up: %s", provider_id, exc.cause)
+                return False
             # Deleting is a desired state and idempotent: keep at it while it can work.
-            if lost(exc) or error_type(exc) in RETRIED_BY_US:
-                attempt += 1
-                await workflow.sleep(timedelta(seconds=min(30, 2 ** min(attempt, 5))))
-                continue
-            raise
+            if attempts is None and not (lost(exc) or error_type(exc) in RETRIED_BY_US):
+                raise
+            await workflow.sleep(timedelta(seconds=min(30, 2 ** min(attempt, 5))))
 
 
 async def record_release(

@@ -20,6 +20,7 @@ from pathlib import Path
 from temporalio import activity
 
 from activities.control.models import (
+    ACQUISITION_PREFIX,
     ContractView,
     ControllerSnapshot,
     InstanceBrief,
@@ -34,11 +35,10 @@ from activities.fleet.control_state import AcquisitionRecord, AcquisitionRow, Co
 from activities.fleet.repository import FleetRepository, InstanceRow
 from activities.ledger.queries import reclaim_rate
 from activities.ledger.store import LedgerStore, LedgerUnavailable
+from activities.plan_sources import PlanSources
 from activities.provider.errors import ProviderError
 from activities.provider.interface import CloudProvider
-from contracts.bundle import VerifiedBundle
-from contracts.cache import installed_bundle
-from contracts.region import Region, RegionFileError, load_region
+from contracts.region import Region
 from planning.planner import (
     ContractDemand,
     contract_demand,
@@ -51,8 +51,6 @@ log = logging.getLogger(__name__)
 #: Instances that still cover demand. NOTICED/DRAINING ones are going away: their
 #: replacement starts at the notice, not after the loss.
 _COVERING = (InstanceState.REQUESTED, InstanceState.ACTIVE)
-#: Acquisitions the controller started; floors (issue: floor keeper) use their own prefix.
-ACQUISITION_PREFIX = "acq-"
 _RATE_CACHE_SECONDS = 300.0
 _FREE_CAPACITY_CONCURRENCY = 16
 
@@ -73,9 +71,7 @@ class ControlActivities:
         self._fleet = fleet
         self._control = control
         self._provider = provider
-        self._regions_dir = regions_dir
-        self._bundle_cache_dir = bundle_cache_dir
-        self._trust_dir = trust_dir
+        self._sources = PlanSources(regions_dir, bundle_cache_dir, trust_dir)
         self._ledger = ledger
         self._clock = clock
         self._rates: dict[str, float] = {}
@@ -101,13 +97,10 @@ class ControlActivities:
     @activity.defn(name="control.snapshot")
     async def snapshot(self, inp: SnapshotInput) -> ControllerSnapshot:
         out = ControllerSnapshot(region=inp.region, partition=inp.partition)
-        try:
-            region = await asyncio.to_thread(load_region, self._regions_dir / f"{inp.region}.toml")
-        except (RegionFileError, FileNotFoundError) as exc:
-            return out.model_copy(update={"problem": f"region file: {exc}"})
-        bundle, problem = self._bundle()
-        if bundle is None:
-            return out.model_copy(update={"problem": problem})
+        loaded = await self._sources.load(inp.region)
+        if isinstance(loaded, str):
+            return out.model_copy(update={"problem": loaded})
+        region, bundle = loaded
         contracts = [
             c
             for c in bundle.content.contracts
@@ -207,9 +200,6 @@ class ControlActivities:
                 },
             }
         )
-
-    def _bundle(self) -> tuple[VerifiedBundle | None, str]:
-        return installed_bundle(self._bundle_cache_dir, self._trust_dir)
 
     def _fleet_view(
         self, region: str, partition: int, names: list[str]

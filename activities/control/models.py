@@ -11,6 +11,9 @@ from pydantic import BaseModel, Field
 from activities.events import CapacityType, InstanceState
 from planning.models import ContractDemand, PoolInput
 
+#: Acquisitions the controller started; floors and probes use their own prefixes.
+ACQUISITION_PREFIX = "acq-"
+
 
 def partition_of(contract: str, partitions: int) -> int:
     """The controller partition that owns a contract (stable across processes)."""

@@ -32,12 +32,11 @@ from activities.floor.models import (
     ProbeResult,
     floor_prefix,
 )
+from activities.plan_sources import PlanSources
 from activities.provider.errors import ProviderError
 from activities.provider.interface import CloudProvider, InstanceStatus, Reservation
-from contracts.bundle import VerifiedBundle
-from contracts.cache import installed_bundle
 from contracts.feasibility import units_per_instance
-from contracts.region import Region, RegionFileError, load_region
+from contracts.region import Region
 
 log = logging.getLogger(__name__)
 
@@ -57,20 +56,15 @@ class FloorActivities:
     ) -> None:
         self._fleet = fleet
         self._provider = provider
-        self._regions_dir = regions_dir
-        self._bundle_cache_dir = bundle_cache_dir
-        self._trust_dir = trust_dir
+        self._sources = PlanSources(regions_dir, bundle_cache_dir, trust_dir)
 
     @activity.defn(name="floor.snapshot")
     async def snapshot(self, inp: FloorSnapshotInput) -> FloorSnapshot:
         out = FloorSnapshot(region=inp.region, contract=inp.contract)
-        try:
-            region = await asyncio.to_thread(load_region, self._regions_dir / f"{inp.region}.toml")
-        except (RegionFileError, FileNotFoundError) as exc:
-            return out.model_copy(update={"problem": f"region file: {exc}"})
-        bundle, problem = await asyncio.to_thread(self._bundle)
-        if bundle is None:
-            return out.model_copy(update={"problem": problem})
+        loaded = await self._sources.load(inp.region)
+        if isinstance(loaded, str):
+            return out.model_copy(update={"problem": loaded})
+        region, bundle = loaded
         contract = bundle.content.contract(inp.contract)
         if contract is None:
             # Not "floor 0": a bundle without the contract is more likely a mistake than a
@@ -178,9 +172,6 @@ class FloorActivities:
         for hall, ok in zip(inp.pools, answers, strict=True):
             out.halls[hall].answering = ok
         return out
-
-    def _bundle(self) -> tuple[VerifiedBundle | None, str]:
-        return installed_bundle(self._bundle_cache_dir, self._trust_dir)
 
 
 def _unreserved(

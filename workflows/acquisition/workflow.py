@@ -63,13 +63,12 @@ with workflow.unsafe.imports_passed_through():
     from workflows.provider_calls import (
         NOT_RETRIED,
         RETRIED_BY_US,
+        STATE_RETRY,
         delete_instance,
         error_type,
         lost,
         reserve,
     )
-
-_STATE_RETRY = RetryPolicy(maximum_attempts=20, maximum_interval=timedelta(seconds=30))
 
 
 class _Slot:
@@ -306,7 +305,7 @@ class AcquisitionWorkflow:
                 reason=f"acquisition {self._id}",
             ),
             start_to_close_timeout=timedelta(seconds=30),
-            retry_policy=_STATE_RETRY,
+            retry_policy=STATE_RETRY,
         )
         request = CreateRequest(
             name=slot.instance_id,
@@ -416,7 +415,7 @@ class AcquisitionWorkflow:
                 instance_id=slot.instance_id, kind=kind, reason=reason, provider_id=provider_id
             ),
             start_to_close_timeout=timedelta(seconds=30),
-            retry_policy=_STATE_RETRY,
+            retry_policy=STATE_RETRY,
         )
 
     async def _cancel_created(self) -> None:
@@ -561,7 +560,7 @@ class AcquisitionWorkflow:
                     detail=f"fallback:{p.fallback.value}",
                 ),
                 start_to_close_timeout=timedelta(seconds=30),
-                retry_policy=_STATE_RETRY,
+                retry_policy=STATE_RETRY,
             )
 
     async def _decide(
@@ -590,5 +589,5 @@ class AcquisitionWorkflow:
                 workflow_id=self._id,
             ),
             start_to_close_timeout=timedelta(seconds=30),
-            retry_policy=_STATE_RETRY,
+            retry_policy=STATE_RETRY,
         )

@@ -15,13 +15,13 @@ from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import PinnedVersioningOverride, RetryPolicy, WorkflowIDReusePolicy
-from temporalio.exceptions import ActivityError
 from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
     from activities.budget import TokenGrant
     from activities.control.activities import ControlActivities
     from activities.control.models import (
+        ACQUISITION_PREFIX,
         ControllerSnapshot,
         InstanceBrief,
         MarkSurplusInput,
@@ -29,7 +29,6 @@ with workflow.unsafe.imports_passed_through():
         SnapshotInput,
     )
     from activities.fleet.control_state import AcquisitionRecord
-    from activities.provider.activities import InstanceRef, ProviderActivities
     from workflows import search_attributes as sa
     from workflows.acquisition.models import AcquisitionInput, AcquisitionState
     from workflows.acquisition.workflow import AcquisitionWorkflow
@@ -42,7 +41,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.controller.reconcile import reconcile
     from workflows.metrics import count
-    from workflows.provider_calls import record_release
+    from workflows.provider_calls import delete_instance, record_release
 
 _RETRY = RetryPolicy(maximum_attempts=10, maximum_interval=timedelta(seconds=30))
 
@@ -153,7 +152,7 @@ class RegionControllerWorkflow:
         summary.plan_cost_per_hour = result.plan_cost_per_hour
         k8s = {v.demand.contract for v in snap.contracts if v.kubernetes}
         for req in result.acquisitions:
-            acq_id = f"acq-{inp.region}-{req.contract}-{workflow.uuid4().hex[:10]}"
+            acq_id = f"{ACQUISITION_PREFIX}{inp.region}-{req.contract}-{workflow.uuid4().hex[:10]}"
             acq = AcquisitionInput(
                 region=inp.region,
                 partition=inp.partition,
@@ -223,17 +222,14 @@ class RegionControllerWorkflow:
             contract, brief = briefs[instance_id]
             if brief.provider_id is None:
                 continue
-            await self._budget.take(inp.region, 1)
-            try:
-                await workflow.execute_activity_method(
-                    ProviderActivities.delete_instance,
-                    InstanceRef(provider_id=brief.provider_id),
-                    start_to_close_timeout=timedelta(seconds=120),
-                    retry_policy=RetryPolicy(maximum_attempts=1),
-                )
-            except ActivityError as exc:
-                # Tried again next tick, with a fresh token.
-                workflow.logger.warning("release of %s failed: %s", instance_id, exc.cause)
+            # One attempt: a failed release is tried again next tick, with a fresh token.
+            if not await delete_instance(
+                self._budget,
+                inp.region,
+                brief.provider_id,
+                attempts=1,
+                call_timeout=timedelta(seconds=120),
+            ):
                 continue
             idle = int((now - since).total_seconds())
             await record_release(

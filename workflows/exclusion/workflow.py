@@ -55,7 +55,6 @@ with workflow.unsafe.imports_passed_through():
         SetStateInput,
     )
     from activities.fleet.activities import FleetActivities, RecordEventInput
-    from activities.provider.activities import InstanceRef, ProviderActivities
     from workflows import search_attributes as sa
     from workflows.acquisition.models import AcquisitionInput, LaunchItem
     from workflows.acquisition.workflow import AcquisitionWorkflow
@@ -75,7 +74,7 @@ with workflow.unsafe.imports_passed_through():
         probe_budget_key,
     )
     from workflows.metrics import count
-    from workflows.provider_calls import RETRIED_BY_US, error_type, lost
+    from workflows.provider_calls import delete_instance
 
 __all__ = ["PoolExclusionWorkflow", "exclusion_workflow_id"]
 
@@ -383,29 +382,8 @@ class PoolExclusionWorkflow:
         for canary in out.canaries:
             if canary.provider_id is None:
                 continue  # its create never answered: nothing to delete by id
-            attempt = 0
-            while True:
-                await self._budget.take(self._inp.region, 1)
-                try:
-                    await workflow.execute_activity_method(
-                        ProviderActivities.delete_instance,
-                        InstanceRef(provider_id=canary.provider_id),
-                        start_to_close_timeout=timedelta(seconds=60),
-                        retry_policy=RetryPolicy(maximum_attempts=1),
-                    )
-                    break
-                except ActivityError as exc:
-                    kind = error_type(exc)
-                    if kind == "NotFound":
-                        break  # gone already (the notice relay deleted it)
-                    # Deleting is a desired state and idempotent: keep at it.
-                    attempt += 1
-                    if not (lost(exc) or kind in RETRIED_BY_US) and attempt >= 5:
-                        workflow.logger.warning(
-                            "canary %s not deleted: %s", canary.instance_id, exc.cause
-                        )
-                        break
-                    await workflow.sleep(timedelta(seconds=min(60, 2 ** min(attempt, 6))))
+            # Five attempts; a canary left behind is found and deleted by the next probe.
+            await delete_instance(self._budget, self._inp.region, canary.provider_id, attempts=5)
             try:
                 await workflow.execute_activity_method(
                     FleetActivities.record_event,

@@ -69,7 +69,6 @@ with workflow.unsafe.imports_passed_through():
     )
     from activities.provider.activities import (
         ExtendReservationInput,
-        InstanceRef,
         LeaseRef,
         ProviderActivities,
     )
@@ -101,7 +100,7 @@ with workflow.unsafe.imports_passed_through():
         to_release,
     )
     from workflows.metrics import count
-    from workflows.provider_calls import reserve
+    from workflows.provider_calls import delete_instance, reserve
 
 T = TypeVar("T")
 
@@ -518,18 +517,11 @@ class FloorKeeperWorkflow:
             if inst.hall in lost
             else f"floor: surplus in hall {inst.hall} after rebalancing"
         )
-        if inst.provider_id is not None:
-            await self._budget.take(self._inp.region, 1)
-            try:
-                await workflow.execute_activity_method(
-                    ProviderActivities.delete_instance,
-                    InstanceRef(provider_id=inst.provider_id),
-                    start_to_close_timeout=timedelta(seconds=60),
-                    retry_policy=RetryPolicy(maximum_attempts=3),
-                )
-            except ActivityError as exc:
-                workflow.logger.warning("releasing %s: %s", inst.instance_id, exc.cause)
-                return False
+        # Three attempts; an instance not released is tried again next round.
+        if inst.provider_id is not None and not await delete_instance(
+            self._budget, self._inp.region, inst.provider_id, attempts=3
+        ):
+            return False
         await workflow.execute_activity_method(
             FleetActivities.record_event,
             RecordEventInput(instance_id=inst.instance_id, kind=EventKind.DELETE, reason=why),

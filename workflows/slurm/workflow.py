@@ -10,10 +10,8 @@ from the nodes and the Slurm call, so a repeated call finds the same workflow.
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
     from activities.budget import TokenGrant
@@ -27,7 +25,6 @@ with workflow.unsafe.imports_passed_through():
         SlurmReleaseResult,
     )
 
-_STATE_RETRY = RetryPolicy(maximum_attempts=20, maximum_interval=timedelta(seconds=30))
 _WHY = {
     ReleaseReason.SUSPEND: "slurm suspend: node idle for SuspendTime",
     ReleaseReason.RESUME_FAILED: "slurm resume failed: no slurmd within ResumeTimeout",
