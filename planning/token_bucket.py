@@ -37,7 +37,7 @@ class TokenBucket:
 
     def __init__(self, state: BucketState) -> None:
         _check(state.rate_per_second, state.burst)
-        self._s = state.model_copy()
+        self._state = state.model_copy()
 
     @classmethod
     def full(cls, rate_per_second: float, burst: int, now: datetime) -> TokenBucket:
@@ -50,56 +50,58 @@ class TokenBucket:
 
     @property
     def state(self) -> BucketState:
-        return self._s.model_copy()
+        return self._state.model_copy()
 
     @property
     def rate_per_second(self) -> float:
-        return self._s.rate_per_second
+        return self._state.rate_per_second
 
     @property
     def burst(self) -> int:
-        return self._s.burst
+        return self._state.burst
 
     def available(self, now: datetime) -> float:
         """Tokens the bucket would hold at `now`, without changing it."""
-        elapsed = (now - self._s.updated_at).total_seconds()
+        elapsed = (now - self._state.updated_at).total_seconds()
         if elapsed <= 0:
-            return self._s.tokens
-        return min(float(self._s.burst), self._s.tokens + elapsed * self._s.rate_per_second)
+            return self._state.tokens
+        return min(
+            float(self._state.burst), self._state.tokens + elapsed * self._state.rate_per_second
+        )
 
     def refill(self, now: datetime) -> None:
-        if now > self._s.updated_at:
-            self._s.tokens = self.available(now)
-            self._s.updated_at = now
+        if now > self._state.updated_at:
+            self._state.tokens = self.available(now)
+            self._state.updated_at = now
 
     def take(self, now: datetime, wanted: int) -> int:
         """Take min(wanted, whole tokens available) and return how many were taken."""
         self.refill(now)
-        granted = min(wanted, math.floor(self._s.tokens + EPSILON))
+        granted = min(wanted, math.floor(self._state.tokens + EPSILON))
         if granted <= 0:
             return 0
-        self._s.tokens = max(0.0, self._s.tokens - granted)
+        self._state.tokens = max(0.0, self._state.tokens - granted)
         return granted
 
     def seconds_until(self, now: datetime, tokens: int = 1) -> float:
         """Seconds from `now` until `tokens` (capped at burst) are available; 0 if they are
         now, infinity if the bucket is paused."""
-        wanted = min(tokens, self._s.burst)
+        wanted = min(tokens, self._state.burst)
         missing = wanted - self.available(now) - EPSILON
         if missing <= 0:
             return 0.0
-        if self._s.rate_per_second <= 0:
+        if self._state.rate_per_second <= 0:
             return math.inf
-        return missing / self._s.rate_per_second
+        return missing / self._state.rate_per_second
 
     def reconfigure(self, now: datetime, rate_per_second: float, burst: int) -> None:
         """New rate and burst from `now` on: what accrued so far accrued at the old rate, and
         a smaller burst cuts the tokens held (a larger one adds none)."""
         _check(rate_per_second, burst)
         self.refill(now)
-        self._s.rate_per_second = rate_per_second
-        self._s.burst = burst
-        self._s.tokens = min(self._s.tokens, float(burst))
+        self._state.rate_per_second = rate_per_second
+        self._state.burst = burst
+        self._state.tokens = min(self._state.tokens, float(burst))
 
 
 def _check(rate_per_second: float, burst: int) -> None:

@@ -8,13 +8,13 @@ and on SIGTERM stops polling and lets running activities finish (graceful shutdo
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
+import contextlib
 import logging
-import signal
 from datetime import timedelta
 from typing import Any
 
+from psycopg_pool import ConnectionPool
 from temporalio.client import Client
 from temporalio.common import VersioningBehavior, WorkerDeploymentVersion, WorkflowIDConflictPolicy
 from temporalio.contrib.pydantic import pydantic_data_converter
@@ -33,11 +33,13 @@ from activities.floor.activities import FloorActivities
 from activities.floor.models import floor_workflow_id
 from activities.ledger.store import LedgerStore
 from activities.provider.activities import ProviderActivities, all_activities
+from activities.provider.interface import CloudProvider
 from contracts.cache import installed_bundle
 from workers.demand_sources import sources_for
 from workers.health import serve_health
-from workers.provider_factory import provider_for
+from workers.provider_factory import open_provider
 from workers.settings import Settings
+from workers.shutdown import async_stop_event
 from workflows.acquisition.workflow import AcquisitionWorkflow
 from workflows.budget.workflow import TokenBudgetWorkflow
 from workflows.controller.models import ControllerConfig, ControllerInput, controller_workflow_id
@@ -145,11 +147,17 @@ async def ensure_controllers(client: Client, settings: Settings, region: str) ->
     return started
 
 
-def build_activities(settings: Settings, region: str, client: Client) -> tuple[list[Any], Any]:
-    """Every activity of the region worker, and the connection pool to close after."""
-    pool = open_pool(settings.postgres_dsn)
+def build_activities(
+    settings: Settings,
+    region: str,
+    client: Client,
+    *,
+    pool: ConnectionPool,
+    provider: CloudProvider,
+    ledger: LedgerStore,
+) -> list[Any]:
+    """Every activity of the region worker, on clients the caller opened and closes."""
     fleet_repo = FleetRepository(pool)
-    provider = provider_for(settings, region)
     fleet = FleetActivities(fleet_repo, settings.regions_dir)
     cloud = ProviderActivities(provider)
     control = ControlActivities(
@@ -159,9 +167,7 @@ def build_activities(settings: Settings, region: str, client: Client) -> tuple[l
         regions_dir=settings.regions_dir,
         bundle_cache_dir=settings.bundle_cache_dir,
         trust_dir=settings.trust_dir,
-        # A short lock wait: the ledger consumer holds an embedded ledger in bursts, and
-        # a tick would rather plan with the last known reclaim rates than wait.
-        ledger=LedgerStore(settings.effective_ledger_dsn, lock_timeout=2.0),
+        ledger=ledger,
     )
     floor = FloorActivities(
         fleet_repo,
@@ -182,7 +188,7 @@ def build_activities(settings: Settings, region: str, client: Client) -> tuple[l
         rate_per_second=settings.control.budget_rate_per_second,
         burst=settings.control.budget_burst,
     )
-    activities = [
+    return [
         fleet.sync_pools,
         fleet.record_acquire,
         fleet.record_event,
@@ -197,7 +203,6 @@ def build_activities(settings: Settings, region: str, client: Client) -> tuple[l
         budget.ensure,
         intake.collect,
     ]
-    return activities, pool
 
 
 def deployment_config(settings: Settings, region: str) -> WorkerDeploymentConfig | None:
@@ -225,6 +230,9 @@ def deployment_config(settings: Settings, region: str) -> WorkerDeploymentConfig
 
 
 async def run_worker(settings: Settings, region: str) -> None:
+    """Serve the region's task queue until SIGTERM/SIGINT; everything opened here (the
+    fleet-state pool, the provider, the ledger client, the health endpoint) is closed
+    after, whatever ends the run."""
     runtime = None
     if settings.worker.metrics_port:
         runtime = Runtime(
@@ -232,47 +240,53 @@ async def run_worker(settings: Settings, region: str) -> None:
                 metrics=PrometheusConfig(bind_address=f"0.0.0.0:{settings.worker.metrics_port}")
             )
         )
-    client = await connect(settings, region, runtime)
-    activities, pool = build_activities(settings, region, client)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    running = False
-    health = None
-    if settings.worker.health_port:
-        health = await serve_health("0.0.0.0", settings.worker.health_port, lambda: running)
-    with concurrent.futures.ThreadPoolExecutor(max_workers=16) as executor:
-        worker = Worker(
-            client,
-            task_queue=settings.temporal.task_queue(region),
-            workflows=WORKFLOWS,
-            activities=activities,
-            activity_executor=executor,
-            graceful_shutdown_timeout=timedelta(seconds=settings.worker.graceful_shutdown_seconds),
-            deployment_config=deployment_config(settings, region),
-        )
-        log.info(
-            "worker for %s on %s%s",
-            region,
-            settings.temporal.task_queue(region),
-            f" as {settings.worker.deployment(region)}.{settings.worker.effective_build_id()}"
-            if settings.worker.versioning
-            else "",
-        )
-        async with worker:
-            running = True
-            if settings.worker.start_controllers:
-                ids = await ensure_controllers(client, settings, region)
-                ids += await ensure_floor_keepers(client, settings, region)
-                ids += await ensure_intake(client, settings, region)
-                log.info("running: %s", ", ".join(ids))
-            await stop.wait()
-            running = False
-            log.info(
-                "stopping: no new tasks; running activities get %.0f s",
-                settings.worker.graceful_shutdown_seconds,
+    with async_stop_event() as stop:
+        client = await connect(settings, region, runtime)
+        async with contextlib.AsyncExitStack() as opened:
+            pool = open_pool(settings.postgres_dsn)
+            opened.callback(pool.close)
+            provider = await opened.enter_async_context(open_provider(settings, region))
+            # A short lock wait: the ledger consumer holds an embedded ledger in bursts,
+            # and a tick would rather plan with the last known reclaim rates than wait.
+            ledger = LedgerStore(settings.effective_ledger_dsn, lock_timeout=2.0)
+            opened.callback(ledger.close)
+            activities = build_activities(
+                settings, region, client, pool=pool, provider=provider, ledger=ledger
             )
-    if health is not None:
-        health.close()
-    pool.close()
+            running = False
+            if settings.worker.health_port:
+                health = await serve_health("0.0.0.0", settings.worker.health_port, lambda: running)
+                opened.callback(health.close)
+            executor = opened.enter_context(concurrent.futures.ThreadPoolExecutor(max_workers=16))
+            worker = Worker(
+                client,
+                task_queue=settings.temporal.task_queue(region),
+                workflows=WORKFLOWS,
+                activities=activities,
+                activity_executor=executor,
+                graceful_shutdown_timeout=timedelta(
+                    seconds=settings.worker.graceful_shutdown_seconds
+                ),
+                deployment_config=deployment_config(settings, region),
+            )
+            log.info(
+                "worker for %s on %s%s",
+                region,
+                settings.temporal.task_queue(region),
+                f" as {settings.worker.deployment(region)}.{settings.worker.effective_build_id()}"
+                if settings.worker.versioning
+                else "",
+            )
+            async with worker:
+                running = True
+                if settings.worker.start_controllers:
+                    ids = await ensure_controllers(client, settings, region)
+                    ids += await ensure_floor_keepers(client, settings, region)
+                    ids += await ensure_intake(client, settings, region)
+                    log.info("running: %s", ", ".join(ids))
+                await stop.wait()
+                running = False
+                log.info(
+                    "stopping: no new tasks; running activities get %.0f s",
+                    settings.worker.graceful_shutdown_seconds,
+                )

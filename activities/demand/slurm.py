@@ -3,8 +3,8 @@ same answer from slurmrestd.
 
 Counts jobs that wait for resources now. Jobs held, waiting on a dependency or on their
 begin time are not demand yet; jobs already allocated to powered-down CLOUD nodes are
-CONFIGURING, not PENDING, and come to SCO through the ResumeProgram instead (`slurm_power`),
-so no job is counted twice.
+CONFIGURING, not PENDING, and come to SCO through the ResumeProgram instead
+(`slurm_resume`), so no job is counted twice.
 """
 
 from __future__ import annotations

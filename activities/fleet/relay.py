@@ -157,6 +157,14 @@ class OutboxRelay:
                 log.warning("relay: PostgreSQL unavailable (%s); retrying in 2 s", exc)
                 stop.wait(2.0)
 
+    def close(self) -> None:
+        """Shut the producer down at once, broker up or not. Events it still holds are
+        dropped: their rows are unsent, so the next leader publishes them again (and
+        consumers dedupe the few the broker had already taken)."""
+        self._producer.purge()
+        self._producer.flush(0)  # serves the purge's delivery reports
+        self._producer.close()
+
     def _prune_if_due(self, conn: psycopg.Connection[Any]) -> None:
         if time.monotonic() >= self._next_prune:
             self._next_prune = time.monotonic() + 60

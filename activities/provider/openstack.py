@@ -119,6 +119,10 @@ class OpenStackProvider:
     def from_cloud(cls, cloud: str, **kwargs: Any) -> OpenStackProvider:
         return cls(openstack.connect(cloud=cloud), **kwargs)
 
+    async def close(self) -> None:
+        """Close the SDK connection's HTTP sessions (the process is stopping)."""
+        await asyncio.to_thread(self._conn.close)
+
     async def _run(self, fn: Callable[[], T]) -> T:
         try:
             return await asyncio.to_thread(fn)

@@ -1,8 +1,9 @@
 """The simulated cloud as a small local service, over NATS request-reply.
 
-One process (`sco sim serve --region r1`) owns the SimulatedCloud; workers, notice relays
-and tools reach it through `SimulatorClient`, which implements CloudProvider. NATS runs
-in every region anyway, so the simulator needs no port or HTTP stack of its own.
+One process (`sco sim serve --region r1`, `workers/simulator_service.py`) owns the
+SimulatedCloud; workers, notice relays and tools reach it through `SimulatorClient`, which
+implements CloudProvider. NATS runs in every region anyway, so the simulator needs no port
+or HTTP stack of its own.
 
 Subjects: `sco.<region>.sim.<operation>`; a request is the JSON of the call's arguments,
 a reply `{"ok": <result>}` or `{"error": <ProviderError class>, "message", "retry_after"}`.

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from activities.demand.hostlist import HostlistError, expand, ranged
 from activities.demand.model import PendingWork, Scheduler, match_contract, normalise, units_for
 from activities.demand.slurm import array_task_count, parse_squeue_json, parse_tres
-from activities.demand.slurm_power import (
+from activities.demand.slurm_resume import (
     SlurmJob,
     SlurmNode,
     feature_list,

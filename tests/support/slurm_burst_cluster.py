@@ -23,7 +23,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
-from activities.demand.slurm_power import feature_list
+from activities.demand.slurm_resume import feature_list
 from tests.support.paths import REPO
 from tests.support.slurm_cluster import (
     COMMON_CONF,

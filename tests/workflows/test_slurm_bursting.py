@@ -37,7 +37,7 @@ from tests.support.services import namespace_prefix
 from tests.support.slurm_burst_cluster import BINARIES, BurstCluster, burst_cluster
 from tests.support.slurm_cluster import missing_binaries
 from workers.settings import Settings
-from workers.slurm_power import release, resume
+from workers.slurm_power_programs import release, resume
 from workflows.acquisition.models import (
     AcquisitionInput,
     AcquisitionResult,

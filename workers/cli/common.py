@@ -17,6 +17,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from activities.fleet.db import open_pool
+from contracts.region import Region, RegionFileError, load_region
 from workers.settings import Settings, SettingsError, load_settings
 
 if TYPE_CHECKING:
@@ -38,6 +39,14 @@ def settings(**overrides: Any) -> Settings:
     try:
         return load_settings(**{k: v for k, v in overrides.items() if v is not None})
     except SettingsError as exc:
+        fail(str(exc))
+
+
+def region_or_exit(s: Settings, name: str | None) -> Region:
+    """The region NAME (default: the settings' region) from its file, or a one-line error."""
+    try:
+        return load_region(s.region_file(name or s.region))
+    except (RegionFileError, FileNotFoundError) as exc:
         fail(str(exc))
 
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import signal
-import threading
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import psycopg
 import typer
@@ -14,11 +14,9 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 
 from activities.events import InstanceState
 from activities.fleet.activities import SyncPoolsInput, SyncPoolsOutput
-from activities.fleet.db import open_pool
 from activities.fleet.migrate import current_version, ensure_database, migrate
-from activities.fleet.relay import OutboxRelay, RelayProgress
 from activities.fleet.repository import FleetRepository
-from workers.cli.common import console, errors_as_exit, fail, settings, table
+from workers.cli.common import console, errors_as_exit, fail, fleet_db, settings, table
 
 db_app = typer.Typer(help="Fleet-state database.", no_args_is_help=True)
 pools_app = typer.Typer(help="Pools (hall x SKU x size) in fleet state.", no_args_is_help=True)
@@ -26,10 +24,11 @@ instances_app = typer.Typer(help="SCO-owned instances in fleet state.", no_args_
 outbox_app = typer.Typer(help="The lifecycle-event outbox.", no_args_is_help=True)
 
 
-def _repo() -> FleetRepository:
-    s = settings()
-    with errors_as_exit(psycopg.Error, TimeoutError):
-        return FleetRepository(open_pool(s.postgres_dsn, max_size=2))
+@contextmanager
+def _repo() -> Iterator[FleetRepository]:
+    """Fleet state for one command; its connection closes after."""
+    with fleet_db(settings()) as db:
+        yield FleetRepository(db)
 
 
 @db_app.command("migrate")
@@ -83,7 +82,8 @@ def pools_sync(region: str = typer.Option(None, help="Region; default from setti
 def pools_list(region: str = typer.Option(None), hall: str = typer.Option(None)) -> None:
     """Pools with their capacity, price and live SCO instances."""
     s = settings()
-    rows = _repo().list_pools(region or s.region, hall)
+    with _repo() as repo:
+        rows = repo.list_pools(region or s.region, hall)
     if not rows:
         fail(f"no pools for region {region or s.region}; run `sco pools sync`")
     table(
@@ -111,7 +111,8 @@ def instances_list(
 ) -> None:
     """SCO-owned instances and their lifecycle state."""
     s = settings()
-    rows = _repo().list_instances(region or s.region, state or None)
+    with _repo() as repo:
+        rows = repo.list_instances(region or s.region, state or None)
     table(
         f"instances of {region or s.region}",
         ["instance", "pool", "capacity", "workload", "tier", "state", "since"],
@@ -133,31 +134,17 @@ def instances_list(
 @outbox_app.command("status")
 def outbox_status() -> None:
     """How many lifecycle events wait for Kafka, and for how long."""
-    count, age = _repo().outbox_backlog()
+    with _repo() as repo:
+        count, age = repo.outbox_backlog()
     console.print(f"{count} events waiting; oldest {age:.1f} s")
 
 
 @outbox_app.command("relay")
 def outbox_relay() -> None:
     """Publish committed lifecycle events to Kafka until stopped (SIGTERM/Ctrl-C)."""
+    from workers import outbox_relay as relay_process
+
     s = settings()
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-
-    def report(p: RelayProgress) -> None:
-        if p.batches % 50 == 1:
-            console.print(f"relay: {p.published} events published in {p.batches} batches")
-
-    relay = OutboxRelay(
-        s.postgres_dsn,
-        s.kafka.bootstrap_servers,
-        batch_size=s.outbox.batch_size,
-        idle_poll_seconds=s.outbox.idle_poll_seconds,
-        retention_hours=s.outbox.retention_hours,
-        on_batch=report,
-    )
-    try:
-        relay.run(stop)
-    except KeyboardInterrupt:
-        stop.set()
-    console.print(f"relay stopped after {relay.progress.published} events")
+    with errors_as_exit(psycopg.Error):
+        progress = relay_process.run(s)
+    console.print(f"relay stopped after {progress.published} events")

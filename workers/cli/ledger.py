@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import re
-import signal
-import threading
+from contextlib import closing
 from datetime import UTC, datetime, timedelta
 
 import typer
 
-from activities.events import region_topics
 from activities.ledger import (
     GROUP_KEYS,
     LedgerStore,
@@ -18,7 +16,6 @@ from activities.ledger import (
     reclaims_per_pool,
     spend,
 )
-from activities.ledger.consumer import LedgerConsumer
 from workers.cli.common import console, errors_as_exit, fail, print_json, settings, table
 
 app = typer.Typer(help="Spend and reclaim history in the ClickHouse ledger.", no_args_is_help=True)
@@ -34,8 +31,9 @@ def parse_window(text: str) -> timedelta:
     return timedelta(**{_UNITS[match[2]]: int(match[1])})
 
 
-def _store() -> LedgerStore:
-    return LedgerStore(settings().effective_ledger_dsn)
+def _store() -> closing[LedgerStore]:
+    """The ledger for one command; its client closes after."""
+    return closing(LedgerStore(settings().effective_ledger_dsn))
 
 
 @app.command("spend")
@@ -51,8 +49,8 @@ def spend_cmd(
         fail(f"--by {', '.join(bad)}: not a ledger key; choose from {', '.join(GROUP_KEYS)}")
     end = datetime.now(UTC)
     start = end - parse_window(window)
-    with errors_as_exit(LedgerUnavailable):
-        rows = spend(_store(), start=start, end=end, group_by=by, region=region)
+    with errors_as_exit(LedgerUnavailable), _store() as store:
+        rows = spend(store, start=start, end=end, group_by=by, region=region)
     if as_json:
         print_json([r.model_dump(mode="json") for r in rows])
         return
@@ -75,8 +73,8 @@ def reclaims_cmd(
     """Reclaim notices per pool over a window."""
     end = datetime.now(UTC)
     start = end - parse_window(window)
-    with errors_as_exit(LedgerUnavailable):
-        rows = reclaims_per_pool(_store(), start=start, end=end, region=region)
+    with errors_as_exit(LedgerUnavailable), _store() as store:
+        rows = reclaims_per_pool(store, start=start, end=end, region=region)
     if as_json:
         print_json([r.model_dump(mode="json") for r in rows])
         return
@@ -98,8 +96,8 @@ def decisions_cmd(
     """Decisions over a window, newest first: fallback approvals, releases, outcomes."""
     end = datetime.now(UTC)
     start = end - parse_window(window)
-    with errors_as_exit(LedgerUnavailable):
-        rows = decisions(_store(), start=start, end=end, region=region, kind=kind, subject=subject)
+    with errors_as_exit(LedgerUnavailable), _store() as store:
+        rows = decisions(store, start=start, end=end, region=region, kind=kind, subject=subject)
     if as_json:
         print_json([r.model_dump(mode="json") for r in rows])
         return
@@ -125,25 +123,9 @@ def decisions_cmd(
 @app.command("consume")
 def consume_cmd() -> None:
     """Consume lifecycle events into the ledger until stopped (SIGTERM/Ctrl-C)."""
+    from workers import ledger_consumer
+
     s = settings()
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    store = _store()
     with errors_as_exit(LedgerUnavailable):
-        store.ensure_schema()
-    consumer = LedgerConsumer(
-        s.kafka.bootstrap_servers, [t for r in s.regions for t in region_topics(r)], store
-    )
-    console.print(
-        f"ledger consumer: {', '.join(t for r in s.regions for t in region_topics(r))} "
-        f"→ {s.effective_ledger_dsn}"
-    )
-    try:
-        consumer.run(stop)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        consumer.close()
-        store.close()
-    p = consumer.progress
+        p = ledger_consumer.run(s)
     console.print(f"ledger consumer stopped: {p.inserted} inserted, {p.malformed} malformed")

@@ -7,7 +7,6 @@ import logging
 import typer
 
 from workers.cli import (
-    cloud,
     contracts,
     control,
     dev,
@@ -15,7 +14,9 @@ from workers.cli import (
     fleet,
     floor,
     ledger,
+    notices,
     schedulers,
+    simulator,
     temporal,
 )
 
@@ -44,9 +45,9 @@ app.add_typer(floor.hall_app, name="hall")
 app.add_typer(exclusion.pool_app, name="pool")
 app.add_typer(ledger.app, name="ledger")
 app.add_typer(contracts.app, name="contracts")
-app.add_typer(cloud.sim_app, name="sim")
-app.command("notice-relay")(cloud.notice_relay)
-app.command("reclaim")(cloud.reclaim)
+app.add_typer(simulator.sim_app, name="sim")
+app.command("notice-relay")(notices.notice_relay)
+app.command("reclaim")(notices.reclaim)
 
 
 def main() -> None:

@@ -9,7 +9,7 @@ import typer
 
 from activities.demand.hostlist import HostlistError, ranged
 from activities.demand.intake import CollectResult, DemandIntakeActivities
-from activities.demand.slurm_power import feature_list
+from activities.demand.slurm_resume import feature_list
 from activities.demand.source import SourceUnavailable
 from activities.fleet.repository import FleetRepository
 from contracts.cache import installed_bundle
@@ -25,7 +25,7 @@ from workers.cli.common import (
     table,
     temporal_client,
 )
-from workers.slurm_power import ProgramError, Report, release, resume
+from workers.slurm_power_programs import ProgramError, Report, release, resume
 from workflows.intake.models import CollectNow, IntakeStatus, intake_workflow_id
 from workflows.intake.workflow import DemandIntakeWorkflow
 from workflows.slurm.models import ReleaseReason

@@ -1,9 +1,10 @@
 """The programs slurmctld runs for power saving: resume, suspend, resume-failed.
 
 `deploy/slurm/sco-resume` (ResumeProgram), `sco-suspend` (SuspendProgram) and
-`sco-resume-fail` (ResumeFailProgram) run `python -m workers.slurm_power <verb> HOSTLIST`.
-This module imports only what these need (no CLI framework, no worker), because Slurm's
-resume request should become a started acquisition within about a second.
+`sco-resume-fail` (ResumeFailProgram) run
+`python -m workers.slurm_power_programs <verb> HOSTLIST`. This module imports only what
+these need (no CLI framework, no worker), because Slurm's resume request should become a
+started acquisition within about a second.
 
 - resume: one AcquisitionWorkflow per contract, launching one instance per node with the
   node's name as hostname and user-data that starts slurmd. Nodes SCO will not bring up
@@ -38,7 +39,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 
 from activities.control.models import partition_of
 from activities.demand.hostlist import HostlistError, expand
-from activities.demand.slurm_power import (
+from activities.demand.slurm_resume import (
     ResumePlan,
     SlurmCommands,
     SlurmError,
@@ -351,7 +352,7 @@ async def run(verb: str, hostlist: str, s: Settings) -> Report:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m workers.slurm_power",
+        prog="python -m workers.slurm_power_programs",
         description="SCO's Slurm power-saving programs (ResumeProgram and friends).",
     )
     parser.add_argument("verb", choices=["resume", "suspend", "resume-failed"])

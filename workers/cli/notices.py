@@ -1,0 +1,73 @@
+"""`sco notice-relay | reclaim`: the hall's notice relay, and an operator's reclaim."""
+
+from __future__ import annotations
+
+import asyncio
+import getpass
+
+import nats
+import psycopg
+import typer
+
+from activities.fleet.repository import FleetRepository
+from contracts.notice import ReclaimRequest, reclaim_subject
+from workers.cli.common import console, errors_as_exit, fail, fleet_db, region_or_exit, settings
+
+
+def notice_relay(
+    region: str = typer.Option(None),
+    hall: str = typer.Option(..., help="The hall (A-D)."),
+    sweep_seconds: float = typer.Option(1.0, help="How often deadlines are checked."),
+) -> None:
+    """Run the hall's notice relay: reclaims → notices with a deadline → deletes; until
+    SIGTERM/Ctrl-C."""
+    from workers import notice_relay_service
+
+    s = settings()
+    region_model = region_or_exit(s, region)
+    if hall not in region_model.halls:
+        fail(f"--hall {hall}: region {region_model.id} has halls {', '.join(region_model.halls)}")
+    with errors_as_exit(nats.errors.Error, psycopg.Error, OSError):
+        asyncio.run(notice_relay_service.run(s, region_model, hall, sweep_seconds=sweep_seconds))
+
+
+def reclaim(
+    target: str = typer.Argument(..., help="An instance name, or a pool id with --pool."),
+    pool: bool = typer.Option(False, "--pool", help="TARGET is a pool: reclaim all of it."),
+    reason: str = typer.Option("operator reclaim"),
+    region: str = typer.Option(None),
+) -> None:
+    """Ask the hall's notice relay to reclaim an instance or a whole pool."""
+    s = settings()
+    region_id = region or s.region
+    if pool:
+        parts = target.split(".")
+        if len(parts) != 4 or parts[0] != region_id:
+            fail(f"{target}: a pool id is {region_id}.<hall>.<sku>.<size>")
+        hall = parts[1]
+        req = ReclaimRequest(pool_id=target, reason=reason, requested_by=getpass.getuser())
+    else:
+        with fleet_db(s) as db:
+            row = FleetRepository(db).get_instance(target)
+        if row is None:
+            fail(f"{target}: no such instance in fleet state")
+        hall = row.hall
+        req = ReclaimRequest(instances=[target], reason=reason, requested_by=getpass.getuser())
+
+    async def ask() -> str:
+        nc = await nats.connect(s.nats_url)
+        try:
+            msg = await nc.request(
+                reclaim_subject(region_id, hall), req.model_dump_json().encode(), timeout=15
+            )
+            return msg.data.decode()
+        except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
+            fail(
+                f"no notice relay answers for {region_id}/{hall}; start "
+                f"`sco notice-relay --region {region_id} --hall {hall}`"
+            )
+        finally:
+            await nc.close()
+
+    with errors_as_exit(nats.errors.Error, OSError):
+        console.print(asyncio.run(ask()))

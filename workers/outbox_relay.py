@@ -1,0 +1,40 @@
+"""The region's outbox relay process (`sco outbox relay`): committed lifecycle events from
+fleet state to Kafka until SIGTERM/SIGINT. One relay leads per region (advisory lock); the
+publishing logic is `activities/fleet/relay.py`."""
+
+from __future__ import annotations
+
+import logging
+
+from activities.fleet.relay import OutboxRelay, RelayProgress
+from workers.settings import Settings
+from workers.shutdown import thread_stop_event
+
+log = logging.getLogger(__name__)
+
+# One progress line per this many batches: a busy relay would otherwise log every batch.
+_REPORT_EVERY = 50
+
+
+def run(settings: Settings) -> RelayProgress:
+    """Publish until stopped; return what was published. The relay's PostgreSQL session
+    and Kafka producer close when it stops; unsent rows stay for the next leader."""
+
+    def report(p: RelayProgress) -> None:
+        if p.batches % _REPORT_EVERY == 1:
+            log.info("relay: %d events published in %d batches", p.published, p.batches)
+
+    with thread_stop_event() as stop:
+        relay = OutboxRelay(
+            settings.postgres_dsn,
+            settings.kafka.bootstrap_servers,
+            batch_size=settings.outbox.batch_size,
+            idle_poll_seconds=settings.outbox.idle_poll_seconds,
+            retention_hours=settings.outbox.retention_hours,
+            on_batch=report,
+        )
+        try:
+            relay.run(stop)
+        finally:
+            relay.close()
+    return relay.progress

@@ -1,0 +1,50 @@
+"""The simulated cloud service of one region (`sco sim serve`): the embedded default
+provider, answering CloudProvider calls over NATS until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import nats
+
+from activities.provider.sim_service import serve
+from activities.provider.simulator import Faults, Latency, SimulatedCloud
+from contracts.region import Region
+from workers.settings import Settings
+from workers.shutdown import async_stop_event
+
+log = logging.getLogger(__name__)
+
+
+async def run(
+    settings: Settings,
+    region: Region,
+    *,
+    latency: Latency | None = None,
+    faults: Faults | None = None,
+) -> None:
+    """Serve `region`'s simulated cloud until stopped; the NATS connection is closed after."""
+    cloud = SimulatedCloud(
+        region,
+        latency=latency or Latency(),
+        faults=faults or Faults(),
+        clock=asyncio.get_running_loop().time,
+    )
+    with async_stop_event() as stop:
+        nc = await nats.connect(settings.nats_url)
+        try:
+            serving = asyncio.create_task(
+                serve(cloud, nc, prefix=settings.provider.simulator_prefix)
+            )
+            log.info("simulated cloud for %s on NATS %s", region.id, settings.nats_url)
+            stopped = asyncio.create_task(stop.wait())
+            await asyncio.wait({serving, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            for task in (serving, stopped):
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await serving  # re-raises a failure of the service itself
+        finally:
+            await nc.close()
+    log.info("simulated cloud for %s stopped", region.id)
