@@ -9,7 +9,7 @@ from pathlib import Path
 
 from agent.config import AgentConfig, ConfigError, load_config
 from contracts.cache import BundleCache
-from contracts.keys import KeyError_, TrustStore
+from contracts.keys import KeyFileError, TrustStore
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ def run_check(path: Path | None, env: dict[str, str] | None = None) -> tuple[boo
 def _bundle(config: AgentConfig) -> list[Line]:
     try:
         trust = TrustStore.load(config.trust_dir)
-    except KeyError_ as exc:
+    except KeyFileError as exc:
         return [Line(False, "trust", str(exc))]
     if not trust.keys:
         return [Line(False, "trust", f"{config.trust_dir}: no .pub keys")]

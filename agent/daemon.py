@@ -15,7 +15,6 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from agent import sdnotify
-from agent.bundles import BundleHolder
 from agent.config import AgentConfig
 from agent.dedupe import DedupeStore
 from agent.drain import DrainEngine, DrainReport
@@ -28,9 +27,10 @@ from agent.scheduler.none import NoScheduler
 from agent.scheduler.slurm import SlurmScheduler
 from agent.sources.metadata import MetadataFileSource
 from agent.sources.nats import NatsNoticeSource
+from contracts.bundle import VerifiedBundle
 from contracts.cache import BundleCache
 from contracts.distribution import NatsBundleSource
-from contracts.keys import KeyError_, TrustStore
+from contracts.keys import KeyFileError, TrustStore
 
 log = logging.getLogger(__name__)
 
@@ -51,12 +51,14 @@ def make_scheduler(config: AgentConfig) -> NodeScheduler:
     return NoScheduler(config.socket_dir, dry_run=config.dry_run)
 
 
-def make_bundle_holder(config: AgentConfig) -> BundleHolder:
+def make_bundle_cache(config: AgentConfig) -> tuple[BundleCache, str]:
+    """The node's bundle cache, and why it can trust nothing ("" when it can)."""
     try:
-        trust = TrustStore.load(config.trust_dir)
-    except KeyError_ as exc:
-        return BundleHolder(None, None, f"contract trust: {exc}")
-    return BundleHolder(BundleCache(config.cache_dir, trust), trust)
+        return BundleCache(config.cache_dir, TrustStore.load(config.trust_dir)), ""
+    except KeyFileError as exc:
+        # No keys: every bundle is refused, and drains run by the conservative default.
+        untrusting = TrustStore(keys={}, revoked=frozenset())
+        return BundleCache(config.cache_dir, untrusting), f"contract trust: {exc}"
 
 
 class Agent:
@@ -71,7 +73,7 @@ class Agent:
         self.config = config
         self.link = link if link is not None else NatsLink(config.nats_urls)
         self.scheduler = scheduler if scheduler is not None else make_scheduler(config)
-        self.bundles = make_bundle_holder(config)
+        self.bundles, self._no_trust = make_bundle_cache(config)
         self.dedupe = DedupeStore(config.dedupe_path)
         self.engine = DrainEngine(
             self.scheduler,
@@ -137,8 +139,17 @@ class Agent:
             finally:
                 self.queue.task_done()
 
-    async def _drain(self, notice: Notice) -> None:
+    def _bundle(self) -> VerifiedBundle | None:
         verified = self.bundles.current()
+        if verified is None:
+            log.critical(
+                "NO VALID CONTRACT BUNDLE%s: drains use the conservative default (requeue)",
+                f" ({self._no_trust})" if self._no_trust else "",
+            )
+        return verified
+
+    async def _drain(self, notice: Notice) -> None:
+        verified = self._bundle()
         report = await self.engine.drain(
             notice,
             verified.content if verified is not None else None,
@@ -156,8 +167,7 @@ class Agent:
         self.drained.set()
 
     async def run(self, stop: asyncio.Event) -> None:
-        if self.bundles.current() is None:
-            log.critical("starting without a valid contract bundle")
+        self._bundle()  # reads the cached bundle now, and says loudly when there is none
         self.link.start()
         workers = [
             asyncio.create_task(self._worker(), name=f"drain-{i}")
@@ -191,8 +201,8 @@ class Agent:
         await self.link.close()
 
     async def _refresh_bundles(self, stop: asyncio.Event) -> None:
-        if not self.config.nats_urls:
-            return
+        if not self.config.nats_urls or self._no_trust:
+            return  # nothing to fetch from, or nothing it sent could be trusted
         sources = [NatsBundleSource(url, self.config.region) for url in self.config.nats_urls]
 
         async def fetch() -> bytes | None:

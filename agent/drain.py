@@ -7,9 +7,10 @@ Per workload, by its contract's `drain.action`:
                   agent.checkpoint.spark) and wait for it to leave the node; force after
     requeue       requeue now (a job that registered a socket is told first, bounded)
 The bound is min(grace_seconds, deadline - now - safety margin), never negative. A job
-matching no contract, and every job when there is no valid bundle, is requeued: the
-conservative default. Workloads are drained concurrently; dry-run is checked by the
-scheduler on every mutating call and here before telling a workload anything.
+under no contract (contracts.matching: the rule the control plane counts demand by), and
+every job when there is no valid bundle, is requeued: the conservative default. Workloads
+are drained concurrently; dry-run is checked by the scheduler on every mutating call and
+here before telling a workload anything.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from agent.checkpoint.protocol import ProtocolError, Request
 from agent.notices import Notice
 from agent.scheduler import NodeScheduler, SchedulerError, Workload
 from contracts.bundle import BundleContent
-from contracts.model import CONTRACT_LABEL, Contract, DrainAction, contract_tag_in_comment
+from contracts.matching import match_contract
+from contracts.model import DrainAction
 
 log = logging.getLogger(__name__)
 
@@ -36,30 +38,6 @@ log = logging.getLogger(__name__)
 DEFAULT_ACTION = DrainAction.REQUEUE
 DEFAULT_GRACE_SECONDS = 30
 _POLL_GONE_SECONDS = 0.5
-
-
-def match_contract(content: BundleContent, workload: Workload) -> Contract | None:
-    """The contract a workload runs under: its explicit tag or label first, else the
-    first contract whose selector matches."""
-    tag = contract_tag_in_comment(workload.comment)
-    for contract in content.contracts:
-        if tag is not None and (
-            tag == contract.name
-            or any(contract.slurm_tag(s) == tag for s in contract.selectors.slurm)
-        ):
-            return contract
-        if workload.labels.get(CONTRACT_LABEL) == contract.name:
-            return contract
-    for contract in content.contracts:
-        for s in contract.selectors.slurm:
-            if workload.account == s.account and workload.partition == s.partition:
-                return contract
-        for k in contract.selectors.kubernetes:
-            if workload.namespace == k.namespace and all(
-                workload.labels.get(key) == value for key, value in k.labels.items()
-            ):
-                return contract
-    return None
 
 
 @dataclass
@@ -158,11 +136,15 @@ class DrainEngine:
     def _plan(
         self, workload: Workload, bundle: BundleContent | None
     ) -> tuple[WorkloadOutcome, Workload, int]:
-        contract = match_contract(bundle, workload) if bundle is not None else None
-        if contract is None:
-            if bundle is not None:
-                log.warning("%s matches no contract: requeued by default", workload.id)
+        if bundle is None:
             outcome = WorkloadOutcome(workload.id, None, DEFAULT_ACTION.value)
+            return outcome, workload, DEFAULT_GRACE_SECONDS
+        contract = match_contract(bundle.contracts, workload.identity())
+        if isinstance(contract, str):
+            log.warning(
+                "%s runs under no contract (%s): requeued by default", workload.id, contract
+            )
+            outcome = WorkloadOutcome(workload.id, None, DEFAULT_ACTION.value, detail=contract)
             return outcome, workload, DEFAULT_GRACE_SECONDS
         outcome = WorkloadOutcome(workload.id, contract.name, contract.drain.action.value)
         return outcome, workload, contract.drain.grace_seconds

@@ -79,9 +79,27 @@ async def latency(n: int, url: str, tmp: Path) -> dict[str, object]:
     try:
         for i in range(n):
             scheduler.workloads_on_node = [
-                Workload(id="1", socket_name="slurm-1", comment="sco-contract=ci"),
-                Workload(id="2", socket_name="slurm-2", comment="sco-contract=ci"),
-                Workload(id="3", socket_name="slurm-3", account="mlr", partition="spot"),
+                Workload(
+                    id="1",
+                    socket_name="slurm-1",
+                    account="ci",
+                    partition="spot",
+                    comment="sco-contract=ci",
+                ),
+                Workload(
+                    id="2",
+                    socket_name="slurm-2",
+                    account="ci",
+                    partition="spot",
+                    comment="sco-contract=ci",
+                ),
+                Workload(
+                    id="3",
+                    socket_name="slurm-3",
+                    account="mlr",
+                    partition="spot",
+                    comment="sco-contract=llm-train",
+                ),
             ]
             scheduler.calls.clear()
             told.clear()

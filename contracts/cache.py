@@ -1,8 +1,11 @@
-"""The node's bundle cache: the last good bundle, on disk, and how new ones get in.
+"""The bundle cache: the last good bundle, on disk, and how new ones get in.
 
 A new bundle replaces the cached one only when it verifies against the trust directory
-and its serial is not lower (a rollback). An equal serial must be the same bytes. The
-cached file is replaced atomically, so a crash leaves the old or the new bundle. Nothing
+and its serial is not lower than any accepted before (a rollback); an equal serial must be
+the same bytes. The cached file is replaced atomically, so a crash leaves the old or the
+new bundle. Every read verifies the file again, so a file altered on disk is refused; the
+cache then keeps serving the last bundle that verified in this process, which is what a
+node drains by. A bundle older than `max_age` is stale: reported, and still used. Nothing
 here needs the control plane; the distributor is optional.
 """
 
@@ -18,7 +21,7 @@ from pathlib import Path
 
 from contracts.atomic import write_atomic
 from contracts.bundle import BundleRejected, VerifiedBundle, verify
-from contracts.keys import KeyError_, TrustStore
+from contracts.keys import KeyFileError, TrustStore
 
 log = logging.getLogger(__name__)
 
@@ -50,64 +53,65 @@ class BundleCache:
         self._trust = trust
         self._max_age = max_age
         self._clock = clock
+        self._last_good: VerifiedBundle | None = None
 
     def current(self) -> VerifiedBundle | None:
-        """The cached bundle, verified again (a file altered on disk is not trusted)."""
-        try:
-            raw = self.path.read_bytes()
-        except FileNotFoundError:
-            return None
-        try:
-            return verify(raw, self._trust, now=self._clock(), max_age=self._max_age)
-        except BundleRejected as exc:
-            log.error("cached bundle %s is not trusted: %s", self.path, exc)
-            return None
+        """The cached bundle, verified again; when the file no longer verifies, the last
+        good bundle this cache read or accepted; else None."""
+        fresh = self._on_disk()
+        if fresh is not None:
+            if self._last_good is None or fresh.raw != self._last_good.raw:
+                log.info("contract bundle serial %s in use", fresh.serial)
+            self._last_good = fresh
+            return fresh
+        if self._last_good is not None:
+            log.error(
+                "cached bundle no longer verifies; using the last good serial %s",
+                self._last_good.serial,
+            )
+        return self._last_good
 
     def offer(self, raw: bytes) -> OfferResult:
-        held = self.current()
+        on_disk = self._on_disk()
+        held = on_disk or self._last_good
         try:
-            new = verify(raw, self._trust, now=self._clock(), max_age=self._max_age)
+            new = self._verify(raw)
         except BundleRejected as exc:
             return OfferResult(False, False, f"refused: {exc}", held)
-        if held is not None:
-            if new.serial < held.serial:
-                return OfferResult(
-                    False,
-                    False,
-                    f"refused: serial {new.serial} is older than "
-                    f"the cached {held.serial} (rollback)",
-                    held,
-                )
-            if new.serial == held.serial:
-                if new.raw == held.raw:
-                    return OfferResult(True, False, f"unchanged (serial {new.serial})", held)
+        if held is not None and new.serial < held.serial:
+            return OfferResult(
+                False,
+                False,
+                f"refused: serial {new.serial} is older than the last good {held.serial} "
+                "(rollback)",
+                held,
+            )
+        # Nothing valid is held (first install, or the file was damaged before this
+        # process read it): the serial record still refuses a rollback.
+        seen = self._highest_serial()
+        if new.serial < seen:
+            return OfferResult(
+                False,
+                False,
+                f"refused: serial {new.serial} is older than serial {seen} accepted before "
+                "(rollback)",
+                held,
+            )
+        if held is not None and new.serial == held.serial:
+            if new.raw != held.raw:
                 return OfferResult(
                     False,
                     False,
                     f"refused: serial {new.serial} is already cached with different content",
                     held,
                 )
-        else:
-            # Nothing valid is held (first install, or the file was damaged): the serial
-            # record still refuses a rollback to an older bundle.
-            seen = self._highest_serial()
-            if new.serial < seen:
-                return OfferResult(
-                    False,
-                    False,
-                    f"refused: serial {new.serial} is older than serial {seen} "
-                    "accepted before (rollback)",
-                    None,
-                )
+            if on_disk is not None:
+                return OfferResult(True, False, f"unchanged (serial {new.serial})", held)
+            # The same bundle again while the file is damaged: written back below.
         write_atomic(self.path, raw)
         write_atomic(self._serial_path, f"{new.serial}\n".encode())
+        self._last_good = new
         return OfferResult(True, True, f"accepted serial {new.serial}", new)
-
-    def _highest_serial(self) -> int:
-        try:
-            return int(self._serial_path.read_text().strip() or 0)
-        except (FileNotFoundError, ValueError):
-            return 0
 
     async def refresh_forever(
         self,
@@ -115,7 +119,10 @@ class BundleCache:
         stop: asyncio.Event,
         interval: float = REFRESH_SECONDS,
     ) -> None:
-        """Offer what the distributor has every `interval`; its absence is not an error."""
+        """Offer what the distributor has every `interval` until `stop`; never raises.
+
+        The distributor is optional: its absence or failure keeps the cached bundle.
+        """
         while not stop.is_set():
             try:
                 raw = await fetch()
@@ -124,10 +131,31 @@ class BundleCache:
                 raw = None
             if raw is not None:
                 result = self.offer(raw)
-                level = logging.INFO if result.accepted else logging.ERROR
-                log.log(level, "bundle refresh: %s", result.reason)
+                if result.changed or not result.accepted:
+                    level = logging.INFO if result.accepted else logging.ERROR
+                    log.log(level, "bundle refresh: %s", result.reason)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=interval)
+
+    def _verify(self, raw: bytes) -> VerifiedBundle:
+        return verify(raw, self._trust, now=self._clock(), max_age=self._max_age)
+
+    def _on_disk(self) -> VerifiedBundle | None:
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            return None
+        try:
+            return self._verify(raw)
+        except BundleRejected as exc:
+            log.error("cached bundle %s is not trusted: %s", self.path, exc)
+            return None
+
+    def _highest_serial(self) -> int:
+        try:
+            return int(self._serial_path.read_text().strip() or 0)
+        except (FileNotFoundError, ValueError):
+            return 0
 
 
 def installed_bundle(cache_dir: Path, trust_dir: Path) -> tuple[VerifiedBundle | None, str]:
@@ -138,7 +166,7 @@ def installed_bundle(cache_dir: Path, trust_dir: Path) -> tuple[VerifiedBundle |
     """
     try:
         trust = TrustStore.load(trust_dir)
-    except KeyError_ as exc:
+    except KeyFileError as exc:
         return None, f"contract trust: {exc}"
     bundle = BundleCache(cache_dir, trust).current()
     if bundle is None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Sequence
+from typing import Protocol
 
 from contracts.findings import Finding, Severity
 from contracts.model import USUAL_DRAIN, Contract, KubernetesSelector
@@ -76,12 +77,27 @@ def _allowed_pools(contract: Contract, region: Region) -> list[Pool]:
     ]
 
 
-def units_per_instance(contract: Contract, pool: Pool) -> int:
-    """How many demand units one instance of the pool holds (0: the unit does not fit)."""
-    u = contract.unit
-    fits = [pool.vcpu // u.vcpu, pool.memory_gib // u.memory_gib]
-    if u.gpus:
-        fits.append(pool.gpus // u.gpus)
+class Resources(Protocol):
+    """vCPUs, memory and GPUs: of one demand unit, or of one instance."""
+
+    @property
+    def vcpu(self) -> int: ...
+    @property
+    def memory_gib(self) -> int: ...
+    @property
+    def gpus(self) -> int: ...
+
+
+def units_per_instance(unit: Resources, instance: Resources) -> int:
+    """How many demand units of shape `unit` one instance holds (0: the unit does not fit).
+
+    The one copy of this arithmetic: the feasibility check, the planner, the floor keeper
+    and the Slurm resume plan must agree on it, or a plan the check calls feasible would
+    not be the one the planner makes.
+    """
+    fits = [instance.vcpu // unit.vcpu, instance.memory_gib // unit.memory_gib]
+    if unit.gpus:
+        fits.append(instance.gpus // unit.gpus)
     return max(0, min(fits))
 
 
@@ -112,7 +128,7 @@ def _placement(src: ContractSource, region: Region) -> list[Finding]:
         return out
     pools = _allowed_pools(c, region)
     reachable = sum(
-        math.floor(pool.reclaimable_units * p.max_pool_share) * units_per_instance(c, pool)
+        math.floor(pool.reclaimable_units * p.max_pool_share) * units_per_instance(c.unit, pool)
         for pool in pools
     )
     line = src.line("placement", "max_units_per_region")

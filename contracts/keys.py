@@ -18,8 +18,8 @@ from nacl.signing import SigningKey, VerifyKey
 REVOKED_FILE = "revoked.txt"
 
 
-class KeyError_(ValueError):
-    """A key file is missing or malformed."""
+class KeyFileError(ValueError):
+    """A key file, or the trust directory, is missing or malformed."""
 
 
 def key_id(verify_key: VerifyKey) -> str:
@@ -43,9 +43,9 @@ def load_signing_key(path: Path) -> SigningKey:
     try:
         return SigningKey(path.read_bytes().strip(), encoder=HexEncoder)
     except OSError as exc:
-        raise KeyError_(f"{path}: cannot read private key: {exc.strerror}") from exc
+        raise KeyFileError(f"{path}: cannot read private key: {exc.strerror}") from exc
     except Exception as exc:  # nacl raises several types for malformed keys
-        raise KeyError_(f"{path}: not an Ed25519 private key (hex seed expected)") from exc
+        raise KeyFileError(f"{path}: not an Ed25519 private key (hex seed expected)") from exc
 
 
 @dataclass(frozen=True)
@@ -56,15 +56,15 @@ class TrustStore:
     @classmethod
     def load(cls, directory: Path) -> TrustStore:
         if not directory.is_dir():
-            raise KeyError_(f"{directory}: trust directory does not exist")
+            raise KeyFileError(f"{directory}: trust directory does not exist")
         keys = {}
         for pub in sorted(directory.glob("*.pub")):
             try:
                 vk = VerifyKey(pub.read_bytes().strip(), encoder=HexEncoder)
             except Exception as exc:  # nacl raises several types for malformed keys
-                raise KeyError_(f"{pub}: not an Ed25519 public key (hex expected)") from exc
+                raise KeyFileError(f"{pub}: not an Ed25519 public key (hex expected)") from exc
             if key_id(vk) != pub.stem:
-                raise KeyError_(f"{pub}: file name does not match its key id {key_id(vk)}")
+                raise KeyFileError(f"{pub}: file name does not match its key id {key_id(vk)}")
             keys[pub.stem] = vk
         revoked_path = directory / REVOKED_FILE
         revoked: set[str] = set()

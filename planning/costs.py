@@ -1,4 +1,4 @@
-"""The planner's arithmetic on plain numbers: restart cost, instance fit and the caps.
+"""The planner's arithmetic on plain numbers: restart cost and the caps.
 
 Kept apart from the models so the tests and the benchmark state the constraints with the
 very same rounding the planner uses (a cap that differs by one between the two would make
@@ -31,22 +31,6 @@ def expected_cost(price_per_hour: float, reclaim_rate: float, kind: str) -> floa
     """Expected cost of one useful instance-hour: the price, plus the instance time that
     reclaims (``reclaim_rate`` per instance-hour) throw away and must be paid again."""
     return price_per_hour * (1.0 + reclaim_rate * RESTART_COST_HOURS[kind])
-
-
-def fit_units(
-    unit_vcpu: int, unit_memory_gib: int, unit_gpus: int, vcpu: int, memory_gib: int, gpus: int
-) -> int:
-    """Demand units one instance holds (0: a unit does not fit).
-
-    The same arithmetic as ``contracts.feasibility.units_per_instance``, on the plain
-    numbers the planner's (serialisable) inputs carry instead of the Contract and Pool
-    models (contracts/ is not ours to refactor); the tests check that the two agree on the
-    real region file.
-    """
-    fits = min(vcpu // unit_vcpu, memory_gib // unit_memory_gib)
-    if unit_gpus:
-        fits = min(fits, gpus // unit_gpus)
-    return max(0, fits)
 
 
 def pool_share_cap(max_pool_share: float, reclaimable_units: int) -> int:

@@ -6,11 +6,14 @@ activity results. The cost model and the solver are in `planner`.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, field_validator
 
+from contracts import feasibility
 from contracts.model import Contract
 from contracts.region import Pool, Region
-from planning.costs import RESTART_COST_HOURS, expected_cost, fit_units
+from planning.costs import RESTART_COST_HOURS, expected_cost
 
 
 class PoolInput(BaseModel):
@@ -145,16 +148,17 @@ def pool_input(
     )
 
 
+class _Unit(NamedTuple):
+    vcpu: int
+    memory_gib: int
+    gpus: int
+
+
 def units_per_instance(demand: ContractDemand, pool: PoolInput) -> int:
-    """Demand units of ``demand`` one instance of ``pool`` holds (0: a unit does not fit)."""
-    return fit_units(
-        demand.unit_vcpu,
-        demand.unit_memory_gib,
-        demand.unit_gpus,
-        pool.vcpu,
-        pool.memory_gib,
-        pool.gpus,
-    )
+    """Demand units of ``demand`` one instance of ``pool`` holds (0: a unit does not fit):
+    the contract layer's arithmetic, on the planner's serialisable models."""
+    unit = _Unit(demand.unit_vcpu, demand.unit_memory_gib, demand.unit_gpus)
+    return feasibility.units_per_instance(unit, pool)
 
 
 def risk_cost(pool: PoolInput, kind: str) -> float:

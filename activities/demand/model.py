@@ -2,18 +2,20 @@
 
 Pure code: no I/O. Each scheduler source (Slurm, Kubernetes) reads its pending work into
 `PendingWork` items; `normalise` maps them to contracts through the signed bundle's
-selectors and counts units of each contract's unit shape. A contract's demand is the sum
-over sources (the `demand` table keeps one row per contract and source).
+selectors (contracts.matching: the rule the node agent drains by) and counts units of each
+contract's unit shape. A contract's demand is the sum over sources (the `demand` table
+keeps one row per contract and source).
 """
 
 from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from contracts.matching import PodIdentity, SlurmIdentity, match_contract
 from contracts.model import Contract, UnitShape
 
 
@@ -41,6 +43,12 @@ class PendingWork(BaseModel):
     gpus: int = Field(default=0, ge=0)  # per copy
     count: int = Field(default=1, ge=1)
 
+    def identity(self) -> SlurmIdentity | PodIdentity:
+        """What decides its contract (contracts.matching)."""
+        if self.scheduler is Scheduler.SLURM:
+            return SlurmIdentity(self.contract, self.account, self.partition)
+        return PodIdentity(self.contract, self.namespace, self.labels)
+
 
 class Unmatched(BaseModel):
     ref: str
@@ -67,37 +75,6 @@ def units_for(unit: UnitShape, work: PendingWork) -> int:
     return per_copy * work.count
 
 
-def match_contract(contracts: Sequence[Contract], work: PendingWork) -> Contract | str:
-    """The one contract whose selectors take `work`, or the reason there is none."""
-    if work.scheduler is Scheduler.SLURM:
-        if not work.contract:
-            return "job names no contract (--comment=sco-contract=<name>)"
-        hits = [
-            c
-            for c in contracts
-            for s in c.selectors.slurm
-            if s.account == work.account
-            and s.partition == work.partition
-            and c.slurm_tag(s) == work.contract
-        ]
-    else:
-        hits = [
-            c
-            for c in contracts
-            for s in c.selectors.kubernetes
-            if s.namespace == work.namespace
-            and all(work.labels.get(k) == v for k, v in s.labels.items())
-            and (work.contract is None or work.contract == c.name)
-        ]
-    names = sorted({c.name for c in hits})
-    if len(names) == 1:
-        return hits[0]
-    if not names:
-        named = f" naming {work.contract!r}" if work.contract else ""
-        return f"no contract's {work.scheduler.value} selector matches this work{named}"
-    return f"ambiguous: selectors of {', '.join(names)} all match"
-
-
 def normalise(
     contracts: Iterable[Contract], region: str, works: Iterable[PendingWork]
 ) -> NormalisedDemand:
@@ -105,7 +82,7 @@ def normalise(
     here = [c for c in contracts if region in c.regions]
     out = NormalisedDemand()
     for work in works:
-        found = match_contract(here, work)
+        found = match_contract(here, work.identity())
         if isinstance(found, str):
             out.unmatched.append(Unmatched(ref=work.ref, reason=found))
             continue

@@ -19,10 +19,10 @@ from typing import Any
 from pydantic import BaseModel
 
 from activities.demand.hostlist import HostlistError, expand
-from activities.demand.model import PendingWork, Scheduler, match_contract
+from contracts.feasibility import units_per_instance
+from contracts.matching import SlurmIdentity, match_contract
 from contracts.model import Contract, contract_tag_in_comment
 from contracts.region import Region
-from planning.costs import fit_units
 
 #: Node features SCO writes into the slurm.conf fragment (`sco slurm conf`).
 SCO_FEATURE = "sco"
@@ -172,28 +172,12 @@ def plan_resume(
             plan.refused[node] = "no job is waiting for this node (powered up by hand?)"
             continue
         found = match_contract(
-            here,
-            PendingWork(
-                scheduler=Scheduler.SLURM,
-                ref=str(job.job_id),
-                contract=contract_tag_in_comment(job.comment),
-                account=job.account,
-                partition=job.partition,
-                vcpu=0,
-                memory_gib=0,
-            ),
+            here, SlurmIdentity(contract_tag_in_comment(job.comment), job.account, job.partition)
         )
         if isinstance(found, str):
             plan.refused[node] = f"job {job.job_id}: {found}"
             continue
-        per = fit_units(
-            found.unit.vcpu,
-            found.unit.memory_gib,
-            found.unit.gpus,
-            pool.vcpu,
-            pool.memory_gib,
-            pool.gpus,
-        )
+        per = units_per_instance(found.unit, pool)
         group = groups.setdefault(
             (found.name, pool_id),
             NodeGroup(

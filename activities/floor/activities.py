@@ -84,7 +84,7 @@ class FloorActivities:
                 ]
                 if not pools:
                     continue
-                upi = units_per_instance(contract, pools[0])
+                upi = units_per_instance(contract.unit, pools[0])
                 if upi < 1:
                     continue
                 first = pools[0]

@@ -10,6 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from contracts.matching import PodIdentity, SlurmIdentity
+from contracts.model import CONTRACT_LABEL, contract_tag_in_comment
+
 
 @dataclass(frozen=True)
 class Workload:
@@ -22,6 +25,13 @@ class Workload:
     comment: str = ""
     namespace: str = ""
     labels: dict[str, str] = field(default_factory=dict)
+
+    def identity(self) -> SlurmIdentity | PodIdentity:
+        """What decides its contract (contracts.matching). Every pod has a namespace; a
+        Slurm job, or a bare process of the `none` scheduler, has none."""
+        if self.namespace:
+            return PodIdentity(self.labels.get(CONTRACT_LABEL), self.namespace, self.labels)
+        return SlurmIdentity(contract_tag_in_comment(self.comment), self.account, self.partition)
 
 
 class SchedulerError(RuntimeError):

@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from activities.demand.hostlist import HostlistError, expand, ranged
-from activities.demand.model import PendingWork, Scheduler, match_contract, normalise, units_for
+from activities.demand.model import PendingWork, Scheduler, normalise, units_for
 from activities.demand.slurm import array_task_count, parse_squeue_json, parse_tres
 from activities.demand.slurm_resume import (
     SlurmJob,
@@ -21,7 +21,8 @@ from activities.demand.slurm_resume import (
     render_user_data,
 )
 from activities.demand.source import SourceUnavailable
-from contracts.model import Contract, UnitShape
+from contracts.matching import match_contract
+from contracts.model import CONTRACT_LABEL, Contract, UnitShape
 from contracts.region import Region
 from tests.support.contract_fixtures import example
 from workflows.acquisition.models import LaunchItem
@@ -126,34 +127,54 @@ def test_work_matches_through_the_bundles_selectors() -> None:
         vcpu=2,
         memory_gib=4,
     )
-    found = match_contract(cs, job)
+    found = match_contract(cs, job.identity())
     assert isinstance(found, Contract) and found.name == "ci-runners"
     untagged = job.model_copy(update={"contract": None})
-    assert match_contract(cs, untagged) == "job names no contract (--comment=sco-contract=<name>)"
-    pod = PendingWork(
-        scheduler=Scheduler.KUBERNETES, ref="ci/x", namespace="ci", vcpu=1, memory_gib=1
+    assert (
+        match_contract(cs, untagged.identity())
+        == "job names no contract (--comment=sco-contract=<name>)"
     )
-    found = match_contract(cs, pod)
+    pod = PendingWork(
+        scheduler=Scheduler.KUBERNETES,
+        ref="ci/x",
+        contract="ci-runners",
+        namespace="ci",
+        labels={CONTRACT_LABEL: "ci-runners"},
+        vcpu=1,
+        memory_gib=1,
+    )
+    found = match_contract(cs, pod.identity())
     assert isinstance(found, Contract) and found.name == "ci-runners"
     # A pod naming another contract than its namespace's is not silently re-attributed.
     wrong = pod.model_copy(update={"contract": "spark-etl"})
-    assert "naming 'spark-etl'" in str(match_contract(cs, wrong))
+    assert "naming 'spark-etl'" in str(match_contract(cs, wrong.identity()))
     # Two contracts whose selectors both take the work: refused, with both names.
     twin = cs[0].model_copy(update={"name": "ci-twin"})
     assert (
-        match_contract([*cs, twin], pod) == "ambiguous: selectors of ci-runners, ci-twin all match"
+        match_contract([*cs, twin], job.identity())
+        == "ambiguous: selectors of ci-runners, ci-twin all match"
     )
 
 
 def test_normalise_sums_per_contract_and_keeps_the_unmatched() -> None:
     pods = [
         PendingWork(
-            scheduler=Scheduler.KUBERNETES, ref=f"ci/p{i}", namespace="ci", vcpu=2, memory_gib=4
+            scheduler=Scheduler.KUBERNETES,
+            ref=f"ci/p{i}",
+            contract="ci-runners",
+            namespace="ci",
+            vcpu=2,
+            memory_gib=4,
         )
         for i in range(3)
     ]
     stray = PendingWork(
-        scheduler=Scheduler.KUBERNETES, ref="x/y", namespace="x", vcpu=1, memory_gib=1
+        scheduler=Scheduler.KUBERNETES,
+        ref="x/y",
+        contract="ci-runners",
+        namespace="x",
+        vcpu=1,
+        memory_gib=1,
     )
     out = normalise(contracts(), "r1", [*pods, stray])
     assert out.units == {"ci-runners": 3} and out.items == {"ci-runners": 3}

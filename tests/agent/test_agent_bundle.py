@@ -47,7 +47,15 @@ async def test_a_bundle_tampered_on_disk_is_refused_and_the_last_good_one_used(
     cache = BundleCache(tmp_path / "cache", TrustStore.load(trust))
     assert cache.offer(raw).accepted
     scheduler = RecordingScheduler(
-        [Workload(id="5", socket_name="x", account="mlr", partition="spot")]
+        [
+            Workload(
+                id="5",
+                socket_name="x",
+                account="mlr",
+                partition="spot",
+                comment="sco-contract=llm-train",
+            )
+        ]
     )
     agent = Agent(agent_config(tmp_path, node="n"), scheduler=scheduler, sources=[])
     assert agent.bundles.current() is not None  # loaded at start
@@ -73,7 +81,15 @@ async def test_without_a_bundle_every_job_is_requeued_and_it_says_so_loudly(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     scheduler = RecordingScheduler(
-        [Workload(id="9", socket_name="x", account="mlr", partition="spot")]
+        [
+            Workload(
+                id="9",
+                socket_name="x",
+                account="mlr",
+                partition="spot",
+                comment="sco-contract=llm-train",
+            )
+        ]
     )
     agent = Agent(agent_config(tmp_path, node="n"), scheduler=scheduler, sources=[])
     with caplog.at_level(logging.CRITICAL):

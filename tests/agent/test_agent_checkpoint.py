@@ -23,6 +23,7 @@ from agent.scheduler import Workload
 from agent.scheduler.kubernetes import KubernetesScheduler
 from contracts.cache import BundleCache
 from contracts.keys import TrustStore
+from contracts.model import CONTRACT_LABEL
 from tests.support.agent_fakes import (
     WORKLOAD_SCRIPT,
     RecordingScheduler,
@@ -178,9 +179,9 @@ async def test_kubernetes_cordon_list_evict_and_force_follow_the_api(tmp_path: P
     _FakeApiServer.requests = []
     _FakeApiServer.pods = {
         "items": [
-            _pod("ci", "build-1", {}),
-            _pod("training", "trainer-0", {"team": "ml-research"}),
-            _pod("training", "blocked-0", {"sco.io/contract": "llm-train"}),
+            _pod("ci", "build-1", {CONTRACT_LABEL: "ci-runners"}),
+            _pod("training", "trainer-0", {CONTRACT_LABEL: "llm-train", "team": "ml-research"}),
+            _pod("training", "blocked-0", {CONTRACT_LABEL: "llm-train", "team": "ml-research"}),
             _pod("kube-system", "node-exporter", {}, owner="DaemonSet"),
         ]
     }
@@ -231,14 +232,20 @@ async def test_a_spark_executor_decommissions_and_leaves_without_being_forced(
     from tests.support.paths import EXAMPLES
 
     assert (EXAMPLES / f"{spark_contract}.yaml").exists()
-    job = Workload(id="41", socket_name="slurm-41", comment=f"sco-contract={spark_contract}")
+    # spark-etl takes Kubernetes executors only: the pod names it and carries its labels.
+    job = Workload(
+        id="data-pipelines/exec-1",
+        socket_name="exec-1",
+        namespace="data-pipelines",
+        labels={CONTRACT_LABEL: spark_contract, "app.kubernetes.io/component": "spark-executor"},
+    )
     scheduler = RecordingScheduler([job])
 
     def decommission(reason: str, deadline: float) -> str:
         scheduler.workloads_on_node = []  # the executor migrated its blocks and exited
         return ""
 
-    server = register(decommission=decommission, socket_path=tmp_path / "sockets/slurm-41.sock")
+    server = register(decommission=decommission, socket_path=tmp_path / "sockets/exec-1.sock")
     agent = Agent(agent_config(tmp_path, node="s1"), scheduler=scheduler, sources=[])
     try:
         await agent.submit(Notice("d1", "s1", datetime.now(UTC) + timedelta(seconds=30), "", "t"))

@@ -91,8 +91,20 @@ async def test_a_notice_cordons_and_tells_every_workload_once(
     server = register(checkpoint_now, socket_path=config.socket_dir / "slurm-101.sock")
     scheduler = RecordingScheduler(
         [
-            Workload(id="101", socket_name="slurm-101", account="mlr", partition="spot"),
-            Workload(id="102", socket_name="slurm-102", comment="sco-contract=ci"),
+            Workload(
+                id="101",
+                socket_name="slurm-101",
+                account="mlr",
+                partition="spot",
+                comment="sco-contract=llm-train",
+            ),
+            Workload(
+                id="102",
+                socket_name="slurm-102",
+                account="ci",
+                partition="spot",
+                comment="sco-contract=ci",
+            ),
         ]
     )
     link = NatsLink([NATS_URL])
@@ -149,7 +161,15 @@ async def test_the_metadata_file_source_drains_once(tmp_path: Path) -> None:
     config = agent_config(tmp_path, node=node)
     install_bundle(tmp_path)
     scheduler = RecordingScheduler(
-        [Workload(id="7", socket_name="slurm-7", comment="sco-contract=ci")]
+        [
+            Workload(
+                id="7",
+                socket_name="slurm-7",
+                account="ci",
+                partition="spot",
+                comment="sco-contract=ci",
+            )
+        ]
     )
     meta = tmp_path / "metadata.json"
     source = MetadataFileSource(meta, node, poll_seconds=0.02)

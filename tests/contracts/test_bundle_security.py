@@ -106,13 +106,22 @@ def test_a_cached_file_altered_on_disk_is_not_trusted(
 ) -> None:
     key, trust = signer
     cache = BundleCache(tmp_path / "cache", keys.TrustStore.load(trust), clock=lambda: WHEN)
-    cache.offer(make(contracts, key, 4))
+    v4 = make(contracts, key, 4)
+    cache.offer(v4)
     cache.path.write_bytes(cache.path.read_bytes().replace(b'"tier":3', b'"tier":1'))
-    assert cache.current() is None
-    # With the file damaged nothing valid is held, yet an older bundle is still a rollback.
-    older = cache.offer(make(contracts, key, 3))
-    assert not older.accepted and "rollback" in older.reason
-    assert cache.offer(make(contracts, key, 4)).accepted
+    # A reader that never saw it verify (the control plane, a restarted node) has nothing;
+    # the cache that did keeps the last good bundle.
+    fresh = BundleCache(cache.path.parent, keys.TrustStore.load(trust), clock=lambda: WHEN)
+    assert fresh.current() is None
+    held = cache.current()
+    assert held is not None and held.raw == v4
+    # With the file damaged nothing valid is on disk, yet an older bundle is still a
+    # rollback, to the fresh reader too (the serial record), and the good one repairs it.
+    for reader in (cache, fresh):
+        older = reader.offer(make(contracts, key, 3))
+        assert not older.accepted and "rollback" in older.reason
+    repaired = fresh.offer(v4)
+    assert repaired.accepted and repaired.changed and cache.path.read_bytes() == v4
 
 
 def test_an_old_bundle_is_stale_but_valid(

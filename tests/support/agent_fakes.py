@@ -121,7 +121,15 @@ def training_agent(tmp_path: Path, job: str, **over: Any) -> tuple[Agent, Record
     raw, trust, _ = signed_bundle(tmp_path)
     assert BundleCache(tmp_path / "cache", TrustStore.load(trust)).offer(raw).accepted
     scheduler = RecordingScheduler(
-        [Workload(id=job, socket_name=f"slurm-{job}", account="mlr", partition="spot")]
+        [
+            Workload(
+                id=job,
+                socket_name=f"slurm-{job}",
+                account="mlr",
+                partition="spot",
+                comment="sco-contract=llm-train",
+            )
+        ]
     )
     return Agent(
         agent_config(tmp_path, node="g1", **over), scheduler=scheduler, sources=[]

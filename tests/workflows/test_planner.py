@@ -20,9 +20,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from contracts.feasibility import units_per_instance as contract_units_per_instance
-from contracts.model import Contract
+from contracts.model import Contract, UnitShape
 from contracts.region import load_region
-from planning.costs import fit_units, pool_share_cap, spread_cap
+from planning.costs import pool_share_cap, spread_cap
 from planning.planner import (
     ContractDemand,
     Plan,
@@ -235,7 +235,7 @@ def test_r1_units_per_instance_match_the_contract_layer() -> None:
     for contract in example_contracts():
         demand = contract_demand(contract, "r1", 1)
         for pool in region.pools:
-            expected = contract_units_per_instance(contract, pool)
+            expected = contract_units_per_instance(contract.unit, pool)
             assert units_per_instance(demand, pool_input(region, pool, free=0)) == expected
 
 
@@ -336,7 +336,8 @@ def test_caps_round_like_exact_arithmetic() -> None:
     assert pool_share_cap(0.29, 100) == 29  # 0.29 * 100 is 28.999999999999996 in floats
     assert spread_cap(0.1, 30) == 3  # 0.1 * 30 is 3.0000000000000004
     assert spread_cap(0.25, 0) == 1
-    assert fit_units(2, 4, 1, 16, 64, 0) == 0
+    gpu_unit = UnitShape(vcpu=2, memory_gib=4, gpus=1)  # fits no instance without a GPU
+    assert contract_units_per_instance(gpu_unit, UnitShape(vcpu=16, memory_gib=64)) == 0
 
 
 def test_plans_cross_the_temporal_data_converter() -> None:

@@ -42,7 +42,7 @@ def compile_cmd(
     """Validate and feasibility-check every contract, then sign. Writes nothing on error."""
     try:
         signing = keys.load_signing_key(key)
-    except keys.KeyError_ as exc:
+    except keys.KeyFileError as exc:
         fail(str(exc))
     when = (created_at or datetime.now(UTC)).astimezone(UTC)
     result, written = compile_and_sign(
@@ -67,7 +67,7 @@ def _verified(bundle_path: Path, trust: Path, max_age: str) -> VerifiedBundle:
         return verify(raw, store, max_age=parse_window(max_age))
     except OSError as exc:
         fail(f"{bundle_path}: {exc.strerror}")
-    except (keys.KeyError_, BundleRejected) as exc:
+    except (keys.KeyFileError, BundleRejected) as exc:
         fail(f"{bundle_path}: REFUSED: {exc}")
 
 
@@ -103,7 +103,7 @@ def install(
         raw = bundle_path.read_bytes()
     except OSError as exc:
         fail(f"{bundle_path}: {exc.strerror}")
-    except keys.KeyError_ as exc:
+    except keys.KeyFileError as exc:
         fail(str(exc))
     result = BundleCache(s.bundle_cache_dir, store).offer(raw)
     if not result.accepted:
