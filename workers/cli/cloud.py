@@ -18,6 +18,7 @@ from temporalio.client import Client
 from activities.fleet.db import open_pool
 from activities.fleet.repository import FleetRepository
 from activities.notice_relay import NoticeRelay
+from contracts import keys
 from contracts.notice import ReclaimNotice, ReclaimRequest, reclaim_subject
 from contracts.region import Region, RegionFileError, load_region
 from workers.cli.common import console, fail, settings
@@ -84,6 +85,15 @@ def notice_relay(
     if hall not in region_model.halls:
         fail(f"--hall {hall}: region {region_id} has halls {', '.join(region_model.halls)}")
     lead = timedelta(seconds=region_model.notice_lead_seconds)
+    if s.notices.signing_key_file is None:
+        fail(
+            "notices.signing_key_file (SCO_NOTICES__SIGNING_KEY_FILE): not set; "
+            "nodes refuse unsigned notices"
+        )
+    try:
+        signing_key = keys.load_signing_key(s.notices.signing_key_file)
+    except keys.KeyError_ as exc:
+        fail(f"notices.signing_key_file: {exc}")
 
     async def run() -> None:
         nc = await nats.connect(s.nats_url)
@@ -94,6 +104,7 @@ def notice_relay(
             repo=FleetRepository(open_pool(s.postgres_dsn, max_size=2)),
             provider=provider_for(s, region_id),
             js=nc.jetstream(),
+            signing_key=signing_key,
             on_notice=_exclusion_notifier(s, region_id),
         )
         await relay.ensure_stream()
