@@ -9,6 +9,7 @@ import getpass
 import signal
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
+from pathlib import Path
 
 import nats
 import typer
@@ -198,3 +199,31 @@ def reclaim(
             await nc.close()
 
     console.print(asyncio.run(run()))
+
+
+def nats_users(
+    out: Path = typer.Option(..., help="users.conf to write (0600), beside sco-nats.conf."),
+    secrets_dir: Path = typer.Option(
+        ..., "--secrets", help="<user>.password files (made when missing, 0600)."
+    ),
+    node: list[str] = typer.Option(
+        [], help="HALL/NODE of each node whose agent gets a user (repeat)."
+    ),
+    region: str = typer.Option(None),
+) -> None:
+    """Render the region's NATS users with least-privilege permissions (deploy/nats/)."""
+    from workers.nats_permissions import region_users, write_users
+
+    region_id, region_model = _region(region)
+    pairs = []
+    for entry in node:
+        hall, _, name = entry.partition("/")
+        if hall not in region_model.halls or not name:
+            fail(f"--node {entry}: expected HALL/NODE with HALL one of {region_model.halls}")
+        pairs.append((hall, name))
+    try:
+        users = region_users(region_id, region_model.halls, pairs)
+    except ValueError as exc:
+        fail(f"--node: {exc}")
+    write_users(out, users, secrets_dir)
+    console.print(f"{out}: {len(users)} users for {region_id}, passwords in {secrets_dir}")

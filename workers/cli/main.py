@@ -47,6 +47,7 @@ app.add_typer(contracts.app, name="contracts")
 app.add_typer(cloud.sim_app, name="sim")
 app.command("notice-relay")(cloud.notice_relay)
 app.command("reclaim")(cloud.reclaim)
+app.command("nats-users")(cloud.nats_users)
 
 
 def main() -> None:
