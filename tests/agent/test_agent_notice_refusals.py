@@ -16,8 +16,9 @@ import pytest
 from nacl.signing import SigningKey
 from nats.aio.client import Client
 
+from agent.config import AgentConfig
 from agent.daemon import Agent
-from agent.natslink import NatsLink
+from agent.natslink import NatsLink, NatsOptionsError, nats_options
 from agent.notices import SignedMessage
 from agent.sources.nats import NatsNoticeSource
 from contracts.cache import BundleCache
@@ -138,3 +139,25 @@ async def test_without_notice_keys_in_the_bundle_a_relay_notice_is_refused(
     agent = Agent(agent_config(tmp_path, node=NODE), scheduler=RecordingScheduler(), sources=[])
     await agent.submit(SignedMessage(sign(notice("r1"), notice_key(tmp_path)), "nats"))
     assert agent.queue.empty() and [r.reason.value for r in agent.refusals] == ["no_notice_keys"]
+
+
+def test_nats_identity_settings_are_checked(tmp_path: Path) -> None:
+    base = {"region": "r1", "hall": "D", "node_id": "n1"}
+    with pytest.raises(ValueError, match="nats_user and nats_password_file go together"):
+        AgentConfig.model_validate({**base, "nats_user": "agent-r1-n1"})
+    with pytest.raises(ValueError, match="one NATS identity"):
+        AgentConfig.model_validate(
+            {**base, "nats_user": "u", "nats_password_file": "/p", "nats_creds_file": "/c"}
+        )
+    with pytest.raises(ValueError, match="nats_tls_cert and nats_tls_key go together"):
+        AgentConfig.model_validate({**base, "nats_tls_cert": "/c"})
+    missing = AgentConfig.model_validate(
+        {**base, "nats_user": "u", "nats_password_file": str(tmp_path / "none")}
+    )
+    with pytest.raises(NatsOptionsError, match="nats_password_file"):
+        nats_options(missing)
+    (tmp_path / "pw").write_text("s3cret\n")
+    ok = AgentConfig.model_validate(
+        {**base, "nats_user": "u", "nats_password_file": str(tmp_path / "pw")}
+    )
+    assert nats_options(ok) == {"inbox_prefix": "_INBOX_n1", "user": "u", "password": "s3cret"}
