@@ -119,7 +119,7 @@ def region_users(region: str, halls: Sequence[str], nodes: Sequence[tuple[str, s
 def password(secrets_dir: Path, user: str) -> str:
     path = secrets_dir / f"{user}.password"
     if not path.exists():
-        secrets_dir.mkdir(parents=True, exist_ok=True)
+        secrets_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as fh:
             fh.write(secrets.token_urlsafe(24) + "\n")
