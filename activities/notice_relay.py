@@ -5,6 +5,9 @@ Durable by construction: the NOTICE is written to fleet state (with its lifecycl
 before the notice is published, and the deadline is derived from that row. After a
 restart the relay republishes the notices of its hall's noticed instances (same stable
 notice id, so agents act once) and deletes those past their deadline.
+
+Every notice goes out signed with the relay's key (contracts/notice_signing.py); nodes
+accept only keys their signed contract bundle lists for the region.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable
 from datetime import UTC, datetime, timedelta
 
+from nacl.signing import SigningKey
 from nats.js.client import JetStreamContext
 
 from activities.events import EventKind, InstanceState
@@ -20,6 +24,7 @@ from activities.fleet.repository import FleetRepository, InstanceRow
 from activities.provider.errors import ProviderError
 from activities.provider.interface import CloudProvider
 from contracts.notice import ReclaimNotice, ReclaimRequest, notice_stream
+from contracts.notice_signing import sign
 
 log = logging.getLogger(__name__)
 
@@ -36,12 +41,14 @@ class NoticeRelay:
         repo: FleetRepository,
         provider: CloudProvider,
         js: JetStreamContext,
+        signing_key: SigningKey,
         on_notice: Callable[[ReclaimNotice], Awaitable[None]] | None = None,
     ) -> None:
         self.region, self.hall, self.lead = region, hall, lead
         self._repo = repo
         self._provider = provider
         self._js = js
+        self._key = signing_key
         # Told after each notice went out (the pool exclusion cycle counts reclaims). Best
         # effort: a failure here is logged and never holds up a notice.
         self._on_notice = on_notice
@@ -73,7 +80,7 @@ class NoticeRelay:
         # Msg-Id makes JetStream drop a republished notice within its dedupe window.
         await self._js.publish(
             notice.subject,
-            notice.model_dump_json().encode(),
+            sign(notice, self._key),
             headers={"Nats-Msg-Id": notice.notice_id},
         )
 

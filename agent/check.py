@@ -61,6 +61,19 @@ def _bundle(config: AgentConfig) -> list[Line]:
     out.append(
         Line(True, "bundle", f"serial {bundle.serial}, age {age}, contracts: {names}{stale}")
     )
+    policy = bundle.content.notice_policy(config.region)
+    if policy is None or not policy.keys:
+        out.append(
+            Line(
+                False,
+                "notice keys",
+                f"the bundle lists none for {config.region}: every relay notice would be refused",
+            )
+        )
+    else:
+        out.append(
+            Line(True, "notice keys", f"{len(policy.keys)} key(s), lead {policy.lead_seconds} s")
+        )
     return out
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from agent.check import run_check
 from agent.config import DEFAULT_PATH, ConfigError, load_config
 from agent.daemon import Agent, run_until_signalled
+from agent.natslink import NatsOptionsError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,5 +57,10 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"sco-agent: bad configuration: {exc}", file=sys.stderr)
         return 2
-    asyncio.run(run_until_signalled(Agent(config)))
+    try:
+        agent = Agent(config)
+    except NatsOptionsError as exc:
+        print(f"sco-agent: bad configuration: {exc}", file=sys.stderr)
+        return 2
+    asyncio.run(run_until_signalled(agent))
     return 0

@@ -11,6 +11,11 @@ Keys (all top level):
     metadata_path           optional JSON file polled for notices (cloud instance metadata)
     dry_run                 log every mutating call instead of making it
     safety_margin_seconds   a drain's waits end this long before the notice's deadline
+    notice_deadline_margin_seconds  clock skew allowed past the region's notice lead
+    nats_user, nats_password_file   NATS user and a file holding its password, or
+    nats_creds_file                 a NATS credentials (JWT + nkey) file, or
+    nats_nkey_seed_file             an nkey seed file
+    nats_tls_ca, nats_tls_cert, nats_tls_key   TLS to NATS: CA bundle, client cert and key
     workers, report_timeout_seconds, metadata_poll_seconds, bundle_refresh_seconds,
     kubernetes_api_url, kubernetes_token_path, kubernetes_ca_path
 
@@ -26,7 +31,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 ENV_PREFIX = "SCO_AGENT_"
 DEFAULT_PATH = Path("/etc/sco-agent/agent.toml")
@@ -64,6 +76,33 @@ class AgentConfig(BaseModel):
     kubernetes_api_url: str = "https://kubernetes.default.svc"
     kubernetes_token_path: Path = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
     kubernetes_ca_path: Path | None = None
+    notice_deadline_margin_seconds: float = Field(default=30.0, ge=0)
+    nats_user: str | None = None
+    nats_password_file: Path | None = None
+    nats_creds_file: Path | None = None
+    nats_nkey_seed_file: Path | None = None
+    nats_tls_ca: Path | None = None
+    nats_tls_cert: Path | None = None
+    nats_tls_key: Path | None = None
+
+    @model_validator(mode="after")
+    def _nats_auth(self) -> AgentConfig:
+        ways = [
+            name
+            for name, on in (
+                ("nats_user", self.nats_user is not None),
+                ("nats_creds_file", self.nats_creds_file is not None),
+                ("nats_nkey_seed_file", self.nats_nkey_seed_file is not None),
+            )
+            if on
+        ]
+        if len(ways) > 1:
+            raise ValueError(f"set one NATS identity, not {' and '.join(ways)}")
+        if (self.nats_user is None) != (self.nats_password_file is None):
+            raise ValueError("nats_user and nats_password_file go together")
+        if (self.nats_tls_cert is None) != (self.nats_tls_key is None):
+            raise ValueError("nats_tls_cert and nats_tls_key go together")
+        return self
 
     @field_validator("node_id", "region", "hall")
     @classmethod

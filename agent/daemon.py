@@ -12,14 +12,14 @@ import contextlib
 import logging
 import signal
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from agent import sdnotify
 from agent.config import AgentConfig
 from agent.dedupe import DedupeStore
 from agent.drain import DrainEngine, DrainReport
-from agent.natslink import NatsLink
-from agent.notices import Notice, NoticeSource
+from agent.natslink import NatsLink, nats_options
+from agent.notices import Notice, NoticeSource, SignedMessage
 from agent.report import Reporter, drain_subject
 from agent.scheduler import NodeScheduler
 from agent.scheduler.kubernetes import KubernetesScheduler
@@ -31,6 +31,7 @@ from contracts.bundle import VerifiedBundle
 from contracts.cache import BundleCache
 from contracts.distribution import NatsBundleSource
 from contracts.keys import KeyFileError, TrustStore
+from contracts.notice_signing import Accepted, NodeIdentity, Refusal, RefusalReason, check
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +72,7 @@ class Agent:
         link: NatsLink | None = None,
     ) -> None:
         self.config = config
-        self.link = link if link is not None else NatsLink(config.nats_urls)
+        self.link = link if link is not None else NatsLink(config.nats_urls, nats_options(config))
         self.scheduler = scheduler if scheduler is not None else make_scheduler(config)
         self.bundles, self._no_trust = make_bundle_cache(config)
         self.dedupe = DedupeStore(config.dedupe_path)
@@ -99,18 +100,69 @@ class Agent:
                     ),
                 ]
         self.sources = list(sources)
+        self.identity = NodeIdentity(config.region, config.hall, config.node_id)
+        self.refusals: list[Refusal] = []  # this process's refused notices (bounded)
         self.queue: asyncio.Queue[Notice] = asyncio.Queue(QUEUE_SIZE)
         self.ready = asyncio.Event()
         self.reports: list[DrainReport] = []  # this process's drains, newest last (bounded)
         self.drained = asyncio.Event()  # set after every drain; a watcher clears it
 
-    async def submit(self, notice: Notice) -> None:
-        """The sink every source feeds: one drain per notice id, ever."""
+    def verify(self, message: SignedMessage) -> Accepted | Refusal:
+        """Check a relay notice against the bundle this node trusts (nothing else)."""
+        verified = self.bundles.current()
+        return check(
+            message.raw,
+            verified.content if verified is not None else None,
+            self.identity,
+            datetime.now(UTC),
+            margin=timedelta(seconds=self.config.notice_deadline_margin_seconds),
+        )
+
+    def refuse(self, refusal: Refusal, source: str) -> None:
+        """A refused notice is reported and journalled, and never cordons or drains."""
+        log.error(
+            "notice %s from %s REFUSED (%s): %s",
+            refusal.notice_id or "(unnamed)",
+            source,
+            refusal.reason.value,
+            refusal.detail,
+        )
+        self.refusals = [*self.refusals[-99:], refusal]
+        self.reporter.report(
+            {
+                "event": "notice_refused",
+                "reason": refusal.reason.value,
+                "detail": refusal.detail,
+                "notice_id": refusal.notice_id,
+                "key_id": refusal.key_id,
+                "source": source,
+                "at": datetime.now(UTC).isoformat(),
+            }
+        )
+
+    async def submit(self, item: Notice | SignedMessage) -> None:
+        """The sink every source feeds: one drain per notice id, ever. Relay notices
+        (SignedMessage) drain only when their signature and content check out."""
+        signed = isinstance(item, SignedMessage)
+        if isinstance(item, SignedMessage):
+            checked = self.verify(item)
+            if isinstance(checked, Refusal):
+                self.refuse(checked, item.source)
+                return
+            notice = Notice.from_reclaim(checked.notice, item.source)
+        else:
+            notice = item
         if notice.node != self.config.node_id:
             log.error("notice %s is for %s, not this node: ignored", notice.notice_id, notice.node)
             return
         if not self.dedupe.claim(notice.notice_id):
-            log.info("notice %s (%s) already handled", notice.notice_id, notice.source)
+            if signed:  # a relay notice seen again: a replay, refused on the record
+                self.refuse(
+                    Refusal(RefusalReason.REPLAY, "already acted on", notice.notice_id),
+                    notice.source,
+                )
+            else:  # local sources re-read the same file on every poll: not worth a line
+                log.info("notice %s (%s) already handled", notice.notice_id, notice.source)
             return
         log.warning(
             "reclaim notice %s from %s: deadline %s",
@@ -203,7 +255,10 @@ class Agent:
     async def _refresh_bundles(self, stop: asyncio.Event) -> None:
         if not self.config.nats_urls or self._no_trust:
             return  # nothing to fetch from, or nothing it sent could be trusted
-        sources = [NatsBundleSource(url, self.config.region) for url in self.config.nats_urls]
+        options = nats_options(self.config)
+        sources = [
+            NatsBundleSource(url, self.config.region, options) for url in self.config.nats_urls
+        ]
 
         async def fetch() -> bytes | None:
             last: Exception | None = None

@@ -9,16 +9,61 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
+from typing import Any
 
 import nats
 from nats.aio.client import Client
 
+from agent.config import AgentConfig
+
 log = logging.getLogger(__name__)
 
 
+class NatsOptionsError(ValueError):
+    """A NATS credential or TLS file cannot be used; the message names it."""
+
+
+def nats_options(config: AgentConfig) -> dict[str, Any]:
+    """The node's NATS identity as `nats.connect` options: credentials, TLS, and an inbox
+    prefix of its own (the permissions let a node read only `_INBOX_<node>.>`, so no node
+    sees another's JetStream deliveries or replies)."""
+    options: dict[str, Any] = {"inbox_prefix": f"_INBOX_{config.node_id}"}
+    if config.nats_user is not None and config.nats_password_file is not None:
+        try:
+            password = config.nats_password_file.read_text().strip()
+        except OSError as exc:
+            raise NatsOptionsError(
+                f"nats_password_file {config.nats_password_file}: {exc.strerror}"
+            ) from exc
+        options.update(user=config.nats_user, password=password)
+    if config.nats_creds_file is not None:
+        options["user_credentials"] = str(config.nats_creds_file)
+    if config.nats_nkey_seed_file is not None:
+        options["nkeys_seed"] = str(config.nats_nkey_seed_file)
+    if config.nats_tls_ca is not None or config.nats_tls_cert is not None:
+        try:
+            context = ssl.create_default_context(
+                cafile=str(config.nats_tls_ca) if config.nats_tls_ca else None
+            )
+            if config.nats_tls_cert is not None and config.nats_tls_key is not None:
+                context.load_cert_chain(str(config.nats_tls_cert), str(config.nats_tls_key))
+        except (OSError, ssl.SSLError) as exc:
+            raise NatsOptionsError(f"NATS TLS files: {exc}") from exc
+        options["tls"] = context
+    return options
+
+
 class NatsLink:
-    def __init__(self, urls: list[str], *, retry_seconds: float = 2.0) -> None:
+    def __init__(
+        self,
+        urls: list[str],
+        options: dict[str, Any] | None = None,
+        *,
+        retry_seconds: float = 2.0,
+    ) -> None:
         self._urls = urls
+        self._options = options or {}
         self._retry = retry_seconds
         self.client: Client | None = None
         self.connected = asyncio.Event()
@@ -38,6 +83,7 @@ class NatsLink:
                     max_reconnect_attempts=-1,
                     reconnect_time_wait=1,
                     name="sco-agent",
+                    **self._options,
                 )
                 self.connected.set()
                 log.info("connected to NATS %s", self.client.connected_url)

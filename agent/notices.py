@@ -3,6 +3,8 @@
 A source is started with a sink (an async callable taking a Notice) and stopped; it
 normalises whatever its origin says into a `Notice` with a stable id, so the same reclaim
 seen twice, or seen through two sources, is one id and the dedupe store drops the repeat.
+A source of relay notices (NATS) emits `SignedMessage`s instead: the agent verifies their
+signature against the bundle before anything else looks at them.
 """
 
 from __future__ import annotations
@@ -35,7 +37,17 @@ class Notice:
         return hashlib.sha256(raw).hexdigest()[:24]
 
 
-Sink = Callable[[Notice], Awaitable[None]]
+@dataclass(frozen=True)
+class SignedMessage:
+    """A notice as it came off the wire, still to be verified: sources that carry relay
+    notices hand these over untouched, and only the agent decides what they are."""
+
+    raw: bytes
+    source: str
+    subject: str = ""
+
+
+Sink = Callable[[Notice | SignedMessage], Awaitable[None]]
 
 
 class NoticeSource(Protocol):

@@ -1,11 +1,13 @@
 """The signed contract bundle: canonical JSON, Ed25519, a monotonic serial.
 
 File layout (canonical JSON: sorted keys, no whitespace, UTF-8):
-    {"content": {"contracts": [...], "created_at": "...", "format": 1, "regions": [...],
-                 "serial": N},
+    {"content": {"contracts": [...], "created_at": "...", "format": 1,
+                 "notice_policies": [...], "regions": [...], "serial": N},
      "key_id": "<16 hex>", "signature": "<hex Ed25519 over canonical(content)>"}
 The same input gives the same bytes (Ed25519 signatures are deterministic). A verifier
 accepts only the canonical form, so any changed byte is refused.
+`notice_policies` (one per region that has notice-signing keys) is how nodes learn who
+may sign their reclaim notices; bundles from before it read as having none.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from contracts.keys import TrustStore, key_id
 from contracts.model import Contract
+from contracts.notice import NoticePolicy
 
 FORMAT: Literal[1] = 1
 
@@ -35,6 +38,10 @@ class BundleContent(BaseModel):
     created_at: datetime
     regions: list[str]
     contracts: list[Contract]
+    notice_policies: list[NoticePolicy] = []
+
+    def notice_policy(self, region: str) -> NoticePolicy | None:
+        return next((p for p in self.notice_policies if p.region == region), None)
 
     def contract(self, name: str) -> Contract | None:
         return next((c for c in self.contracts if c.name == name), None)
@@ -51,15 +58,24 @@ def canonical_json(value: Any) -> bytes:
 
 
 def build(
-    contracts: Sequence[Contract], *, serial: int, created_at: datetime, key: SigningKey
+    contracts: Sequence[Contract],
+    *,
+    serial: int,
+    created_at: datetime,
+    key: SigningKey,
+    notice_policies: Sequence[NoticePolicy] = (),
 ) -> bytes:
     content = BundleContent(
         serial=serial,
         created_at=created_at.astimezone(UTC),
         regions=sorted({r for c in contracts for r in c.regions}),
         contracts=sorted(contracts, key=lambda c: c.name),
+        notice_policies=sorted(notice_policies, key=lambda p: p.region),
     )
     content_json = content.model_dump(mode="json")
+    if not content.notice_policies:
+        # Without notice keys the bytes stay those of a bundle from before they existed.
+        del content_json["notice_policies"]
     signature = key.sign(canonical_json(content_json)).signature
     return canonical_json(
         {

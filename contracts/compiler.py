@@ -7,13 +7,16 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from nacl.encoding import HexEncoder
 from nacl.signing import SigningKey
 
 from contracts import bundle
 from contracts.atomic import write_atomic
 from contracts.feasibility import check_all
 from contracts.findings import Finding, errors
+from contracts.keys import KeyFileError, TrustStore
 from contracts.model import Contract
+from contracts.notice import NoticePolicy
 from contracts.region import Region, RegionFileError, load_regions
 from contracts.source import read_contracts
 
@@ -50,6 +53,36 @@ def next_serial(previous_bundle: Path) -> int:
         return 1
 
 
+def notice_policies(
+    keys_dir: Path, regions: dict[str, Region]
+) -> tuple[list[NoticePolicy], list[Finding]]:
+    """`<keys_dir>/<region>/<key id>.pub`: the keys that may sign that region's notices
+    (ids in its `revoked.txt` left out), with the region's notice lead."""
+    if not keys_dir.is_dir():
+        return [], [Finding(str(keys_dir), 1, "(notice keys)", "directory does not exist")]
+    policies, findings = [], []
+    for sub in sorted(p for p in keys_dir.iterdir() if p.is_dir()):
+        region = regions.get(sub.name)
+        if region is None:
+            findings.append(Finding(str(sub), 1, "(notice keys)", "no such region"))
+            continue
+        try:
+            trust = TrustStore.load(sub)
+        except KeyFileError as exc:
+            findings.append(Finding(str(sub), 1, "(notice keys)", str(exc)))
+            continue
+        keys = {
+            kid: vk.encode(HexEncoder).decode()
+            for kid, vk in trust.keys.items()
+            if kid not in trust.revoked
+        }
+        if keys:
+            policies.append(
+                NoticePolicy(region=region.id, lead_seconds=region.notice_lead_seconds, keys=keys)
+            )
+    return policies, findings
+
+
 def compile_and_sign(
     src_dir: Path,
     regions_dir: Path,
@@ -58,15 +91,27 @@ def compile_and_sign(
     *,
     serial: int | None,
     created_at: datetime,
+    notice_keys_dir: Path | None = None,
 ) -> tuple[CompileResult, int | None]:
     """Compile; on success write the signed bundle atomically and return its serial."""
     regions, findings = load_region_dir(regions_dir)
     if findings:
         return CompileResult([], findings), None
+    policies: list[NoticePolicy] = []
+    if notice_keys_dir is not None:
+        policies, findings = notice_policies(notice_keys_dir, regions)
+        if findings:
+            return CompileResult([], findings), None
     result = compile_dir(src_dir, regions)
     if not result.ok:
         return result, None
     serial = serial if serial is not None else next_serial(out)
-    raw = bundle.build(result.contracts, serial=serial, created_at=created_at, key=key)
+    raw = bundle.build(
+        result.contracts,
+        serial=serial,
+        created_at=created_at,
+        key=key,
+        notice_policies=policies,
+    )
     write_atomic(out, raw)
     return result, serial

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 import nats
 from nats.js.errors import BucketNotFoundError, NotFoundError, ObjectNotFoundError
@@ -53,13 +54,21 @@ FETCH_TIMEOUT_SECONDS = 10.0
 class NatsBundleSource:
     """Fetches the region's current bundle; None when none was published yet."""
 
-    def __init__(self, nats_url: str, region: str) -> None:
+    def __init__(
+        self, nats_url: str, region: str, connect_options: dict[str, Any] | None = None
+    ) -> None:
         self._url = nats_url
         self._bucket = bucket_for(region)
+        # Credentials, TLS and inbox prefix: the node's own NATS identity.
+        self._options = connect_options or {}
 
     async def fetch(self) -> bytes | None:
         nc = await nats.connect(
-            self._url, connect_timeout=5, max_reconnect_attempts=1, allow_reconnect=False
+            self._url,
+            connect_timeout=5,
+            max_reconnect_attempts=1,
+            allow_reconnect=False,
+            **self._options,
         )
         try:
             store = await nc.jetstream().object_store(self._bucket)

@@ -75,3 +75,15 @@ class ReclaimRequest(BaseModel):
     pool_id: str | None = None
     reason: str = Field(default="operator reclaim", max_length=200)
     requested_by: str = ""
+
+
+class NoticePolicy(BaseModel):
+    """What a node of one region needs to check a notice, carried in the signed bundle:
+    the public keys (key id -> hex Ed25519) that may sign its notices and its notice lead
+    (a deadline further away than lead + margin is refused)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    region: str
+    lead_seconds: int = Field(gt=0)
+    keys: dict[str, str] = {}

@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 from datetime import timedelta
 
 import nats
+from nacl.signing import SigningKey
 from nats.aio.msg import Msg
 from temporalio.client import Client
 
@@ -26,7 +27,14 @@ from workers.shutdown import async_stop_event
 log = logging.getLogger(__name__)
 
 
-async def run(settings: Settings, region: Region, hall: str, *, sweep_seconds: float = 1.0) -> None:
+async def run(
+    settings: Settings,
+    region: Region,
+    hall: str,
+    signing_key: SigningKey,
+    *,
+    sweep_seconds: float = 1.0,
+) -> None:
     """Relay `hall`'s notices until stopped; NATS, the fleet-state pool and the provider
     are closed after, whatever ends the loop."""
     with async_stop_event() as stop:
@@ -42,6 +50,7 @@ async def run(settings: Settings, region: Region, hall: str, *, sweep_seconds: f
                 repo=FleetRepository(pool),
                 provider=await opened.enter_async_context(open_provider(settings, region.id)),
                 js=nc.jetstream(),
+                signing_key=signing_key,
                 on_notice=_exclusion_notifier(settings, region.id),
             )
             await relay.ensure_stream()

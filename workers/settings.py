@@ -84,6 +84,15 @@ class ContractSettings(BaseModel):
     source_dir: Path = Path("contracts/examples")
 
 
+class NoticeSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    # The notice relay's Ed25519 key (<key id>.key, contracts/keys.py): every notice is
+    # signed with it, and nodes accept it only when the bundle lists its .pub for the
+    # region (`sco contracts compile --notice-keys`). `sco dev up` makes one for the box.
+    signing_key_file: Path | None = None
+
+
 class ControlSettings(BaseModel):
     """The region controller, the acquisitions it starts, and the region's API budget."""
 
@@ -266,6 +275,7 @@ class Settings(BaseSettings):
     outbox: OutboxSettings = OutboxSettings()
     provider: ProviderSettings = ProviderSettings()
     contracts: ContractSettings = ContractSettings()
+    notices: NoticeSettings = NoticeSettings()
     control: ControlSettings = ControlSettings()
     worker: WorkerSettings = WorkerSettings()
     intake: IntakeSettings = IntakeSettings()

@@ -11,16 +11,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from datetime import UTC, datetime
 
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-from pydantic import ValidationError
 
 from agent.natslink import NatsLink
-from agent.notices import Notice, Sink
-from contracts.notice import ReclaimNotice, notice_stream, notice_subject
+from agent.notices import SignedMessage, Sink
+from contracts.notice import notice_stream, notice_subject
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +58,9 @@ class NatsNoticeSource:
                     cb=self._on_message,
                     manual_ack=True,
                     config=ConsumerConfig(
+                        # A name makes the create subject carry the filter, which is how
+                        # the NATS permissions pin a node's consumer to its own subject.
+                        name=self._durable,
                         deliver_policy=DeliverPolicy.ALL,
                         ack_policy=AckPolicy.EXPLICIT,
                         ack_wait=30,
@@ -83,23 +84,11 @@ class NatsNoticeSource:
                 await asyncio.sleep(self._retry)
 
     async def _on_message(self, msg: Msg) -> None:
-        try:
-            reclaim = ReclaimNotice.model_validate_json(msg.data)
-        except ValidationError as exc:
-            log.error("malformed notice on %s dropped: %s", msg.subject, exc)
-            await _ack(msg)
-            return
-        if reclaim.node != self._node:
-            log.error("notice for %s on this node's subject dropped", reclaim.node)
-            await _ack(msg)
-            return
-        if reclaim.deadline < datetime.now(UTC):
-            log.info("notice %s expired at %s, ignored", reclaim.notice_id, reclaim.deadline)
-            await _ack(msg)
-            return
         assert self._sink is not None
-        await self._sink(Notice.from_reclaim(reclaim, self.name))
-        await _ack(msg)  # queued (and deduped) locally: the stream need not redeliver
+        # Verified (or refused and journalled) by the agent; either way the stream need
+        # not redeliver it.
+        await self._sink(SignedMessage(msg.data, self.name, msg.subject))
+        await _ack(msg)
 
     async def stop(self) -> None:
         if self._task is not None:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from datetime import timedelta
 
 import nats
 import psycopg
+from nacl.signing import SigningKey
 from nats.aio.msg import Msg
 
 from activities.events import CapacityType, EventKind, InstanceState
@@ -16,10 +18,12 @@ from activities.notice_relay import NoticeRelay
 from activities.provider.errors import NotFound
 from activities.provider.interface import CreateRequest
 from activities.provider.simulator import ReclaimModel, SimulatedCloud
+from contracts.keys import key_id
 from contracts.notice import ReclaimNotice, ReclaimRequest, hall_notice_subjects
 from contracts.region import Region
 
 NATS_URL = "nats://127.0.0.1:4222"
+KEY = SigningKey.generate()
 
 
 async def launch(cloud: SimulatedCloud, repo: FleetRepository, region: Region, pool_id: str) -> str:
@@ -55,6 +59,7 @@ async def test_a_reclaim_notices_the_node_then_deletes_it_after_the_deadline(
             repo=fleet_repo,
             provider=cloud,
             js=nc.jetstream(),
+            signing_key=KEY,
         )
         await relay.ensure_stream()
         pool_id = "r1.D.cpu.l"
@@ -62,7 +67,9 @@ async def test_a_reclaim_notices_the_node_then_deletes_it_after_the_deadline(
         received: list[ReclaimNotice] = []
 
         async def collect(msg: Msg) -> None:
-            received.append(ReclaimNotice.model_validate_json(msg.data))
+            envelope = json.loads(msg.data)  # every notice goes out signed by the relay
+            assert envelope["key_id"] == key_id(KEY.verify_key)
+            received.append(ReclaimNotice.model_validate(envelope["notice"]))
 
         sub = await nc.subscribe(hall_notice_subjects("r1", "D"), cb=collect)
 
@@ -130,6 +137,7 @@ async def test_provider_reclaim_decisions_become_notices(
             repo=fleet_repo,
             provider=cloud,
             js=nc.jetstream(),
+            signing_key=KEY,
         )
         await relay.ensure_stream()
         node = await launch(cloud, fleet_repo, region_r1, "r1.A.mem.xl")

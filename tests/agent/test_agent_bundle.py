@@ -152,7 +152,7 @@ def test_a_bad_config_names_file_field_and_reason(tmp_path: Path) -> None:
 
 
 def test_check_exits_0_with_a_valid_bundle_and_1_without(tmp_path: Path) -> None:
-    raw, trust, _ = signed_bundle(tmp_path)
+    raw, trust, _ = signed_bundle(tmp_path, notice_regions=["r1"])
     path = tmp_path / "agent.toml"
     path.write_text(
         textwrap.dedent(f"""\
@@ -170,7 +170,7 @@ def test_check_exits_0_with_a_valid_bundle_and_1_without(tmp_path: Path) -> None
     assert BundleCache(tmp_path / "cache", TrustStore.load(trust)).offer(raw).accepted
     good = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=30)
     assert good.returncode == 0 and "ready to drain" in good.stdout, good.stdout + good.stderr
-    assert "ci-runners" in good.stdout
+    assert "ci-runners" in good.stdout and "[ok] notice keys: 1 key(s)" in good.stdout
 
 
 _CONTROL_PLANE_DOWN = """

@@ -26,7 +26,8 @@ from agent.sources.nats import NatsNoticeSource
 from contracts.cache import BundleCache
 from contracts.keys import TrustStore
 from contracts.notice import ReclaimNotice, notice_stream
-from tests.support.agent_fakes import RecordingScheduler, agent_config, signed_bundle
+from contracts.notice_signing import sign
+from tests.support.agent_fakes import RecordingScheduler, agent_config, notice_key, signed_bundle
 
 NATS_URL = "nats://127.0.0.1:4222"
 pytestmark = pytest.mark.timeout(50)
@@ -47,8 +48,8 @@ async def nats_region() -> AsyncIterator[tuple[Client, str]]:
     await nc.close()
 
 
-def install_bundle(tmp: Path) -> None:
-    raw, trust, _ = signed_bundle(tmp)
+def install_bundle(tmp: Path, region: str = "r1") -> None:
+    raw, trust, _ = signed_bundle(tmp, notice_regions=[region])
     assert BundleCache(tmp / "cache", TrustStore.load(trust)).offer(raw).accepted
 
 
@@ -79,7 +80,7 @@ async def test_a_notice_cordons_and_tells_every_workload_once(
 ) -> None:
     nc, region = nats_region
     node = "node-a1"
-    install_bundle(tmp_path)
+    install_bundle(tmp_path, region)
     config = agent_config(tmp_path, node=node, region=region, nats_urls=[NATS_URL])
     told: list[tuple[str, float]] = []
 
@@ -122,7 +123,8 @@ async def test_a_notice_cordons_and_tells_every_workload_once(
         await asyncio.wait_for(source.watching.wait(), 10)
         notice = make_notice(region, node)
         published = time.monotonic()
-        await nc.jetstream().publish(notice.subject, notice.model_dump_json().encode())
+        signed = sign(notice, notice_key(tmp_path))
+        await nc.jetstream().publish(notice.subject, signed)
         await wait_for(lambda: len(agent.reports) == 1)
         report = agent.reports[0]
         outcomes = {w.workload: (w.contract, w.result, w.path) for w in report.workloads}
@@ -139,9 +141,10 @@ async def test_a_notice_cordons_and_tells_every_workload_once(
         print(f"notice->cordon {cordoned * 1000:.1f} ms, ->all told {last_told * 1000:.1f} ms")
         assert last_told < 1.0
 
-        # The same notice again (a relay retry, or another source) does nothing.
-        await nc.jetstream().publish(notice.subject, notice.model_dump_json().encode())
-        await asyncio.sleep(0.5)
+        # The same notice again (a relay retry, or a replay) does nothing but get refused.
+        await nc.jetstream().publish(notice.subject, signed)
+        await wait_for(lambda: len(agent.refusals) == 1)
+        await asyncio.sleep(0.2)
         assert len(agent.reports) == 1 and len(scheduler.calls) == 3 and len(told) == 1
         await wait_for(lambda: any(r.get("event") == "drain_finished" for r in reports))
     finally:
@@ -149,7 +152,8 @@ async def test_a_notice_cordons_and_tells_every_workload_once(
         await asyncio.wait_for(run, 30)
         server.close()
     journal = [json.loads(line) for line in config.journal_path.read_text().splitlines()]
-    assert [e["event"] for e in journal] == ["notice_received", "drain_finished"]
+    assert [e["event"] for e in journal] == ["notice_received", "drain_finished", "notice_refused"]
+    assert journal[2]["reason"] == "replay"
     # A restarted agent remembers: the dedupe store is on disk beside the journal.
     again = Agent(config, scheduler=scheduler, sources=[])
     await again.submit(Notice.from_reclaim(notice, "nats"))

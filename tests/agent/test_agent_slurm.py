@@ -20,7 +20,8 @@ from agent.sources.nats import NatsNoticeSource
 from contracts.cache import BundleCache
 from contracts.keys import TrustStore
 from contracts.notice import ReclaimNotice, notice_stream
-from tests.support.agent_fakes import agent_config, signed_bundle
+from contracts.notice_signing import sign
+from tests.support.agent_fakes import agent_config, notice_key, signed_bundle
 from tests.support.agent_slurm_cluster import NODE, agent_slurm_cluster, node_state
 from tests.support.slurm_cluster import SlurmCluster
 
@@ -62,7 +63,7 @@ async def test_a_notice_drains_the_node_and_requeues_the_job(
     slurm: SlurmCluster, region: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("SLURM_CONF", str(slurm.conf))  # the agent's scontrol/squeue
-    raw, trust, _ = signed_bundle(tmp_path)
+    raw, trust, _ = signed_bundle(tmp_path, notice_regions=[region])
     assert BundleCache(tmp_path / "cache", TrustStore.load(trust)).offer(raw).accepted
     submitted = slurm.run(
         "sbatch", "--parsable", "--account=ci", "--partition=spot", "--requeue",
@@ -96,7 +97,7 @@ async def test_a_notice_drains_the_node_and_requeues_the_job(
             issued_at=now,
             deadline=now + timedelta(seconds=120),
         )
-        await nc.jetstream().publish(notice.subject, notice.model_dump_json().encode())
+        await nc.jetstream().publish(notice.subject, sign(notice, notice_key(tmp_path)))
         end = time.monotonic() + 20
         while not agent.reports:
             assert time.monotonic() < end, "no drain"

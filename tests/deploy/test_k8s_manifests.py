@@ -125,6 +125,7 @@ def test_example_secrets_validate_and_are_only_placeholders() -> None:
         "sco-secrets",
         "sco-clouds",
         "sco-contract-trust",
+        "sco-notice-key",
     }
     for doc in docs:
         assert doc["kind"] == "Secret"

@@ -4,11 +4,13 @@ workload process that answers checkpoints, an agent with a recording scheduler."
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from nacl.encoding import HexEncoder
 from nacl.signing import SigningKey
 
 from agent.config import AgentConfig
@@ -17,6 +19,7 @@ from agent.scheduler import NodeScheduler, SchedulerError, Workload
 from contracts import bundle, keys
 from contracts.cache import BundleCache
 from contracts.keys import TrustStore
+from contracts.notice import NoticePolicy
 from contracts.source import read_contracts
 from tests.support.paths import EXAMPLES
 
@@ -58,8 +61,23 @@ class RecordingScheduler:
 _check: type[NodeScheduler] = RecordingScheduler  # the fake keeps the interface
 
 
-def signed_bundle(directory: Path, *, serial: int = 1) -> tuple[bytes, Path, SigningKey]:
-    """The example contracts signed by a fresh key; returns (raw, trust dir, key)."""
+NOTICE_LEAD_SECONDS = 120
+
+
+def notice_key(directory: Path) -> SigningKey:
+    """The notice relay's key of this test directory (made once)."""
+    found = sorted((directory / "notice-keys").glob("*.key"))
+    if found:
+        return keys.load_signing_key(found[0])
+    _, private, _ = keys.generate(directory / "notice-keys")
+    return keys.load_signing_key(private)
+
+
+def signed_bundle(
+    directory: Path, *, serial: int = 1, notice_regions: Sequence[str] = ()
+) -> tuple[bytes, Path, SigningKey]:
+    """The example contracts signed by a fresh key; returns (raw, trust dir, key). For each
+    of `notice_regions` the bundle lists `notice_key(directory)` as a notice signer."""
     trust = directory / "trust"
     if trust.is_dir() and any(trust.glob("*.key")):
         key = keys.load_signing_key(next(trust.glob("*.key")))
@@ -73,6 +91,18 @@ def signed_bundle(directory: Path, *, serial: int = 1) -> tuple[bytes, Path, Sig
         serial=serial,
         created_at=datetime.now(UTC) - timedelta(minutes=1),
         key=key,
+        notice_policies=[
+            NoticePolicy(
+                region=region,
+                lead_seconds=NOTICE_LEAD_SECONDS,
+                keys={
+                    keys.key_id(notice_key(directory).verify_key): notice_key(directory)
+                    .verify_key.encode(HexEncoder)
+                    .decode()
+                },
+            )
+            for region in notice_regions
+        ],
     )
     return raw, trust, key
 
@@ -118,7 +148,7 @@ def wait_for_path(path: Path, seconds: float = 10) -> None:
 
 
 def training_agent(tmp_path: Path, job: str, **over: Any) -> tuple[Agent, RecordingScheduler]:
-    raw, trust, _ = signed_bundle(tmp_path)
+    raw, trust, _ = signed_bundle(tmp_path, notice_regions=["r1"])
     assert BundleCache(tmp_path / "cache", TrustStore.load(trust)).offer(raw).accepted
     scheduler = RecordingScheduler(
         [

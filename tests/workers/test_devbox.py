@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from contracts.cache import BundleCache
+from contracts.keys import TrustStore
 from tests.support import services
 from tests.support.paths import BASE_DSN, REGIONS_DIR, REPO
 from workers.devbox import process
@@ -84,6 +86,15 @@ def test_up_is_idempotent_status_is_healthy_and_down_leaves_nothing(
     synced = sco(box_env, "pools", "sync", "--region", "r1")
     assert synced.returncode == 0, synced.stderr
     assert "144 pools" in synced.stdout
+
+    # The box made a notice key for its region; the installed bundle lists its public half,
+    # so nodes accept what the relays (started with the private half) sign.
+    settings = Settings()
+    (notice_key,) = (settings.data_dir / "notices" / "keys" / "r1").glob("*.key")
+    installed = BundleCache(settings.bundle_cache_dir, TrustStore.load(settings.trust_dir))
+    verified = installed.current()
+    policy = verified.content.notice_policy("r1") if verified is not None else None
+    assert policy is not None and notice_key.stem in policy.keys
 
     # The hall's notice relay answers an operator's reclaim (nothing runs in the pool yet).
     reclaimed = sco(box_env, "reclaim", "--pool", "r1.B.gp.l")

@@ -38,6 +38,11 @@ def compile_cmd(
     created_at: datetime = typer.Option(
         None, help="Creation time (ISO 8601); default now. Same input and time give the same bytes."
     ),
+    notice_keys: Path = typer.Option(
+        None,
+        help="Directory of <region>/<key id>.pub: the keys that may sign each region's "
+        "reclaim notices (carried in the bundle; nodes refuse notices signed by others).",
+    ),
 ) -> None:
     """Validate and feasibility-check every contract, then sign. Writes nothing on error."""
     try:
@@ -46,7 +51,7 @@ def compile_cmd(
         fail(str(exc))
     when = (created_at or datetime.now(UTC)).astimezone(UTC)
     result, written = compile_and_sign(
-        src_dir, regions, signing, out, serial=serial, created_at=when
+        src_dir, regions, signing, out, serial=serial, created_at=when, notice_keys_dir=notice_keys
     )
     for finding in result.findings:
         style = "yellow" if finding.severity is Severity.WARNING else "red"

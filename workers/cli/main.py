@@ -48,6 +48,7 @@ app.add_typer(contracts.app, name="contracts")
 app.add_typer(simulator.sim_app, name="sim")
 app.command("notice-relay")(notices.notice_relay)
 app.command("reclaim")(notices.reclaim)
+app.command("nats-users")(notices.nats_users)
 
 
 def main() -> None:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import getpass
+from pathlib import Path
 
 import nats
 import psycopg
 import typer
 
 from activities.fleet.repository import FleetRepository
+from contracts import keys
 from contracts.notice import ReclaimRequest, reclaim_subject
 from workers.cli.common import console, errors_as_exit, fail, fleet_db, region_or_exit, settings
 
@@ -27,8 +29,21 @@ def notice_relay(
     region_model = region_or_exit(s, region)
     if hall not in region_model.halls:
         fail(f"--hall {hall}: region {region_model.id} has halls {', '.join(region_model.halls)}")
+    if s.notices.signing_key_file is None:
+        fail(
+            "notices.signing_key_file (SCO_NOTICES__SIGNING_KEY_FILE): not set; "
+            "nodes refuse unsigned notices"
+        )
+    try:
+        signing_key = keys.load_signing_key(s.notices.signing_key_file)
+    except keys.KeyFileError as exc:
+        fail(f"notices.signing_key_file: {exc}")
     with errors_as_exit(nats.errors.Error, psycopg.Error, OSError):
-        asyncio.run(notice_relay_service.run(s, region_model, hall, sweep_seconds=sweep_seconds))
+        asyncio.run(
+            notice_relay_service.run(
+                s, region_model, hall, signing_key, sweep_seconds=sweep_seconds
+            )
+        )
 
 
 def reclaim(
@@ -71,3 +86,31 @@ def reclaim(
 
     with errors_as_exit(nats.errors.Error, OSError):
         console.print(asyncio.run(ask()))
+
+
+def nats_users(
+    out: Path = typer.Option(..., help="users.conf to write (0600), beside sco-nats.conf."),
+    secrets_dir: Path = typer.Option(
+        ..., "--secrets", help="<user>.password files (made when missing, 0600)."
+    ),
+    node: list[str] = typer.Option(
+        [], help="HALL/NODE of each node whose agent gets a user (repeat)."
+    ),
+    region: str = typer.Option(None),
+) -> None:
+    """Render the region's NATS users with least-privilege permissions (deploy/nats/)."""
+    from workers.nats_permissions import region_users, write_users
+
+    region_model = region_or_exit(settings(), region)
+    pairs = []
+    for entry in node:
+        hall, _, name = entry.partition("/")
+        if hall not in region_model.halls or not name:
+            fail(f"--node {entry}: expected HALL/NODE with HALL one of {region_model.halls}")
+        pairs.append((hall, name))
+    try:
+        users = region_users(region_model.id, region_model.halls, pairs)
+    except ValueError as exc:
+        fail(f"--node: {exc}")
+    write_users(out, users, secrets_dir)
+    console.print(f"{out}: {len(users)} users for {region_model.id}, passwords in {secrets_dir}")

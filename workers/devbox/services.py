@@ -414,6 +414,11 @@ class ContractsService(Service):
         self.s.trust_dir.mkdir(parents=True, exist_ok=True)
         for pub in key_dir.glob("*.pub"):
             shutil.copyfile(pub, self.s.trust_dir / pub.name)
+        notice_keys = notice_keys_dir(self.s)
+        if self.s.notices.signing_key_file is None and not any(
+            (notice_keys / self.s.region).glob("*.key")
+        ):
+            keys.generate(notice_keys / self.s.region)
         out = base / "compiled" / "bundle.json"
         result, serial = compile_and_sign(
             self.s.contracts.source_dir,
@@ -422,6 +427,7 @@ class ContractsService(Service):
             out,
             serial=None,
             created_at=datetime.now(UTC),
+            notice_keys_dir=notice_keys if notice_keys.is_dir() else None,
         )
         if serial is None:
             errors = "; ".join(str(f) for f in result.findings)
@@ -434,6 +440,19 @@ class ContractsService(Service):
         if not offered.accepted:
             raise DevboxError(f"contracts: {offered.reason}")
         return f"{len(result.contracts)} contracts, serial {serial}, installed"
+
+
+def notice_keys_dir(s: Settings) -> Path:
+    """The box's notice-signing keys, `<region>/<key id>.key|.pub`: the relays sign with
+    the region's key, and its .pub goes into the local bundle for nodes to check."""
+    return s.data_dir / "notices" / "keys"
+
+
+def notice_signing_key(s: Settings) -> Path | None:
+    if s.notices.signing_key_file is not None:
+        return s.notices.signing_key_file
+    found = sorted((notice_keys_dir(s) / s.region).glob("*.key"))
+    return found[0].resolve() if found else None
 
 
 class ChildProcessService(Service):
@@ -470,7 +489,9 @@ def _ran_for(rec: ProcessRecord, seconds: float) -> bool:
 
 def _settings_env(s: Settings) -> dict[str, str]:
     """Hand this box's effective settings to child processes."""
+    key = notice_signing_key(s)
     return {
+        **({"SCO_NOTICES__SIGNING_KEY_FILE": str(key)} if key is not None else {}),
         "SCO_REGION": s.region,
         "SCO_DATA_DIR": str(s.data_dir.resolve()),
         "SCO_REGIONS_DIR": str(s.regions_dir.resolve()),

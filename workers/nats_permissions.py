@@ -1,0 +1,145 @@
+"""NATS users per role for one region, with least-privilege subject permissions.
+
+`deploy/nats/sco-nats.conf` (TLS on every connection, JetStream) includes the `users.conf`
+rendered here (`sco nats-users`). Roles, for region R:
+    control-R          the control plane: the region's subjects and JetStream
+    operator-R         `sco reclaim`: publishes reclaim requests, nothing else
+    relay-R-<hall>     a hall's notice relay: publishes notices for its hall only, hears
+                       its hall's reclaim requests, answers them, calls the simulated cloud
+    agent-R-<node>     a node's agent: its own notice subject and durable consumer, its own
+                       drain reports, the region's bundle object store (read only)
+Reclaim requests are authenticated by these transport permissions: only control-R and
+operator-R may publish on `sco.R.reclaim.>`, so the relay acts only on what the server
+let through from an authenticated identity.
+
+Each user's password is read from `<secrets>/<user>.password` (made, random and 0600, when
+missing); the node gets its own file as the agent's `nats_password_file`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from contracts.distribution import bucket_for
+from contracts.notice import notice_stream, notice_subject, reclaim_subject
+
+
+@dataclass(frozen=True)
+class User:
+    name: str
+    publish: list[str]
+    subscribe: list[str]
+    allow_responses: bool = False
+
+    def as_config(self, password: str) -> dict[str, Any]:
+        permissions: dict[str, Any] = {
+            "publish": {"allow": self.publish},
+            "subscribe": {"allow": self.subscribe},
+        }
+        if self.allow_responses:
+            permissions["allow_responses"] = True
+        return {"user": self.name, "password": password, "permissions": permissions}
+
+
+def agent_inbox(node: str) -> str:
+    """The agent's inbox prefix (agent/natslink.py uses the same): replies and JetStream
+    deliveries to one node land where no other node may subscribe."""
+    return f"_INBOX_{node}"
+
+
+def agent_user(region: str, hall: str, node: str) -> User:
+    stream, durable = notice_stream(region), f"sco-agent-{node}"
+    subject = notice_subject(region, hall, node)
+    objects = f"OBJ_{bucket_for(region)}"
+    return User(
+        f"agent-{region}-{node}",
+        publish=[
+            f"sco.{region}.drain.{hall}.{node}",
+            f"$JS.API.CONSUMER.INFO.{stream}.{durable}",
+            # The filter is part of the create subject: no other node's notices.
+            f"$JS.API.CONSUMER.CREATE.{stream}.{durable}.{subject}",
+            f"$JS.ACK.{stream}.{durable}.>",
+            f"$JS.API.STREAM.INFO.{objects}",
+            "$JS.API.STREAM.NAMES",  # the object store looks its stream up by subject
+            f"$JS.API.DIRECT.GET.{objects}.>",
+            f"$JS.API.STREAM.MSG.GET.{objects}",
+            f"$JS.API.CONSUMER.CREATE.{objects}",
+            f"$JS.API.CONSUMER.CREATE.{objects}.>",
+            f"$JS.API.CONSUMER.DELETE.{objects}.>",
+            f"$JS.FC.{objects}.>",
+        ],
+        subscribe=[subject, f"{agent_inbox(node)}.>"],
+    )
+
+
+def relay_user(region: str, hall: str) -> User:
+    stream = notice_stream(region)
+    return User(
+        f"relay-{region}-{hall}",
+        publish=[
+            f"sco.{region}.notice.{hall}.>",
+            f"$JS.API.STREAM.INFO.{stream}",
+            f"$JS.API.STREAM.CREATE.{stream}",
+            f"sco.{region}.sim.>",  # the simulated cloud's API (the region in a box)
+        ],
+        subscribe=[reclaim_subject(region, hall), "_INBOX.>"],
+        allow_responses=True,  # answers `sco reclaim` on its reply subject
+    )
+
+
+def operator_user(region: str) -> User:
+    return User(
+        f"operator-{region}",
+        publish=[f"sco.{region}.reclaim.>"],
+        subscribe=["_INBOX.>"],
+    )
+
+
+def control_user(region: str) -> User:
+    everything = [f"sco.{region}.>", "$JS.>", "$O.>", "$KV.>", "_INBOX.>"]
+    return User(f"control-{region}", publish=everything, subscribe=everything)
+
+
+def region_users(region: str, halls: Sequence[str], nodes: Sequence[tuple[str, str]]) -> list[User]:
+    """Every identity of the region; `nodes` are (hall, node) pairs."""
+    return [
+        control_user(region),
+        operator_user(region),
+        *(relay_user(region, h) for h in halls),
+        *(agent_user(region, h, n) for h, n in nodes),
+    ]
+
+
+def password(secrets_dir: Path, user: str) -> str:
+    path = secrets_dir / f"{user}.password"
+    if not path.exists():
+        secrets_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(secrets.token_urlsafe(24) + "\n")
+    return path.read_text().strip()
+
+
+def render_users(users: Sequence[User], secrets_dir: Path) -> str:
+    """The `authorization` block nats-server reads (its config syntax accepts JSON values)."""
+    entries = [json.dumps(u.as_config(password(secrets_dir, u.name))) for u in users]
+    body = ",\n    ".join(entries)
+    return (
+        "# Rendered by `sco nats-users`: one user per SCO role (workers/nats_permissions.py).\n"
+        "# Holds passwords: keep it 0600, like the secrets directory it was made from.\n"
+        f"authorization {{\n  users: [\n    {body}\n  ]\n}}\n"
+    )
+
+
+def write_users(path: Path, users: Sequence[User], secrets_dir: Path) -> None:
+    text = render_users(users, secrets_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
