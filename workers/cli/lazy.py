@@ -28,7 +28,8 @@ class Lazy:
         module, attr = self.target.split(":")
         obj = getattr(importlib.import_module(module), attr)
         if isinstance(obj, typer.Typer):
-            return typer.main.get_command(obj)
+            # A group even with one command (`sco temporal bootstrap`, not `sco temporal`).
+            return typer.main.get_group(obj)
         single = typer.Typer()
         single.command(name)(obj)
         return typer.main.get_command(single)
