@@ -87,7 +87,7 @@ def _request_handler(relay: NoticeRelay) -> Callable[[Msg], Awaitable[None]]:
 def _exclusion_notifier(s: Settings, region: str) -> Callable[[ReclaimNotice], Awaitable[None]]:
     """Tell the pool's exclusion cycle about each notice (signal-with-start). Temporal
     being down costs nothing here: the cycle's own periodic count catches up."""
-    from workers.region_worker import connect
+    from workers.temporal_connect import connect
     from workflows.exclusion.client import notify_reclaim
 
     client: Client | None = None

@@ -17,7 +17,6 @@ from typing import Any
 from psycopg_pool import ConnectionPool
 from temporalio.client import Client
 from temporalio.common import VersioningBehavior, WorkerDeploymentVersion, WorkflowIDConflictPolicy
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from temporalio.worker import Worker, WorkerDeploymentConfig
 
@@ -40,6 +39,7 @@ from workers.health import serve_health
 from workers.provider_factory import open_provider
 from workers.settings import Settings
 from workers.shutdown import async_stop_event
+from workers.temporal_connect import connect
 from workflows.acquisition.workflow import AcquisitionWorkflow
 from workflows.budget.workflow import TokenBudgetWorkflow
 from workflows.controller.models import ControllerConfig, ControllerInput, controller_workflow_id
@@ -78,15 +78,6 @@ def controller_config(settings: Settings) -> ControllerConfig:
         reclaim_window_hours=c.reclaim_window_hours,
         partitions=c.partitions,
         kubernetes_user_data=settings.kubernetes.node_user_data or None,
-    )
-
-
-async def connect(settings: Settings, region: str, runtime: Runtime | None = None) -> Client:
-    return await Client.connect(
-        settings.temporal.address,
-        namespace=settings.temporal.namespace(region),
-        data_converter=pydantic_data_converter,
-        runtime=runtime,
     )
 
 

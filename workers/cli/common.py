@@ -1,27 +1,32 @@
-"""Shared CLI plumbing: settings, error exits, tables."""
+"""Shared CLI plumbing: settings, error exits, tables, and the clients a command opens.
+
+Imports here stay light (typer, rich, settings): every command loads this module, and the
+database and Temporal clients are imported by the helpers that open them.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import sys
 from collections.abc import Awaitable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
-import psycopg
 import typer
-from psycopg_pool import ConnectionPool
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from activities.fleet.db import open_pool
-from contracts.region import Region, RegionFileError, load_region
 from workers.settings import Settings, SettingsError, load_settings
 
 if TYPE_CHECKING:
+    from psycopg_pool import ConnectionPool
     from temporalio.client import Client
+    from temporalio.runtime import Runtime
+
+    from contracts.region import Region
 
 T = TypeVar("T")
 
@@ -42,8 +47,19 @@ def settings(**overrides: Any) -> Settings:
         fail(str(exc))
 
 
+def known_region(s: Settings, name: str | None) -> str:
+    """NAME (default: the settings' region) when it is a configured region, else a one-line
+    error listing them: a typo never reaches Temporal as a missing namespace."""
+    region = name or s.region
+    if region not in s.regions:
+        fail(f"unknown region {region} (known: {', '.join(s.regions)})")
+    return region
+
+
 def region_or_exit(s: Settings, name: str | None) -> Region:
     """The region NAME (default: the settings' region) from its file, or a one-line error."""
+    from contracts.region import RegionFileError, load_region
+
     try:
         return load_region(s.region_file(name or s.region))
     except (RegionFileError, FileNotFoundError) as exc:
@@ -66,7 +82,21 @@ def print_json(data: object) -> None:
 @contextmanager
 def fleet_db(s: Settings) -> Iterator[ConnectionPool]:
     """A one-connection pool on fleet state for one command, closed after; a database
-    error is a one-line error and a non-zero exit."""
+    error is a one-line error and a non-zero exit.
+
+    One plain connection first, with a short timeout: a server that is down is one line
+    naming it and the cause within seconds, not the pool's retries and warnings."""
+    import psycopg
+
+    from activities.fleet.db import open_pool
+
+    info = psycopg.conninfo.conninfo_to_dict(s.postgres_dsn)
+    where = f"{info.get('host') or 'localhost'}:{info.get('port') or 5432}"
+    try:
+        psycopg.connect(s.postgres_dsn, connect_timeout=3).close()
+    except psycopg.Error as exc:
+        cause = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        fail(f"PostgreSQL at {where} does not answer: {cause}")
     with errors_as_exit(psycopg.Error):
         pool = open_pool(s.postgres_dsn, max_size=1)
         try:
@@ -84,8 +114,16 @@ def errors_as_exit(*types: type[BaseException]) -> Iterator[None]:
         fail(str(exc))
 
 
+# The Temporal clients a command opened, and their runtime: dropped before the interpreter
+# finalizes (run_temporal), so the runtime's Rust threads stop while Python is still whole
+# instead of touching a finalizing interpreter (the PyGILState_Release abort at exit).
+_clients: list[Client] = []
+_runtime: list[Runtime] = []
+
+
 def run_temporal(coro: Awaitable[T]) -> T:
-    """Run a Temporal client call; its RPC and update failures become one-line errors."""
+    """Run a Temporal client call; its RPC and update failures become one-line errors.
+    The clients it opened are closed afterwards, whatever happened."""
     from temporalio.client import WorkflowUpdateFailedError
     from temporalio.exceptions import ApplicationError
     from temporalio.service import RPCError
@@ -100,13 +138,32 @@ def run_temporal(coro: Awaitable[T]) -> T:
     except WorkflowUpdateFailedError as exc:
         cause = exc.cause
         fail(cause.message if isinstance(cause, ApplicationError) else str(cause or exc))
+    finally:
+        close_temporal()
+
+
+def close_temporal() -> None:
+    """Drop every client and then the runtime (its threads end with it), now."""
+    _clients.clear()
+    _runtime.clear()
+    gc.collect()
 
 
 async def temporal_client(s: Settings, region: str) -> Client:
-    """The region's Temporal client, or a one-line error naming the address."""
-    from workers.region_worker import connect
+    """The region's Temporal client, or a one-line error naming the address. An unknown
+    region is refused before any connection."""
+    from temporalio.runtime import Runtime, TelemetryConfig
 
+    from workers.temporal_connect import connect
+
+    region = known_region(s, region)
+    if not _runtime:
+        # The command's own runtime (no metrics, no telemetry threads), not the process-wide
+        # default, which lives until the interpreter's end.
+        _runtime.append(Runtime(telemetry=TelemetryConfig(metrics=None)))
     try:
-        return await connect(s, region)
+        client = await connect(s, region, runtime=_runtime[0])
     except RuntimeError as exc:
         fail(f"cannot reach Temporal at {s.temporal.address}: {exc}")
+    _clients.append(client)
+    return client

@@ -4,23 +4,17 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import psycopg
 import typer
-from temporalio.client import WorkflowHandle
-from temporalio.service import RPCError, RPCStatusCode
 
-from activities.budget import BudgetStatus, SetRateInput, budget_workflow_id
-from activities.control.models import partition_of
-from activities.fleet.control_state import ControlRepository
-from contracts.bundle import VerifiedBundle
-from contracts.cache import installed_bundle
+from workers.cli import schedulers
 from workers.cli.common import (
     console,
     errors_as_exit,
     fail,
     fleet_db,
+    known_region,
     print_json,
     run_temporal,
     settings,
@@ -28,16 +22,17 @@ from workers.cli.common import (
     temporal_client,
 )
 from workers.settings import Settings
-from workflows import search_attributes as sa
-from workflows.acquisition.models import (
-    AcquisitionProgress,
-    ApprovalInput,
-    ControlAck,
-    OperatorInput,
-)
-from workflows.acquisition.workflow import AcquisitionWorkflow
-from workflows.controller.models import ControllerStatus, DemandChanged, controller_workflow_id
-from workflows.controller.workflow import RegionControllerWorkflow
+
+if TYPE_CHECKING:
+    from temporalio.client import WorkflowHandle
+
+    from activities.budget import BudgetStatus
+    from contracts.bundle import VerifiedBundle
+    from workflows.acquisition.models import AcquisitionProgress, ControlAck
+    from workflows.controller.models import ControllerStatus
+
+# Workflows are addressed by their handler names (the workflow modules would import the
+# planner and activities into every command); the input and result models are the real ones.
 
 T = TypeVar("T")
 
@@ -45,6 +40,9 @@ demand_app = typer.Typer(help="Demand per contract, in the contract's units.", n
 acq_app = typer.Typer(help="In-flight and past acquisitions.", no_args_is_help=True)
 controller_app = typer.Typer(help="The region controller partitions.", no_args_is_help=True)
 budget_app = typer.Typer(help="The region's provider API token budget.", no_args_is_help=True)
+demand_app.command("sources")(schedulers.demand_sources)
+demand_app.command("intake")(schedulers.demand_intake)
+demand_app.command("collect")(schedulers.demand_collect)
 
 RegionOpt = typer.Option(None, "--region", help="Region; default from settings.")
 
@@ -52,6 +50,8 @@ RegionOpt = typer.Option(None, "--region", help="Region; default from settings."
 def worker(region: str = RegionOpt) -> None:
     """Serve the region's task queue until SIGTERM/Ctrl-C (graceful shutdown); metrics on
     `worker.metrics_port`, health on `worker.health_port`."""
+    import psycopg
+
     from workers.region_worker import run_worker
 
     s = settings()
@@ -62,7 +62,11 @@ def worker(region: str = RegionOpt) -> None:
 # -- demand --------------------------------------------------------------------------------
 
 
-@demand_app.command("set")
+# A negative number is a value to check ("must be >= 0"), not an unknown option.
+NUMBERS_MAY_BE_NEGATIVE = {"ignore_unknown_options": True}
+
+
+@demand_app.command("set", context_settings=NUMBERS_MAY_BE_NEGATIVE)
 def demand_set(
     contract: str = typer.Argument(..., help="Contract name (from the installed bundle)."),
     units: int = typer.Argument(..., min=0, help="Demand in the contract's units; 0 clears."),
@@ -70,8 +74,12 @@ def demand_set(
     source: str = typer.Option("cli", help="Demand source (cli, slurm, kubernetes)."),
 ) -> None:
     """Set a contract's demand and wake its controller partition."""
+    from activities.control.models import partition_of
+    from activities.fleet.control_state import ControlRepository
+    from workflows.controller.models import controller_workflow_id
+
     s = settings()
-    r = region or s.region
+    r = known_region(s, region)
     bundle = _bundle(s)
     c = bundle.content.contract(contract)
     if c is None:
@@ -105,13 +113,14 @@ def demand_set(
 async def _signal_demand(
     s: Settings, region: str, partition: int, contract: str, source: str
 ) -> bool:
+    from temporalio.service import RPCError, RPCStatusCode
+
+    from workflows.controller.models import DemandChanged, controller_workflow_id
+
     client = await temporal_client(s, region)
     handle = client.get_workflow_handle(controller_workflow_id(region, partition))
     try:
-        await handle.signal(
-            RegionControllerWorkflow.demand_changed,
-            DemandChanged(contracts=[contract], source=source),
-        )
+        await handle.signal("demand_changed", DemandChanged(contracts=[contract], source=source))
     except RPCError as exc:
         if exc.status == RPCStatusCode.NOT_FOUND:
             return False
@@ -122,8 +131,11 @@ async def _signal_demand(
 @demand_app.command("list")
 def demand_list(region: str = RegionOpt, json_out: bool = typer.Option(False, "--json")) -> None:
     """Demand per contract and source."""
+    from activities.control.models import partition_of
+    from activities.fleet.control_state import ControlRepository
+
     s = settings()
-    r = region or s.region
+    r = known_region(s, region)
     with fleet_db(s) as pool:
         rows = ControlRepository(pool).list_demand(r)
     if json_out:
@@ -146,6 +158,8 @@ def demand_list(region: str = RegionOpt, json_out: bool = typer.Option(False, "-
 
 
 def _bundle(s: Settings) -> VerifiedBundle:
+    from contracts.cache import installed_bundle
+
     bundle, problem = installed_bundle(s.bundle_cache_dir, s.trust_dir)
     if bundle is None:
         fail(problem)
@@ -165,8 +179,10 @@ def acq_list(
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:
     """Acquisitions as the Temporal UI lists them (same search attributes)."""
+    from workflows import search_attributes as sa
+
     s = settings()
-    r = region or s.region
+    r = known_region(s, region)
     query = f'WorkflowType = "AcquisitionWorkflow" AND {sa.REGION.name} = "{r}"'
     if not all_:
         query += ' AND ExecutionStatus = "Running"'
@@ -175,16 +191,37 @@ def acq_list(
     if contract:
         query += f' AND {sa.WORKLOAD.name} = "{contract}"'
 
+    from datetime import timedelta
+
+    from workflows.acquisition.models import AcquisitionProgress
+
+    async def units(client: Any, wid: str) -> tuple[int | None, int | None]:
+        """(acquired, requested) units from the acquisition's progress; demand is in units,
+        the search attributes count instances. Unknown when no worker answers in time."""
+        from temporalio.service import RPCError
+
+        try:
+            p: AcquisitionProgress = await client.get_workflow_handle(wid).query(
+                "progress", result_type=AcquisitionProgress, rpc_timeout=timedelta(seconds=3)
+            )
+        except RPCError:
+            return None, None
+        return p.requested_units - p.shortfall_units, p.requested_units
+
     async def go() -> list[dict[str, Any]]:
         client = await temporal_client(s, r)
         out = []
-        async for wf in client.list_workflows(query, limit=limit):
+        listed = [wf async for wf in client.list_workflows(query, limit=limit)]
+        per_row = await asyncio.gather(*(units(client, wf.id) for wf in listed))
+        for wf, (units_acquired, units_requested) in zip(listed, per_row, strict=True):
             attrs = wf.typed_search_attributes
             out.append(
                 {
                     "id": wf.id,
                     "contract": attrs.get(sa.WORKLOAD),
                     "state": attrs.get(sa.STATE),
+                    "units_requested": units_requested,
+                    "units_acquired": units_acquired,
                     "requested": attrs.get(sa.REQUESTED),
                     "acquired": attrs.get(sa.ACQUIRED),
                     "halls": ",".join(attrs.get(sa.HALL) or []),
@@ -201,8 +238,20 @@ def acq_list(
         return
     table(
         f"acquisitions in {r} ({'all' if all_ else 'running'})",
-        ["id", "contract", "state", "requested", "acquired", "halls", "pools", "status", "started"],
-        [tuple(x.values()) for x in rows],
+        [
+            "id",
+            "contract",
+            "state",
+            "units requested",
+            "units acquired",
+            "instances requested",
+            "instances acquired",
+            "halls",
+            "pools",
+            "status",
+            "started",
+        ],
+        [tuple("?" if v is None else v for v in x.values()) for x in rows],
     )
 
 
@@ -225,9 +274,14 @@ def acq_show(
     """Progress of one acquisition (its `progress` query; works after it finished too)."""
     s = settings()
 
+    from workflows.acquisition.models import AcquisitionProgress
+
     async def go() -> AcquisitionProgress:
         handle = await _handle(s, region or s.region, acquisition_id)()
-        return await handle.query(AcquisitionWorkflow.progress)
+        progress: AcquisitionProgress = await handle.query(
+            "progress", result_type=AcquisitionProgress
+        )
+        return progress
 
     p = run_temporal(go())
     if json_out:
@@ -260,18 +314,25 @@ def _operator_update(name: str) -> Callable[..., None]:
         operator: str = typer.Option("operator", "--by", help="Who does this (recorded)."),
         reason: str = typer.Option("", help="Why (recorded)."),
     ) -> None:
+        from workflows.acquisition.models import ControlAck, OperatorInput
+
         s = settings()
 
         async def go() -> ControlAck:
             handle = await _handle(s, region or s.region, acquisition_id)()
-            update = getattr(AcquisitionWorkflow, name)
             ack: ControlAck = await handle.execute_update(
-                update, OperatorInput(operator=operator, reason=reason)
+                name, OperatorInput(operator=operator, reason=reason), result_type=ControlAck
             )
             return ack
 
         ack = run_temporal(go())
         console.print(f"{acquisition_id}: {ack.message} (state {ack.state.value})")
+        if name == "cancel":
+            # Demand is unchanged, so the controller's next tick plans the shortfall anew.
+            console.print(
+                "the controller will acquire again at its next tick unless demand is lowered "
+                "(`sco demand set CONTRACT UNITS`)"
+            )
 
     command.__doc__ = {
         "pause": "Pause: no new creates until resumed (in-flight boots finish).",
@@ -294,13 +355,16 @@ def acq_approve(
     decline: bool = typer.Option(False, "--decline", help="Decline instead of approving."),
 ) -> None:
     """Approve (or decline) committed fallback above the contract's spend authority."""
+    from workflows.acquisition.models import ApprovalInput, ControlAck
+
     s = settings()
 
     async def go() -> ControlAck:
         handle = await _handle(s, region or s.region, acquisition_id)()
         ack: ControlAck = await handle.execute_update(
-            AcquisitionWorkflow.approve_fallback,
+            "approve_fallback",
             ApprovalInput(approver=by, reason=reason, approve=not decline),
+            result_type=ControlAck,
         )
         return ack
 
@@ -317,7 +381,7 @@ def controller_start(region: str = RegionOpt) -> None:
     from workers.region_worker import ensure_controllers
 
     s = settings()
-    r = region or s.region
+    r = known_region(s, region)
 
     async def go() -> list[str]:
         return await ensure_controllers(await temporal_client(s, r), s, r)
@@ -331,8 +395,12 @@ def controller_status(
     region: str = RegionOpt, json_out: bool = typer.Option(False, "--json")
 ) -> None:
     """Each partition's last tick: demand, held, planned, shortfall, acquisitions."""
+    from temporalio.service import RPCError
+
+    from workflows.controller.models import ControllerStatus, controller_workflow_id
+
     s = settings()
-    r = region or s.region
+    r = known_region(s, region)
 
     async def go() -> list[ControllerStatus | str]:
         client = await temporal_client(s, r)
@@ -340,9 +408,10 @@ def controller_status(
         for partition in range(s.control.partitions):
             wid = controller_workflow_id(r, partition)
             try:
-                out.append(
-                    await client.get_workflow_handle(wid).query(RegionControllerWorkflow.status)
+                st: ControllerStatus = await client.get_workflow_handle(wid).query(
+                    "status", result_type=ControllerStatus
                 )
+                out.append(st)
             except RPCError as exc:
                 out.append(f"{wid}: {exc.message}")
         return out
@@ -384,8 +453,10 @@ def controller_status(
 @budget_app.command("status")
 def budget_status(region: str = RegionOpt, json_out: bool = typer.Option(False, "--json")) -> None:
     """The region's token bucket: rate, burst, tokens now, queue."""
+    from activities.budget import BudgetStatus, budget_workflow_id
+
     s = settings()
-    r = region or s.region
+    r = known_region(s, region)
 
     async def go() -> BudgetStatus:
         client = await temporal_client(s, r)
@@ -398,18 +469,34 @@ def budget_status(region: str = RegionOpt, json_out: bool = typer.Option(False, 
     if json_out:
         print_json(st.model_dump(mode="json"))
         return
-    console.print(st.model_dump_json(indent=2))
+    table(
+        f"API budget in {r}",
+        ["rate/s", "burst", "tokens now", "queued", "queued tokens", "granted", "requests"],
+        [
+            (
+                f"{st.rate_per_second:g}",
+                st.burst,
+                f"{st.tokens_available:.1f}",
+                st.queued,
+                st.queued_tokens,
+                st.granted_total,
+                st.requests_total,
+            )
+        ],
+    )
 
 
-@budget_app.command("set-rate")
+@budget_app.command("set-rate", context_settings=NUMBERS_MAY_BE_NEGATIVE)
 def budget_set_rate(
     rate: float = typer.Argument(..., min=0, help="Tokens (mutating API calls) per second."),
     burst: int = typer.Argument(..., min=1, help="Bucket size."),
     region: str = RegionOpt,
 ) -> None:
     """Change the region's API budget (takes effect at once, survives restarts)."""
+    from activities.budget import SetRateInput, budget_workflow_id
+
     s = settings()
-    r = region or s.region
+    r = known_region(s, region)
 
     async def go() -> None:
         client = await temporal_client(s, r)

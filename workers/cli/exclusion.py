@@ -6,17 +6,15 @@ when it is not running (so an operator can act on a pool that never had a notice
 
 from __future__ import annotations
 
-import typer
-from temporalio.client import WorkflowHandle
-from temporalio.common import WorkflowIDConflictPolicy
+from typing import TYPE_CHECKING, Any
 
-from activities.exclusion.activities import list_exclusions
-from activities.exclusion.models import ExclusionRow
-from contracts.region import RegionFileError, load_region
+import typer
+
 from workers.cli.common import (
     console,
     fail,
     fleet_db,
+    known_region,
     print_json,
     run_temporal,
     settings,
@@ -24,16 +22,12 @@ from workers.cli.common import (
     temporal_client,
 )
 from workers.settings import Settings
-from workflows.exclusion.models import (
-    ExclusionAck,
-    ExclusionStatus,
-    OperatorExclude,
-    OperatorReadmit,
-    exclusion_input,
-    exclusion_workflow_id,
-    parse_pool_id,
-)
-from workflows.exclusion.workflow import PoolExclusionWorkflow
+
+if TYPE_CHECKING:
+    from temporalio.client import WorkflowHandle
+
+    from activities.exclusion.models import ExclusionRow
+    from workflows.exclusion.models import ExclusionAck, ExclusionStatus
 
 pool_app = typer.Typer(
     help="Pool exclusion: keep reclaim-prone pools out of plans.", no_args_is_help=True
@@ -46,10 +40,14 @@ ReasonOpt = typer.Option(..., "--reason", help="Why (recorded in the ledger).")
 
 def _region(s: Settings, pool_id: str) -> str:
     """The pool's region, after checking the region file knows the pool."""
+    from contracts.region import RegionFileError, load_region
+    from workflows.exclusion.models import parse_pool_id
+
     try:
         region, *_ = parse_pool_id(pool_id)
     except ValueError as exc:
         fail(str(exc))
+    known_region(s, region)
     try:
         load_region(s.region_file(region)).pool(pool_id)
     except (RegionFileError, FileNotFoundError) as exc:
@@ -59,12 +57,14 @@ def _region(s: Settings, pool_id: str) -> str:
     return region
 
 
-async def _running(
-    s: Settings, region: str, pool_id: str
-) -> WorkflowHandle[PoolExclusionWorkflow, None]:
+async def _running(s: Settings, region: str, pool_id: str) -> WorkflowHandle[Any, Any]:
+    from temporalio.common import WorkflowIDConflictPolicy
+
+    from workflows.exclusion.models import exclusion_input, exclusion_workflow_id
+
     client = await temporal_client(s, region)
-    handle: WorkflowHandle[PoolExclusionWorkflow, None] = await client.start_workflow(
-        PoolExclusionWorkflow.run,
+    handle: WorkflowHandle[Any, Any] = await client.start_workflow(
+        "PoolExclusionWorkflow",
         exclusion_input(pool_id),
         id=exclusion_workflow_id(pool_id),
         task_queue=s.temporal.task_queue(region),
@@ -90,14 +90,17 @@ def exclude(
     ),
 ) -> None:
     """Exclude a pool now: the planner stops using it."""
+    from workflows.exclusion.models import ExclusionAck, OperatorExclude
+
     s = settings()
     region = _region(s, pool_id)
 
     async def go() -> ExclusionAck:
         handle = await _running(s, region, pool_id)
         ack: ExclusionAck = await handle.execute_update(
-            PoolExclusionWorkflow.exclude,
+            "exclude",
             OperatorExclude(operator=by, reason=reason, hours=hours),
+            result_type=ExclusionAck,
         )
         return ack
 
@@ -107,13 +110,15 @@ def exclude(
 @pool_app.command("readmit")
 def readmit(pool_id: str = PoolArg, by: str = ByOpt, reason: str = ReasonOpt) -> None:
     """Re-admit an excluded or probing pool now (cancels a probe; strikes reset)."""
+    from workflows.exclusion.models import ExclusionAck, OperatorReadmit
+
     s = settings()
     region = _region(s, pool_id)
 
     async def go() -> ExclusionAck:
         handle = await _running(s, region, pool_id)
         ack: ExclusionAck = await handle.execute_update(
-            PoolExclusionWorkflow.readmit, OperatorReadmit(operator=by, reason=reason)
+            "readmit", OperatorReadmit(operator=by, reason=reason), result_type=ExclusionAck
         )
         return ack
 
@@ -123,13 +128,31 @@ def readmit(pool_id: str = PoolArg, by: str = ByOpt, reason: str = ReasonOpt) ->
 @pool_app.command("status")
 def status(pool_id: str = PoolArg, json_out: bool = typer.Option(False, "--json")) -> None:
     """The pool's exclusion state, notices in the window and recent transitions."""
+    from temporalio.service import RPCError, RPCStatusCode
+
+    from activities.exclusion.models import PoolState
+    from workflows.exclusion.models import ExclusionStatus, exclusion_workflow_id
+
     s = settings()
     region = _region(s, pool_id)
 
     async def go() -> ExclusionStatus:
         client = await temporal_client(s, region)
         handle = client.get_workflow_handle(exclusion_workflow_id(pool_id))
-        st: ExclusionStatus = await handle.query(PoolExclusionWorkflow.status)
+        try:
+            st: ExclusionStatus = await handle.query("status", result_type=ExclusionStatus)
+        except RPCError as exc:
+            if exc.status != RPCStatusCode.NOT_FOUND:
+                raise
+            # No notice and no operator action ever started the pool's cycle: admitted.
+            return ExclusionStatus(
+                pool_id=pool_id,
+                region=region,
+                state=PoolState.ADMITTED,
+                strikes=0,
+                notices_in_window=0,
+                reason="no notices",
+            )
         return st
 
     st = run_temporal(go())
@@ -138,6 +161,9 @@ def status(pool_id: str = PoolArg, json_out: bool = typer.Option(False, "--json"
         return
     until = f" until {st.excluded_until:%Y-%m-%d %H:%M:%S} UTC" if st.excluded_until else ""
     console.print(f"[bold]{st.pool_id}[/]: [bold]{st.state.value}[/]{until}")
+    if not st.history and not st.set_by:
+        console.print("  no notices, no transitions")
+        return
     console.print(
         f"  strikes {st.strikes}; {st.notices_in_window} notice(s) in the window; "
         f"set by {st.set_by}: {st.reason or '-'}"
@@ -167,8 +193,10 @@ def list_(
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:
     """Pools with an exclusions row (admitted ones included, with their strikes)."""
+    from activities.exclusion.activities import list_exclusions
+
     s = settings()
-    r = region or s.region
+    r = known_region(s, region)
     with fleet_db(s) as pool:
         rows: list[ExclusionRow] = list_exclusions(pool, r)
     if json_out:

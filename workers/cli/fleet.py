@@ -6,17 +6,26 @@ import asyncio
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
-import psycopg
 import typer
-from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
 
 from activities.events import InstanceState
-from activities.fleet.activities import SyncPoolsInput, SyncPoolsOutput
-from activities.fleet.migrate import current_version, ensure_database, migrate
-from activities.fleet.repository import FleetRepository
-from workers.cli.common import console, errors_as_exit, fail, fleet_db, settings, table
+from workers.cli.common import (
+    close_temporal,
+    console,
+    errors_as_exit,
+    fail,
+    fleet_db,
+    known_region,
+    settings,
+    table,
+    temporal_client,
+)
+
+if TYPE_CHECKING:
+    from activities.fleet.activities import SyncPoolsOutput
+    from activities.fleet.repository import FleetRepository
 
 db_app = typer.Typer(help="Fleet-state database.", no_args_is_help=True)
 pools_app = typer.Typer(help="Pools (hall x SKU x size) in fleet state.", no_args_is_help=True)
@@ -27,6 +36,8 @@ outbox_app = typer.Typer(help="The lifecycle-event outbox.", no_args_is_help=Tru
 @contextmanager
 def _repo() -> Iterator[FleetRepository]:
     """Fleet state for one command; its connection closes after."""
+    from activities.fleet.repository import FleetRepository
+
     with fleet_db(settings()) as db:
         yield FleetRepository(db)
 
@@ -34,6 +45,10 @@ def _repo() -> Iterator[FleetRepository]:
 @db_app.command("migrate")
 def db_migrate() -> None:
     """Apply pending migrations (a no-op when current)."""
+    import psycopg
+
+    from activities.fleet.migrate import current_version, ensure_database, migrate
+
     s = settings()
     with errors_as_exit(psycopg.Error, RuntimeError):
         ensure_database(s.postgres_dsn)
@@ -47,15 +62,13 @@ def db_migrate() -> None:
 @pools_app.command("sync")
 def pools_sync(region: str = typer.Option(None, help="Region; default from settings.")) -> None:
     """Load the region file's pools into fleet state, through the region's worker."""
+    from activities.fleet.activities import SyncPoolsInput, SyncPoolsOutput
+
     s = settings()
-    r = region or s.region
+    r = known_region(s, region)
 
     async def run() -> SyncPoolsOutput:
-        client = await Client.connect(
-            s.temporal.address,
-            namespace=s.temporal.namespace(r),
-            data_converter=pydantic_data_converter,
-        )
+        client = await temporal_client(s, r)
         out: SyncPoolsOutput = await client.execute_workflow(
             "SyncPoolsWorkflow",
             SyncPoolsInput(region=r),
@@ -75,6 +88,8 @@ def pools_sync(region: str = typer.Option(None, help="Region; default from setti
             )
         except Exception as exc:  # Temporal client errors come in several types
             fail(f"sync failed: {exc}")
+        finally:
+            close_temporal()
     console.print(f"region {out.region}: {out.pools} pools, {out.changed} changed")
 
 
@@ -142,6 +157,8 @@ def outbox_status() -> None:
 @outbox_app.command("relay")
 def outbox_relay() -> None:
     """Publish committed lifecycle events to Kafka until stopped (SIGTERM/Ctrl-C)."""
+    import psycopg
+
     from workers import outbox_relay as relay_process
 
     s = settings()

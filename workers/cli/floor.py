@@ -2,25 +2,25 @@
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
-from temporalio.service import RPCError
 
-from contracts.cache import installed_bundle
 from workers.cli.common import (
     console,
     fail,
+    known_region,
     print_json,
+    region_or_exit,
     run_temporal,
     settings,
     table,
     temporal_client,
 )
 from workers.settings import Settings
-from workflows import search_attributes as sa
-from workflows.floor.models import FloorStatus, HallEvent
-from workflows.floor.workflow import FloorKeeperWorkflow
+
+if TYPE_CHECKING:
+    from workflows.floor.models import FloorStatus, HallEvent
 
 T = TypeVar("T")
 
@@ -33,6 +33,8 @@ RegionOpt = typer.Option(None, "--region", help="Region; default from settings."
 
 
 def _keepers_query(region: str) -> str:
+    from workflows import search_attributes as sa
+
     return (
         f'WorkflowType = "FloorKeeperWorkflow" AND {sa.REGION.name} = "{region}" '
         'AND ExecutionStatus = "Running"'
@@ -55,7 +57,13 @@ def _hall_command(signal: str, verb: str) -> Any:
         by: str = typer.Option(..., "--by", help="Who says so (recorded as a decision)."),
         reason: str = typer.Option(..., "--reason", help="Why (recorded as a decision)."),
     ) -> None:
+        from workflows.floor.models import HallEvent
+
         s = settings()
+        known_region(s, region)
+        halls = region_or_exit(s, region).halls
+        if hall not in halls:
+            fail(f"region {region} has no hall {hall} (halls: {', '.join(halls)})")
         event = HallEvent(hall=hall, operator=by, reason=reason)
         told = run_temporal(_tell_keepers(s, region, signal, event))
         if not told:
@@ -82,10 +90,11 @@ hall_app.command("restored")(_hall_command("hall_restored", "declared restored")
 @floor_app.command("start")
 def floor_start(region: str = RegionOpt) -> None:
     """Start one floor keeper per tier-1 contract with a floor in the region (idempotent)."""
+    from contracts.cache import installed_bundle
     from workers.region_worker import ensure_floor_keepers
 
     s = settings()
-    r = region or s.region
+    r = known_region(s, region)
     bundle, problem = installed_bundle(s.bundle_cache_dir, s.trust_dir)
     if bundle is None:
         fail(problem)
@@ -103,17 +112,22 @@ def floor_start(region: str = RegionOpt) -> None:
 @floor_app.command("status")
 def floor_status(region: str = RegionOpt, json_out: bool = typer.Option(False, "--json")) -> None:
     """Each floor keeper: floor, units held per hall, lost halls, state and why."""
+    from temporalio.service import RPCError
+
+    from workflows.floor.models import FloorStatus
+
     s = settings()
-    r = region or s.region
+    r = known_region(s, region)
 
     async def go() -> list[FloorStatus | str]:
         client = await temporal_client(s, r)
         out: list[FloorStatus | str] = []
         async for wf in client.list_workflows(_keepers_query(r)):
             try:
-                out.append(
-                    await client.get_workflow_handle(wf.id).query(FloorKeeperWorkflow.status)
+                st: FloorStatus = await client.get_workflow_handle(wf.id).query(
+                    "status", result_type=FloorStatus
                 )
+                out.append(st)
             except RPCError as exc:
                 out.append(f"{wf.id}: {exc.message}")
         return out

@@ -1,4 +1,9 @@
-"""The `sco` command."""
+"""The `sco` command.
+
+Subcommands load lazily (workers/cli/lazy.py): this module imports typer and nothing of
+SCO's, so `sco --help` answers in a fraction of a second and each command imports only the
+clients it uses.
+"""
 
 from __future__ import annotations
 
@@ -6,49 +11,84 @@ import logging
 
 import typer
 
-from workers.cli import (
-    contracts,
-    control,
-    dev,
-    exclusion,
-    fleet,
-    floor,
-    ledger,
-    notices,
-    schedulers,
-    simulator,
-    temporal,
-)
+from workers.cli.lazy import Lazy, LazyGroup
+
+COMMANDS: dict[str, Lazy] = {
+    "dev": Lazy(
+        "workers.cli.dev:app", "Run the local region in a box (real processes, data under .sco/)."
+    ),
+    "temporal": Lazy("workers.cli.temporal:app", "Temporal set-up for a region."),
+    "db": Lazy("workers.cli.fleet:db_app", "Fleet-state database."),
+    "pools": Lazy("workers.cli.fleet:pools_app", "Pools (hall x SKU x size) in fleet state."),
+    "instances": Lazy("workers.cli.fleet:instances_app", "SCO-owned instances in fleet state."),
+    "outbox": Lazy("workers.cli.fleet:outbox_app", "The lifecycle-event outbox."),
+    "worker": Lazy(
+        "workers.cli.control:worker",
+        "Serve the region's task queue until SIGTERM/Ctrl-C (graceful shutdown)",
+    ),
+    "demand": Lazy(
+        "workers.cli.control:demand_app", "Demand per contract, in the contract's units."
+    ),
+    "slurm": Lazy(
+        "workers.cli.schedulers:slurm_app",
+        "Slurm power saving: CLOUD nodes SCO brings up and releases.",
+    ),
+    "acquisitions": Lazy("workers.cli.control:acq_app", "In-flight and past acquisitions."),
+    "controller": Lazy("workers.cli.control:controller_app", "The region controller partitions."),
+    "budget": Lazy("workers.cli.control:budget_app", "The region's provider API token budget."),
+    "floor": Lazy("workers.cli.floor:floor_app", "Committed floors of tier-1 contracts."),
+    "hall": Lazy(
+        "workers.cli.floor:hall_app", "Declare a hall lost or restored to the floor keepers."
+    ),
+    "pool": Lazy(
+        "workers.cli.exclusion:pool_app", "Pool exclusion: keep reclaim-prone pools out of plans."
+    ),
+    "ledger": Lazy("workers.cli.ledger:app", "Spend and reclaim history in the ClickHouse ledger."),
+    "contracts": Lazy(
+        "workers.cli.contracts:app", "Contracts: compile, sign, verify, publish, admission."
+    ),
+    "sim": Lazy(
+        "workers.cli.simulator:sim_app", "The simulated cloud (the embedded default provider)."
+    ),
+    "notice-relay": Lazy("workers.cli.notices:notice_relay", "Run the hall's notice relay"),
+    "reclaim": Lazy(
+        "workers.cli.notices:reclaim",
+        "Ask the hall's notice relay to reclaim an instance or a whole pool.",
+    ),
+    "nats-users": Lazy(
+        "workers.cli.notices:nats_users",
+        "Render the region's NATS users with least-privilege permissions (deploy/nats/).",
+    ),
+}
+
+
+class SCOGroup(LazyGroup):
+    lazy_commands = COMMANDS
+
 
 app = typer.Typer(
+    cls=SCOGroup,
     help="SCO: the Spot Capacity Orchestrator control plane.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
-app.add_typer(dev.app, name="dev")
-app.add_typer(temporal.app, name="temporal")
-app.add_typer(fleet.db_app, name="db")
-app.add_typer(fleet.pools_app, name="pools")
-app.add_typer(fleet.instances_app, name="instances")
-app.add_typer(fleet.outbox_app, name="outbox")
-app.command("worker")(control.worker)
-app.add_typer(control.demand_app, name="demand")
-control.demand_app.command("sources")(schedulers.demand_sources)
-control.demand_app.command("intake")(schedulers.demand_intake)
-control.demand_app.command("collect")(schedulers.demand_collect)
-app.add_typer(schedulers.slurm_app, name="slurm")
-app.add_typer(control.acq_app, name="acquisitions")
-app.add_typer(control.controller_app, name="controller")
-app.add_typer(control.budget_app, name="budget")
-app.add_typer(floor.floor_app, name="floor")
-app.add_typer(floor.hall_app, name="hall")
-app.add_typer(exclusion.pool_app, name="pool")
-app.add_typer(ledger.app, name="ledger")
-app.add_typer(contracts.app, name="contracts")
-app.add_typer(simulator.sim_app, name="sim")
-app.command("notice-relay")(notices.notice_relay)
-app.command("reclaim")(notices.reclaim)
-app.command("nats-users")(notices.nats_users)
+
+
+def _version(value: bool) -> None:
+    if value:
+        import importlib.metadata
+
+        typer.echo(f"sco {importlib.metadata.version('sco')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", is_eager=True, callback=_version, help="Print the version and exit."
+    ),
+) -> None:
+    """SCO: the Spot Capacity Orchestrator control plane."""
 
 
 def main() -> None:

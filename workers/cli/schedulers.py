@@ -3,17 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
 
-import psycopg
 import typer
 
-from activities.demand.hostlist import HostlistError, ranged
-from activities.demand.intake import CollectResult, DemandIntakeActivities
-from activities.demand.slurm_resume import feature_list
-from activities.demand.source import SourceUnavailable
-from activities.fleet.repository import FleetRepository
-from contracts.cache import installed_bundle
-from contracts.region import RegionFileError, load_region
 from workers.cli.common import (
     console,
     errors_as_exit,
@@ -25,10 +18,14 @@ from workers.cli.common import (
     table,
     temporal_client,
 )
-from workers.slurm_power_programs import ProgramError, Report, release, resume
-from workflows.intake.models import CollectNow, IntakeStatus, intake_workflow_id
-from workflows.intake.workflow import DemandIntakeWorkflow
-from workflows.slurm.models import ReleaseReason
+
+if TYPE_CHECKING:
+    from activities.demand.intake import CollectResult
+    from workers.slurm_power_programs import Report
+    from workflows.intake.models import IntakeStatus
+
+# Imports of the scheduler, intake and Slurm code live in the commands: `sco demand set`
+# loads this module (its `demand` group holds the commands below) and needs none of them.
 
 slurm_app = typer.Typer(
     help="Slurm power saving: CLOUD nodes SCO brings up and releases.", no_args_is_help=True
@@ -49,6 +46,10 @@ def slurm_conf(
     region: str = RegionOpt,
 ) -> None:
     """The slurm.conf node and partition lines for SCO's CLOUD nodes of these pools."""
+    from activities.demand.hostlist import HostlistError, ranged
+    from activities.demand.slurm_resume import feature_list
+    from contracts.region import RegionFileError, load_region
+
     s = settings()
     r = region or s.region
     with errors_as_exit(RegionFileError, OSError):
@@ -99,6 +100,10 @@ def slurm_resume(
     json_out: bool = JsonOpt,
 ) -> None:
     """What ResumeProgram does: acquire instances named after the nodes."""
+    import psycopg
+
+    from workers.slurm_power_programs import ProgramError, resume
+
     s = settings()
     with errors_as_exit(ProgramError, psycopg.Error):
         _show(run_temporal(resume(s, hostlist, resume_file=resume_file)), json_out)
@@ -107,6 +112,11 @@ def slurm_resume(
 @slurm_app.command("suspend")
 def slurm_suspend(hostlist: str = typer.Argument(...), json_out: bool = JsonOpt) -> None:
     """What SuspendProgram does: release the instances behind the nodes."""
+    import psycopg
+
+    from workers.slurm_power_programs import ProgramError, release
+    from workflows.slurm.models import ReleaseReason
+
     s = settings()
     with errors_as_exit(ProgramError, psycopg.Error):
         _show(run_temporal(release(s, hostlist, ReleaseReason.SUSPEND)), json_out)
@@ -115,6 +125,11 @@ def slurm_suspend(hostlist: str = typer.Argument(...), json_out: bool = JsonOpt)
 @slurm_app.command("resume-failed")
 def slurm_resume_failed(hostlist: str = typer.Argument(...), json_out: bool = JsonOpt) -> None:
     """What ResumeFailProgram does: release, and count against the pools' exclusion."""
+    import psycopg
+
+    from workers.slurm_power_programs import ProgramError, release
+    from workflows.slurm.models import ReleaseReason
+
     s = settings()
     with errors_as_exit(ProgramError, psycopg.Error):
         _show(run_temporal(release(s, hostlist, ReleaseReason.RESUME_FAILED)), json_out)
@@ -125,6 +140,8 @@ def slurm_nodes(
     region: str = RegionOpt, all_: bool = typer.Option(False, "--all"), json_out: bool = JsonOpt
 ) -> None:
     """Instances behind Slurm nodes (live ones; --all: deleted and failed too)."""
+    from activities.fleet.repository import FleetRepository
+
     s = settings()
     r = region or s.region
     with fleet_db(s) as pool:
@@ -150,6 +167,9 @@ def slurm_nodes(
 def demand_sources(region: str = RegionOpt, json_out: bool = JsonOpt) -> None:
     """Read every scheduler source now (Slurm pending jobs, unschedulable pods) and show
     their units per contract; stores nothing."""
+    from activities.demand.intake import DemandIntakeActivities
+    from activities.demand.source import SourceUnavailable
+    from contracts.cache import installed_bundle
     from workers.demand_sources import sources_for
 
     s = settings()
@@ -196,14 +216,18 @@ def _reports_table(title: str, result: CollectResult) -> None:
 
 def demand_intake(region: str = RegionOpt, json_out: bool = JsonOpt) -> None:
     """The region's demand intake: its last round per source, and whom it woke."""
+    from activities.demand.intake import CollectResult
+    from workflows.intake.models import IntakeStatus, intake_workflow_id
+
     s = settings()
     r = region or s.region
 
     async def go() -> IntakeStatus:
         client = await temporal_client(s, r)
-        return await client.get_workflow_handle(intake_workflow_id(r)).query(
-            DemandIntakeWorkflow.status
+        st: IntakeStatus = await client.get_workflow_handle(intake_workflow_id(r)).query(
+            "status", result_type=IntakeStatus
         )
+        return st
 
     status = run_temporal(go())
     if json_out:
@@ -231,14 +255,14 @@ def demand_intake(region: str = RegionOpt, json_out: bool = JsonOpt) -> None:
 
 def demand_collect(region: str = RegionOpt) -> None:
     """Have the region's intake read its sources now instead of at its next round."""
+    from workflows.intake.models import CollectNow, intake_workflow_id
+
     s = settings()
     r = region or s.region
 
     async def go() -> None:
         client = await temporal_client(s, r)
-        await client.get_workflow_handle(intake_workflow_id(r)).signal(
-            DemandIntakeWorkflow.collect_now, CollectNow()
-        )
+        await client.get_workflow_handle(intake_workflow_id(r)).signal("collect_now", CollectNow())
 
     run_temporal(go())
     console.print(f"asked {intake_workflow_id(r)} to collect now")

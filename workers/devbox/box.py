@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from types import FrameType
@@ -83,7 +84,16 @@ class Box:
         recorded_workers = any(
             n not in {s.name for s in infrastructure(self.s)} for n in state.processes
         )
-        for svc in self.services(workers=self._with_workers or recorded_workers):
+        services = self.services(workers=self._with_workers or recorded_workers)
+        # Probes wait on the network (a service that is down costs its timeout): all at once,
+        # so `sco dev status` takes as long as the slowest probe, not their sum.
+        with ThreadPoolExecutor(max_workers=len(services)) as probes:
+            health = {
+                svc.name: probes.submit(svc.status_probe)
+                for svc in services
+                if not svc.managed_only
+            }
+        for svc in services:
             rec = state.processes.get(svc.name)
             if svc.managed_only:
                 ok = rec is not None and process.alive(rec)
@@ -98,16 +108,16 @@ class Box:
                     )
                 )
                 continue
-            health = svc.probe()
+            h = health[svc.name].result()
             ours = rec is not None and process.alive(rec)
-            mode = "managed" if ours else (svc.answering_mode if health.ok else "down")
+            mode = "managed" if ours else (svc.answering_mode if h.ok else "down")
             out.append(
                 ServiceStatus(
                     svc.name,
                     mode,
                     svc.address,
-                    health.ok,
-                    health.detail,
+                    h.ok,
+                    h.detail,
                     rec.pid if ours and rec else None,
                 )
             )

@@ -72,6 +72,10 @@ class Service(ABC):
     def start(self) -> ProcessRecord:
         """Start our own process for it and wait until it answers."""
 
+    def status_probe(self) -> Health:
+        """What `sco dev status` shows: `probe`, unless that would change something."""
+        return self.probe()
+
     def prepare(self) -> str:
         """Idempotent set-up once the service answers (schemas, topics, namespaces)."""
         return ""
@@ -370,6 +374,19 @@ class LedgerService(Service):
             return Health(False, str(exc))
         kind = "embedded chDB" if self.address.startswith("chdb:") else "ClickHouse server"
         return Health(True, f"{kind}, schema current")
+
+    def status_probe(self) -> Health:
+        """Embedded: the ledger's directory, without loading chDB (seconds of import) or
+        creating its schema, which `probe` does for `up`."""
+        if not self.address.startswith("chdb:"):
+            return self.probe()
+        where = self.address.split(":", 1)[1].removeprefix("//")
+        if where == "memory" or where.startswith("memory/"):
+            return Health(True, "in-process chDB")
+        path = Path(where)
+        if not path.is_dir():
+            return Health(False, f"no ledger at {path} yet (`sco dev up` creates it)")
+        return Health(True, "embedded chDB")
 
     def start(self) -> ProcessRecord:
         raise DevboxError(f"ledger: {self.address} does not answer: {self.probe().detail}")
