@@ -11,6 +11,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import logging
+import uuid
 from datetime import timedelta
 from typing import Any
 
@@ -24,7 +25,7 @@ from activities.budget import BudgetActivities
 from activities.control.activities import ControlActivities
 from activities.demand.intake import DemandIntakeActivities
 from activities.exclusion.activities import ExclusionActivities, exclusion_activities
-from activities.fleet.activities import FleetActivities
+from activities.fleet.activities import FleetActivities, SyncPoolsInput
 from activities.fleet.control_state import ControlRepository
 from activities.fleet.db import open_pool
 from activities.fleet.repository import FleetRepository
@@ -79,6 +80,18 @@ def controller_config(settings: Settings) -> ControllerConfig:
         partitions=c.partitions,
         kubernetes_user_data=settings.kubernetes.node_user_data or None,
     )
+
+
+async def sync_pool_catalogue(client: Client, settings: Settings, region: str) -> None:
+    """The region file's pools into fleet state, as `sco pools sync` does (idempotent)."""
+    out = await client.execute_workflow(
+        SyncPoolsWorkflow.run,
+        SyncPoolsInput(region=region),
+        id=f"sync-pools-{region}-{uuid.uuid4().hex[:8]}",
+        task_queue=settings.temporal.task_queue(region),
+        execution_timeout=timedelta(minutes=2),
+    )
+    log.info("pools of %s: %d in fleet state, %d changed", region, out.pools, out.changed)
 
 
 async def ensure_floor_keepers(client: Client, settings: Settings, region: str) -> list[str]:
@@ -271,6 +284,9 @@ async def run_worker(settings: Settings, region: str) -> None:
             async with worker:
                 running = True
                 if settings.worker.start_controllers:
+                    # Floors and controllers plan against fleet state's pools: load the
+                    # region's catalogue first, so a fresh box's first plans are not errors.
+                    await sync_pool_catalogue(client, settings, region)
                     ids = await ensure_controllers(client, settings, region)
                     ids += await ensure_floor_keepers(client, settings, region)
                     ids += await ensure_intake(client, settings, region)
