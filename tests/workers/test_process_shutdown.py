@@ -21,6 +21,7 @@ import pytest
 from activities.fleet.db import open_pool
 from activities.fleet.migrate import migrate
 from activities.fleet.repository import FleetRepository
+from contracts import keys
 from contracts.region import Region
 from tests.support import services
 from tests.support.paths import BASE_DSN, REGIONS_DIR, REPO
@@ -44,8 +45,10 @@ def process_db(region_r1: Region) -> Iterator[str]:
 
 @pytest.fixture
 def env(process_db: str, tmp_path: Path) -> dict[str, str]:
+    _, secret, _ = keys.generate(tmp_path / "notice-keys")
     return {
         **os.environ,
+        "SCO_NOTICES__SIGNING_KEY_FILE": str(secret),
         "SCO_REGIONS_DIR": str(REGIONS_DIR),
         "SCO_DATA_DIR": str(tmp_path / "data"),
         "SCO_POSTGRES_DSN": process_db,
