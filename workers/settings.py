@@ -13,7 +13,14 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -25,10 +32,35 @@ CONFIG_ENV = "SCO_CONFIG"
 DEFAULT_CONFIG_FILE = Path("sco.toml")
 
 
+class TLSSettings(BaseModel):
+    """TLS to one service. Every secret is a file (as a Kubernetes Secret mount gives it),
+    read when the client is made, so no secret is held in settings or printed with them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = False
+    # The CA that signed the server's certificate; None: the system's trust store.
+    ca_file: Path | None = None
+    # A client certificate and its key, for servers that verify clients (mTLS).
+    client_cert_file: Path | None = None
+    client_key_file: Path | None = None
+    # The name the server's certificate must carry, when it differs from the address's host.
+    server_name: str = ""
+
+    @model_validator(mode="after")
+    def _cert_and_key_together(self) -> TLSSettings:
+        if (self.client_cert_file is None) != (self.client_key_file is None):
+            raise ValueError("client_cert_file and client_key_file go together")
+        if not self.enabled and (self.ca_file or self.client_cert_file or self.server_name):
+            raise ValueError("TLS files or server_name are set but enabled is false")
+        return self
+
+
 class TemporalSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     address: str = "127.0.0.1:7233"
+    tls: TLSSettings = TLSSettings()
     ui_port: int = 8233
     # Each region has its own namespace so regions share nothing on the control path.
     namespace_prefix: str = ""

@@ -76,8 +76,10 @@ DECISION_COLUMNS: tuple[tuple[str, str], ...] = (
     ("amount_per_hour", "Float64"),
     ("units", "Int64"),
     ("workflow_id", "String"),
+    ("identity", "String"),
 )
 DECISION_COLUMN_NAMES: tuple[str, ...] = tuple(name for name, _ in DECISION_COLUMNS)
+_ADDED_DECISION_COLUMNS = (("identity", "String"),)
 _DECISION_DDL = "".join(f"    {name} {type_},\n" for name, type_ in DECISION_COLUMNS)
 # Same dedupe and partitioning as the lifecycle table: a replayed decision is one row.
 _DECISIONS_SCHEMA = f"""CREATE TABLE IF NOT EXISTS {DECISIONS_TABLE} (
@@ -279,6 +281,11 @@ class LedgerStore:
         if not self._schema_ready:
             client.command(_SCHEMA)
             client.command(_DECISIONS_SCHEMA)
+            # Columns added after the table was first created, for ledgers made before.
+            for name, type_ in _ADDED_DECISION_COLUMNS:
+                client.command(
+                    f"ALTER TABLE {DECISIONS_TABLE} ADD COLUMN IF NOT EXISTS {name} {type_}"
+                )
             self._schema_ready = True
 
     def ensure_schema(self) -> None:
@@ -286,6 +293,11 @@ class LedgerStore:
         with self.session() as client:
             client.command(_SCHEMA)
             client.command(_DECISIONS_SCHEMA)
+            # Columns added after the table was first created, for ledgers made before.
+            for name, type_ in _ADDED_DECISION_COLUMNS:
+                client.command(
+                    f"ALTER TABLE {DECISIONS_TABLE} ADD COLUMN IF NOT EXISTS {name} {type_}"
+                )
             self._schema_ready = True
 
     def insert_events(self, events: Sequence[LifecycleEvent]) -> int:

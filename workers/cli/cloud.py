@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import getpass
 import signal
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
@@ -15,11 +14,13 @@ import typer
 from nats.aio.msg import Msg
 from temporalio.client import Client
 
+from activities.decisions import DecisionKind
 from activities.fleet.db import open_pool
 from activities.fleet.repository import FleetRepository
 from activities.notice_relay import NoticeRelay
 from contracts.notice import ReclaimNotice, ReclaimRequest, reclaim_subject
 from contracts.region import Region, RegionFileError, load_region
+from workers.cli import audit
 from workers.cli.common import console, fail, settings
 from workers.provider_factory import provider_for
 from workers.settings import Settings
@@ -152,24 +153,35 @@ def _exclusion_notifier(s: Settings, region: str) -> Callable[[ReclaimNotice], A
 def reclaim(
     target: str = typer.Argument(..., help="An instance name, or a pool id with --pool."),
     pool: bool = typer.Option(False, "--pool", help="TARGET is a pool: reclaim all of it."),
-    reason: str = typer.Option("operator reclaim"),
+    reason: str = typer.Option("operator reclaim", help="Why (recorded in the ledger)."),
     region: str = typer.Option(None),
+    by: str | None = audit.ByOpt,
 ) -> None:
-    """Ask the hall's notice relay to reclaim an instance or a whole pool."""
+    """Ask the hall's notice relay to reclaim an instance or a whole pool (recorded)."""
     s = settings()
     region_id = region or s.region
+    operator = audit.who(by)
+    decision = audit.operator_decision(
+        s,
+        region=region_id,
+        kind=DecisionKind.RECLAIM,
+        subject=target,
+        outcome="reclaimed",
+        by=operator,
+        reason=reason,
+    )
     if pool:
         parts = target.split(".")
         if len(parts) != 4 or parts[0] != region_id:
             fail(f"{target}: a pool id is {region_id}.<hall>.<sku>.<size>")
         hall = parts[1]
-        req = ReclaimRequest(pool_id=target, reason=reason, requested_by=getpass.getuser())
+        req = ReclaimRequest(pool_id=target, reason=reason, requested_by=operator)
     else:
         row = FleetRepository(open_pool(s.postgres_dsn, max_size=1)).get_instance(target)
         if row is None:
             fail(f"{target}: no such instance in fleet state")
         hall = row.hall
-        req = ReclaimRequest(instances=[target], reason=reason, requested_by=getpass.getuser())
+        req = ReclaimRequest(instances=[target], reason=reason, requested_by=operator)
 
     async def run() -> str:
         nc = await nats.connect(s.nats_url)
@@ -186,4 +198,6 @@ def reclaim(
         finally:
             await nc.close()
 
-    console.print(asyncio.run(run()))
+    answer = asyncio.run(run())
+    audit.record(s, decision.model_copy(update={"reason": f"{reason} ({answer})"}))
+    console.print(answer)

@@ -13,9 +13,12 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities.budget import BudgetStatus, SetRateInput, budget_workflow_id
 from activities.control.models import partition_of
+from activities.decisions import DecisionKind
 from activities.fleet.control_state import ControlRepository
 from contracts.bundle import VerifiedBundle
 from contracts.cache import installed_bundle
+from workers.cli import audit
+from workers.cli.audit import ByOpt, ReasonOpt, operator_decision, who
 from workers.cli.common import (
     console,
     errors_as_exit,
@@ -68,8 +71,10 @@ def demand_set(
     units: int = typer.Argument(..., min=0, help="Demand in the contract's units; 0 clears."),
     region: str = RegionOpt,
     source: str = typer.Option("cli", help="Demand source (cli, slurm, kubernetes)."),
+    by: str | None = ByOpt,
+    reason: str = ReasonOpt,
 ) -> None:
-    """Set a contract's demand and wake its controller partition."""
+    """Set a contract's demand and wake its controller partition (recorded as a decision)."""
     s = settings()
     r = region or s.region
     bundle = _bundle(s)
@@ -84,8 +89,21 @@ def demand_set(
             f"[yellow]note:[/] {units} units is above the contract's cap "
             f"({c.placement.max_units_per_region} per region); the planner stops at the cap"
         )
+    decision = operator_decision(
+        s,
+        region=r,
+        kind=DecisionKind.DEMAND,
+        subject=contract,
+        outcome="set",
+        by=who(by),
+        reason=reason or f"{units} units from {source}",
+        units=units,
+    )
     with fleet_db(s) as pool:
         changed = ControlRepository(pool).set_demand(r, source, {contract: units})
+        if not changed:
+            decision = decision.model_copy(update={"outcome": "unchanged"})
+        audit.record(s, decision, pool)
     if not changed:
         console.print(f"{contract} in {r}: already {units} units ({source}); nothing changed")
         return
@@ -261,12 +279,13 @@ def _operator_update(name: str) -> Callable[..., None]:
         reason: str = typer.Option("", help="Why (recorded)."),
     ) -> None:
         s = settings()
+        who_am_i = audit.identity(s)
 
         async def go() -> ControlAck:
             handle = await _handle(s, region or s.region, acquisition_id)()
             update = getattr(AcquisitionWorkflow, name)
             ack: ControlAck = await handle.execute_update(
-                update, OperatorInput(operator=operator, reason=reason)
+                update, OperatorInput(operator=operator, reason=reason, identity=who_am_i)
             )
             return ack
 
@@ -300,7 +319,9 @@ def acq_approve(
         handle = await _handle(s, region or s.region, acquisition_id)()
         ack: ControlAck = await handle.execute_update(
             AcquisitionWorkflow.approve_fallback,
-            ApprovalInput(approver=by, reason=reason, approve=not decline),
+            ApprovalInput(
+                approver=by, reason=reason, approve=not decline, identity=audit.identity(s)
+            ),
         )
         return ack
 
@@ -406,10 +427,21 @@ def budget_set_rate(
     rate: float = typer.Argument(..., min=0, help="Tokens (mutating API calls) per second."),
     burst: int = typer.Argument(..., min=1, help="Bucket size."),
     region: str = RegionOpt,
+    by: str | None = ByOpt,
+    reason: str = ReasonOpt,
 ) -> None:
     """Change the region's API budget (takes effect at once, survives restarts)."""
     s = settings()
     r = region or s.region
+    decision = operator_decision(
+        s,
+        region=r,
+        kind=DecisionKind.BUDGET,
+        subject=r,
+        outcome="rate_set",
+        by=who(by),
+        reason=f"{rate}/s, burst {burst}" + (f": {reason}" if reason else ""),
+    )
 
     async def go() -> None:
         client = await temporal_client(s, r)
@@ -418,4 +450,5 @@ def budget_set_rate(
         )
 
     run_temporal(go())
+    audit.record(s, decision)
     console.print(f"{r}: budget {rate}/s, burst {burst}")

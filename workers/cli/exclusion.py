@@ -13,6 +13,7 @@ from temporalio.common import WorkflowIDConflictPolicy
 from activities.exclusion.activities import list_exclusions
 from activities.exclusion.models import ExclusionRow
 from contracts.region import RegionFileError, load_region
+from workers.cli import audit
 from workers.cli.common import (
     console,
     fail,
@@ -97,7 +98,7 @@ def exclude(
         handle = await _running(s, region, pool_id)
         ack: ExclusionAck = await handle.execute_update(
             PoolExclusionWorkflow.exclude,
-            OperatorExclude(operator=by, reason=reason, hours=hours),
+            OperatorExclude(operator=by, reason=reason, hours=hours, identity=audit.identity(s)),
         )
         return ack
 
@@ -113,7 +114,8 @@ def readmit(pool_id: str = PoolArg, by: str = ByOpt, reason: str = ReasonOpt) ->
     async def go() -> ExclusionAck:
         handle = await _running(s, region, pool_id)
         ack: ExclusionAck = await handle.execute_update(
-            PoolExclusionWorkflow.readmit, OperatorReadmit(operator=by, reason=reason)
+            PoolExclusionWorkflow.readmit,
+            OperatorReadmit(operator=by, reason=reason, identity=audit.identity(s)),
         )
         return ack
 

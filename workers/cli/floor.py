@@ -8,6 +8,7 @@ import typer
 from temporalio.service import RPCError
 
 from contracts.cache import installed_bundle
+from workers.cli import audit
 from workers.cli.common import (
     console,
     fail,
@@ -56,7 +57,7 @@ def _hall_command(signal: str, verb: str) -> Any:
         reason: str = typer.Option(..., "--reason", help="Why (recorded as a decision)."),
     ) -> None:
         s = settings()
-        event = HallEvent(hall=hall, operator=by, reason=reason)
+        event = HallEvent(hall=hall, operator=by, reason=reason, identity=audit.identity(s))
         told = run_temporal(_tell_keepers(s, region, signal, event))
         if not told:
             console.print(

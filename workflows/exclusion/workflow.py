@@ -145,6 +145,7 @@ class PoolExclusionWorkflow:
             actor=inp.operator,
             reason=inp.reason,
             until=until,
+            identity=inp.identity,
         )
         when = f"until {until:%Y-%m-%d %H:%M} UTC, then probed" if until else "until re-admitted"
         return self._ack(f"excluded by {inp.operator} {when}")
@@ -161,6 +162,7 @@ class PoolExclusionWorkflow:
             PoolState.ADMITTED,
             actor=inp.operator,
             reason=inp.reason,
+            identity=inp.identity,
             strikes=0,
             # Two re-admissions accepted at once: the second finds it done.
             unless=lambda: self._s.state is PoolState.ADMITTED,
@@ -484,6 +486,7 @@ class PoolExclusionWorkflow:
         until: datetime | None = None,
         epoch: int | None = None,
         unless: Callable[[], bool] | None = None,
+        identity: str = "",
     ) -> bool:
         """Move to `to`, write the row and record the decision; False when it did not
         happen: the cycle's `epoch` is stale (an operator got there first), or `unless`.
@@ -528,7 +531,7 @@ class PoolExclusionWorkflow:
                 region=self._inp.region,
                 state=to.value,
             )
-            await self._write(row, outcome, actor, reason)
+            await self._write(row, outcome, actor, reason, identity)
             return True
 
     async def _forgive(self, epoch: int) -> None:
@@ -565,7 +568,9 @@ class PoolExclusionWorkflow:
         )
         del s.history[:-HISTORY_LIMIT]
 
-    async def _write(self, row: SetStateInput, outcome: str, actor: str, reason: str) -> None:
+    async def _write(
+        self, row: SetStateInput, outcome: str, actor: str, reason: str, identity: str = ""
+    ) -> None:
         await workflow.execute_activity_method(
             ExclusionActivities.set_state,
             row,
@@ -582,6 +587,7 @@ class PoolExclusionWorkflow:
                 subject=self._inp.pool_id,
                 outcome=outcome,
                 actor=actor,
+                identity=identity,
                 reason=reason,
                 workflow_id=workflow.info().workflow_id,
             ),
