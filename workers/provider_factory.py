@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from activities.provider.interface import CloudProvider
+from workers.client_security import (
+    nats_options,
+)
 from workers.settings import Settings
 
 
@@ -17,4 +20,9 @@ def provider_for(settings: Settings, region: str) -> CloudProvider:
         )
     from activities.provider.sim_service import SimulatorClient
 
-    return SimulatorClient(settings.nats_url, region, prefix=settings.provider.simulator_prefix)
+    return SimulatorClient(
+        settings.nats_url,
+        region,
+        prefix=settings.provider.simulator_prefix,
+        connect_options=nats_options(settings),
+    )

@@ -17,7 +17,6 @@ from typing import Any
 
 from temporalio.client import Client
 from temporalio.common import VersioningBehavior, WorkerDeploymentVersion, WorkflowIDConflictPolicy
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from temporalio.worker import Worker, WorkerDeploymentConfig
 
@@ -34,6 +33,11 @@ from activities.floor.models import floor_workflow_id
 from activities.ledger.store import LedgerStore
 from activities.provider.activities import ProviderActivities, all_activities
 from contracts.cache import installed_bundle
+from workers.client_security import (
+    connect_temporal,
+    ledger_options,
+    postgres_conninfo,
+)
 from workers.demand_sources import sources_for
 from workers.health import serve_health
 from workers.provider_factory import provider_for
@@ -80,12 +84,7 @@ def controller_config(settings: Settings) -> ControllerConfig:
 
 
 async def connect(settings: Settings, region: str, runtime: Runtime | None = None) -> Client:
-    return await Client.connect(
-        settings.temporal.address,
-        namespace=settings.temporal.namespace(region),
-        data_converter=pydantic_data_converter,
-        runtime=runtime,
-    )
+    return await connect_temporal(settings, settings.temporal.namespace(region), runtime)
 
 
 async def ensure_floor_keepers(client: Client, settings: Settings, region: str) -> list[str]:
@@ -147,7 +146,7 @@ async def ensure_controllers(client: Client, settings: Settings, region: str) ->
 
 def build_activities(settings: Settings, region: str, client: Client) -> tuple[list[Any], Any]:
     """Every activity of the region worker, and the connection pool to close after."""
-    pool = open_pool(settings.postgres_dsn)
+    pool = open_pool(postgres_conninfo(settings))
     fleet_repo = FleetRepository(pool)
     provider = provider_for(settings, region)
     fleet = FleetActivities(fleet_repo, settings.regions_dir)
@@ -161,7 +160,11 @@ def build_activities(settings: Settings, region: str, client: Client) -> tuple[l
         trust_dir=settings.trust_dir,
         # A short lock wait: the ledger consumer holds an embedded ledger in bursts, and
         # a tick would rather plan with the last known reclaim rates than wait.
-        ledger=LedgerStore(settings.effective_ledger_dsn, lock_timeout=2.0),
+        ledger=LedgerStore(
+            settings.effective_ledger_dsn,
+            lock_timeout=2.0,
+            client_options=ledger_options(settings),
+        ),
     )
     floor = FloorActivities(
         fleet_repo,

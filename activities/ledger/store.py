@@ -148,8 +148,12 @@ class LedgerStore:
     reuses the outer client) and are serialised between threads.
     """
 
-    def __init__(self, dsn: str, *, lock_timeout: float = 30.0) -> None:
+    def __init__(
+        self, dsn: str, *, lock_timeout: float = 30.0, client_options: dict[str, Any] | None = None
+    ) -> None:
+        """`client_options`: clickhouse-connect TLS and credential arguments for a server."""
         self.dsn = dsn
+        self._client_options = dict(client_options or {})
         self.lock_timeout = lock_timeout
         parts = urlsplit(dsn)
         self._scheme = parts.scheme.lower()
@@ -260,6 +264,8 @@ class LedgerStore:
 
     def _open(self) -> Client:
         kwargs: dict[str, Any] = {"tz_mode": "aware"}  # datetimes come back as UTC-aware
+        if self.path is None and self._scheme in _SERVER_SCHEMES:
+            kwargs.update(self._client_options)
         if self.path is not None:
             dsn = f"chdb://{self.path}" + (f"?{self._query}" if self._query else "")
         else:

@@ -40,9 +40,8 @@ from activities.provider.simulator import SimulatedCloud
 from contracts import keys
 from contracts.compiler import compile_and_sign
 from contracts.region import Region
-from planning.arbiter import FallbackItem, FallbackPlan
 from tests.support import services
-from tests.support.control_harness import install_example_bundle
+from tests.support.control_harness import fallback_above_authority, install_example_bundle
 from tests.support.paths import BASE_DSN, EXAMPLES, REGIONS_DIR, REPO
 from workers.devbox import process
 from workers.devbox.services import NatsService
@@ -113,27 +112,12 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(5)
 
 
-def fallback(contract: str) -> FallbackPlan:
-    """Committed fallback above the contract's spend authority: it waits for an operator."""
-    item = FallbackItem(
-        pool_id="r1.A.cpu.xl", hall="A", flavor="cpu.xl", instances=1, units=2, price_per_hour=1.0
-    )
-    return FallbackPlan(
-        contract=contract,
-        shortfall_units=2,
-        items=[item],
-        cost_per_hour=1.0,
-        current_spend_per_hour=0.0,
-        authority_per_hour=0.1,
-        needs_approval=True,
-        reason="audit test: above authority",
-    )
-
-
 async def waiting_for_approval(client: Client, wid: str, contract: str) -> str:
     handle = await client.start_workflow(
         AcquisitionWorkflow.run,
-        AcquisitionInput(region="r1", contract=contract, tier=2, fallback=fallback(contract)),
+        AcquisitionInput(
+            region="r1", contract=contract, tier=2, fallback=fallback_above_authority(contract)
+        ),
         id=wid,
         task_queue="sco-r1",
     )

@@ -22,6 +22,10 @@ from contracts.notice import ReclaimNotice, ReclaimRequest, reclaim_subject
 from contracts.region import Region, RegionFileError, load_region
 from workers.cli import audit
 from workers.cli.common import console, fail, settings
+from workers.client_security import (
+    nats_options,
+    postgres_conninfo,
+)
 from workers.provider_factory import provider_for
 from workers.settings import Settings
 
@@ -61,7 +65,7 @@ def sim_serve(
             faults=Faults(rate_limit=rate_limit, server_error=server_errors),
             clock=asyncio.get_running_loop().time,
         )
-        nc = await nats.connect(s.nats_url)
+        nc = await nats.connect(s.nats_url, **nats_options(s))
         task = asyncio.create_task(serve(cloud, nc, prefix=s.provider.simulator_prefix))
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -87,12 +91,12 @@ def notice_relay(
     lead = timedelta(seconds=region_model.notice_lead_seconds)
 
     async def run() -> None:
-        nc = await nats.connect(s.nats_url)
+        nc = await nats.connect(s.nats_url, **nats_options(s))
         relay = NoticeRelay(
             region=region_id,
             hall=hall,
             lead=lead,
-            repo=FleetRepository(open_pool(s.postgres_dsn, max_size=2)),
+            repo=FleetRepository(open_pool(postgres_conninfo(s), max_size=2)),
             provider=provider_for(s, region_id),
             js=nc.jetstream(),
             on_notice=_exclusion_notifier(s, region_id),
@@ -177,14 +181,14 @@ def reclaim(
         hall = parts[1]
         req = ReclaimRequest(pool_id=target, reason=reason, requested_by=operator)
     else:
-        row = FleetRepository(open_pool(s.postgres_dsn, max_size=1)).get_instance(target)
+        row = FleetRepository(open_pool(postgres_conninfo(s), max_size=1)).get_instance(target)
         if row is None:
             fail(f"{target}: no such instance in fleet state")
         hall = row.hall
         req = ReclaimRequest(instances=[target], reason=reason, requested_by=operator)
 
     async def run() -> str:
-        nc = await nats.connect(s.nats_url)
+        nc = await nats.connect(s.nats_url, **nats_options(s))
         try:
             msg = await nc.request(
                 reclaim_subject(region_id, hall), req.model_dump_json().encode(), timeout=15

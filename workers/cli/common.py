@@ -17,6 +17,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from activities.fleet.db import open_pool
+from workers.client_security import (
+    postgres_conninfo,
+)
 from workers.settings import Settings, SettingsError, load_settings
 
 if TYPE_CHECKING:
@@ -59,7 +62,7 @@ def fleet_db(s: Settings) -> Iterator[ConnectionPool]:
     """A one-connection pool on fleet state for one command, closed after; a database
     error is a one-line error and a non-zero exit."""
     with errors_as_exit(psycopg.Error):
-        pool = open_pool(s.postgres_dsn, max_size=1)
+        pool = open_pool(postgres_conninfo(s), max_size=1)
         try:
             yield pool
         finally:

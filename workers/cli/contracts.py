@@ -17,6 +17,9 @@ from contracts.findings import Severity
 from workers.cli import audit
 from workers.cli.common import console, err_console, fail, settings
 from workers.cli.ledger import parse_window
+from workers.client_security import (
+    nats_options,
+)
 
 app = typer.Typer(
     help="Contracts: compile, sign, verify, publish, admission.", no_args_is_help=True
@@ -143,7 +146,7 @@ def publish(
     s = settings()
     for r in region or b.content.regions:
         try:
-            info = asyncio.run(put(s.nats_url, r, b.raw))
+            info = asyncio.run(put(s.nats_url, r, b.raw, nats_options(s)))
         except Exception as exc:  # nats raises several unrelated types
             fail(f"publishing to {s.nats_url} for {r}: {exc}")
         where = f"{info.bucket}/{info.name}"

@@ -9,8 +9,6 @@ import uuid
 
 import psycopg
 import typer
-from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
 
 from activities.events import InstanceState
 from activities.fleet.activities import SyncPoolsInput, SyncPoolsOutput
@@ -19,6 +17,11 @@ from activities.fleet.migrate import current_version, ensure_database, migrate
 from activities.fleet.relay import OutboxRelay, RelayProgress
 from activities.fleet.repository import FleetRepository
 from workers.cli.common import console, errors_as_exit, fail, settings, table
+from workers.client_security import (
+    connect_temporal,
+    kafka_config,
+    postgres_conninfo,
+)
 
 db_app = typer.Typer(help="Fleet-state database.", no_args_is_help=True)
 pools_app = typer.Typer(help="Pools (hall x SKU x size) in fleet state.", no_args_is_help=True)
@@ -29,7 +32,7 @@ outbox_app = typer.Typer(help="The lifecycle-event outbox.", no_args_is_help=Tru
 def _repo() -> FleetRepository:
     s = settings()
     with errors_as_exit(psycopg.Error, TimeoutError):
-        return FleetRepository(open_pool(s.postgres_dsn, max_size=2))
+        return FleetRepository(open_pool(postgres_conninfo(s), max_size=2))
 
 
 @db_app.command("migrate")
@@ -37,9 +40,10 @@ def db_migrate() -> None:
     """Apply pending migrations (a no-op when current)."""
     s = settings()
     with errors_as_exit(psycopg.Error, RuntimeError):
-        ensure_database(s.postgres_dsn)
-        applied = migrate(s.postgres_dsn)
-        version = current_version(s.postgres_dsn)
+        dsn = postgres_conninfo(s)
+        ensure_database(dsn)
+        applied = migrate(dsn)
+        version = current_version(dsn)
     for m in applied:
         console.print(f"applied {m.version:04d}_{m.name}")
     console.print(f"schema at version {version}" + ("" if applied else " (already current)"))
@@ -52,11 +56,7 @@ def pools_sync(region: str = typer.Option(None, help="Region; default from setti
     r = region or s.region
 
     async def run() -> SyncPoolsOutput:
-        client = await Client.connect(
-            s.temporal.address,
-            namespace=s.temporal.namespace(r),
-            data_converter=pydantic_data_converter,
-        )
+        client = await connect_temporal(s, s.temporal.namespace(r))
         out: SyncPoolsOutput = await client.execute_workflow(
             "SyncPoolsWorkflow",
             SyncPoolsInput(region=r),
@@ -149,8 +149,9 @@ def outbox_relay() -> None:
             console.print(f"relay: {p.published} events published in {p.batches} batches")
 
     relay = OutboxRelay(
-        s.postgres_dsn,
+        postgres_conninfo(s),
         s.kafka.bootstrap_servers,
+        kafka_security=kafka_config(s.kafka),
         batch_size=s.outbox.batch_size,
         idle_poll_seconds=s.outbox.idle_poll_seconds,
         retention_hours=s.outbox.retention_hours,

@@ -20,6 +20,10 @@ from activities.ledger import (
 )
 from activities.ledger.consumer import LedgerConsumer
 from workers.cli.common import console, errors_as_exit, fail, print_json, settings, table
+from workers.client_security import (
+    kafka_config,
+    ledger_options,
+)
 
 app = typer.Typer(help="Spend and reclaim history in the ClickHouse ledger.", no_args_is_help=True)
 
@@ -35,7 +39,8 @@ def parse_window(text: str) -> timedelta:
 
 
 def _store() -> LedgerStore:
-    return LedgerStore(settings().effective_ledger_dsn)
+    s = settings()
+    return LedgerStore(s.effective_ledger_dsn, client_options=ledger_options(s))
 
 
 @app.command("spend")
@@ -132,7 +137,10 @@ def consume_cmd() -> None:
     with errors_as_exit(LedgerUnavailable):
         store.ensure_schema()
     consumer = LedgerConsumer(
-        s.kafka.bootstrap_servers, [t for r in s.regions for t in region_topics(r)], store
+        s.kafka.bootstrap_servers,
+        [t for r in s.regions for t in region_topics(r)],
+        store,
+        kafka_security=kafka_config(s.kafka),
     )
     console.print(
         f"ledger consumer: {', '.join(t for r in s.regions for t in region_topics(r))} "
