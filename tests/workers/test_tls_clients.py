@@ -3,6 +3,8 @@
 - PostgreSQL started with `ssl=on` (the machine's initdb/pg_ctl): the fleet DB pool connects
   with sslmode=verify-full and the password from a file; a wrong CA and a wrong host name
   are refused.
+- NATS (nats-server with --tlsverify): the distributor publishes with the client
+  certificate; a client without one is refused.
 - Temporal behind nginx terminating TLS with `ssl_verify_client on` and `grpc_pass` to the
   dev server: a region worker and the `sco` command with the client certificate run an
   acquisition to completion through it, the operator's certificate subject is recorded with
@@ -15,6 +17,7 @@ import asyncio
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -23,6 +26,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
+import nats
 import psycopg
 import pytest
 from temporalio.client import Client
@@ -34,6 +38,7 @@ from activities.fleet.control_state import ControlRepository
 from activities.fleet.db import open_pool
 from activities.fleet.repository import FleetRepository
 from activities.provider.simulator import SimulatedCloud
+from contracts.distribution import publish
 from contracts.region import Region
 from tests.support import services
 from tests.support.control_harness import (
@@ -42,7 +47,7 @@ from tests.support.control_harness import (
     region_worker,
 )
 from tests.support.paths import REGIONS_DIR, REPO
-from workers.client_security import connect_temporal, postgres_conninfo
+from workers.client_security import connect_temporal, nats_options, postgres_conninfo
 from workers.devbox.process import port_open
 from workers.settings import Settings
 from workers.temporal_bootstrap import bootstrap_namespace, ensure_search_attributes
@@ -402,3 +407,50 @@ async def test_worker_and_cli_run_an_acquisition_through_the_mtls_proxy(
             (waiting.id,),
         ).fetchall()
     assert rows == [("approved", "dana", OPERATOR_SUBJECT)], rows
+
+
+# -- NATS with client-certificate verification ----------------------------------------------
+
+
+@pytest.fixture
+def tls_nats(certs: CertSet, tmp_path: Path) -> Iterator[str]:
+    binary = need("nats-server", str(Path(sys.executable).parent / "nats-server"))
+    port = services.free_port()
+    proc = subprocess.Popen(
+        [binary, "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(tmp_path / "js"),
+         "--tls", "--tlscert", str(certs.server_cert), "--tlskey", str(certs.server_key),
+         "--tlsverify", "--tlscacert", str(certs.ca)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        for _ in range(100):
+            if port_open("127.0.0.1", port):
+                break
+            time.sleep(0.05)
+        yield f"nats://localhost:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+async def test_nats_over_mtls_publishes_a_bundle_and_refuses_no_certificate(
+    tls_nats: str, certs: CertSet
+) -> None:
+    tls = {"enabled": True, "ca_file": certs.ca}
+    with_cert = Settings(
+        nats_url=tls_nats,
+        nats_tls=tls | {"client_cert_file": certs.client_cert, "client_key_file": certs.client_key},
+    )
+    published = await publish(with_cert.nats_url, "r1", b"{}", nats_options(with_cert))
+    assert published.bucket == "sco-contracts-r1" and published.size == 2
+    no_cert = Settings(nats_url=tls_nats, nats_tls=tls)
+    with pytest.raises(Exception) as refused:  # nats-py raises several unrelated types
+        nc = await nats.connect(
+            no_cert.nats_url,
+            connect_timeout=3,
+            allow_reconnect=False,
+            max_reconnect_attempts=0,
+            **nats_options(no_cert),
+        )
+        await nc.close()
+    assert isinstance(refused.value, (OSError, nats.errors.Error)), repr(refused.value)
