@@ -96,11 +96,16 @@ def reclaims_cmd(
 def decisions_cmd(
     window: str = typer.Option("24h", help="Look back this far: 90m, 24h, 7d."),
     region: str = typer.Option(None),
-    kind: str = typer.Option(None, help="fallback, acquisition, release, exclusion, floor."),
+    kind: str = typer.Option(
+        None,
+        help="fallback, acquisition, release, exclusion, floor, demand, budget, reclaim, "
+        "contracts.",
+    ),
     subject: str = typer.Option(None, help="A contract, pool or instance."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Decisions over a window, newest first: fallback approvals, releases, outcomes."""
+    """Decisions over a window, newest first: fallback approvals, releases, outcomes, and
+    every operator action (by: `--by`, with the certificate subject when there is one)."""
     end = datetime.now(UTC)
     start = end - parse_window(window)
     with errors_as_exit(LedgerUnavailable):
@@ -117,7 +122,7 @@ def decisions_cmd(
                 r.kind.value,
                 r.subject,
                 r.outcome,
-                r.actor,
+                f"{r.actor} ({r.identity})" if r.identity else r.actor,
                 f"{r.amount_per_hour:.2f}",
                 r.units,
                 r.reason,
