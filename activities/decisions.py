@@ -21,6 +21,11 @@ class DecisionKind(enum.StrEnum):
     RELEASE = "release"  # idle reclaimable capacity given back
     EXCLUSION = "exclusion"  # a pool excluded, probed or re-admitted
     FLOOR = "floor"  # a floor rebuilt, or not holdable
+    # Operator actions that are not a workflow's own decision (every one names its actor):
+    DEMAND = "demand"  # `sco demand set`
+    BUDGET = "budget"  # `sco budget set-rate`
+    RECLAIM = "reclaim"  # `sco reclaim`: an instance or pool reclaimed by hand
+    CONTRACTS = "contracts"  # `sco contracts install | publish`
 
 
 class Decision(BaseModel):
@@ -32,7 +37,10 @@ class Decision(BaseModel):
     kind: DecisionKind
     subject: str  # the contract, pool or instance decided about
     outcome: str  # e.g. proceed, awaiting_approval, approved, declined, excluded
-    actor: str = "sco"  # "sco" or the operator who decided
+    actor: str = "sco"  # "sco" or the operator who decided (their free-text `--by`)
+    # The operator's authenticated identity where there is one: the subject of the client
+    # certificate the command used for Temporal (e.g. "CN=dana,O=sco-operators").
+    identity: str = ""
     reason: str = ""
     amount_per_hour: float = 0.0  # money per hour the decision commits
     units: int = 0

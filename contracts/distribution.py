@@ -30,8 +30,13 @@ class Published:
     digest: str
 
 
-async def publish(nats_url: str, region: str, raw: bytes) -> Published:
-    nc = await nats.connect(nats_url, connect_timeout=5, max_reconnect_attempts=1)
+async def publish(
+    nats_url: str, region: str, raw: bytes, connect_options: dict[str, Any] | None = None
+) -> Published:
+    """`connect_options`: extra `nats.connect` arguments (TLS)."""
+    nc = await nats.connect(
+        nats_url, connect_timeout=5, max_reconnect_attempts=1, **(connect_options or {})
+    )
     try:
         js = nc.jetstream()
         bucket = bucket_for(region)

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import yaml
 from pydantic import ValidationError
 
+from contracts import strict_yaml
 from contracts.findings import Finding
 from contracts.model import Contract
 
 Loc = tuple[str | int, ...]
 SUFFIXES = (".yaml", ".yml")
+# Bounds the whole compile with the per-file limits: at most this many files of at most
+# strict_yaml.MAX_BYTES each.
+MAX_FILES = 10_000
 
 
 @dataclass
@@ -54,20 +57,45 @@ def field_path(loc: Loc) -> str:
     return out or "(document)"
 
 
+class _TooLarge(Exception):
+    pass
+
+
+def _read_bounded(path: Path) -> str:
+    """The file's text, refusing more than MAX_BYTES without reading past it."""
+    with path.open("rb") as f:
+        raw = f.read(strict_yaml.MAX_BYTES + 1)
+    if len(raw) > strict_yaml.MAX_BYTES:
+        raise _TooLarge
+    return raw.decode("utf-8")
+
+
 def read_contract(path: Path, shown: str) -> tuple[ContractSource | None, list[Finding]]:
     """Parse and validate one file; every problem becomes a finding, nothing raises."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = _read_bounded(path)
+    except _TooLarge:
+        limit = f"over the {strict_yaml.MAX_BYTES}-byte limit for a contract file"
+        return None, [Finding(shown, 1, "(document)", limit)]
     except (OSError, UnicodeDecodeError) as exc:
         return None, [Finding(shown, 1, "(document)", f"cannot read: {exc}")]
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data: Any = yaml.safe_load(text)
+        node, data = strict_yaml.load(text)
+    except strict_yaml.RefusedYAML as exc:
+        line = exc.problem_mark.line + 1 if exc.problem_mark is not None else 1
+        return None, [Finding(shown, line, "(document)", str(exc.problem))]
+    except yaml.reader.ReaderError as exc:
+        line = text.count("\n", 0, exc.position) + 1
+        char = exc.character if isinstance(exc.character, int) else ord(exc.character)
+        reason = f"YAML syntax error: character #x{char:04x}: {exc.reason}"
+        return None, [Finding(shown, line, "(document)", reason)]
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = mark.line + 1 if mark is not None else 1
         problem = getattr(exc, "problem", None) or str(exc)
         return None, [Finding(shown, line, "(document)", f"YAML syntax error: {problem}")]
+    except ValueError as exc:  # e.g. an integer past Python's digit limit
+        return None, [Finding(shown, 1, "(document)", f"unreadable value: {exc}")]
     lines: dict[Loc, int] = _line_map(node) if node is not None else {(): 1}
     if not isinstance(data, dict):
         kind = "empty" if data is None else type(data).__name__
@@ -91,11 +119,17 @@ def read_contract(path: Path, shown: str) -> tuple[ContractSource | None, list[F
 def read_contracts(src_dir: Path) -> tuple[list[ContractSource], list[Finding]]:
     if not src_dir.is_dir():
         return [], [Finding(str(src_dir), 1, "(directory)", "not a directory")]
-    files = sorted(p for p in src_dir.rglob("*") if p.suffix in SUFFIXES and p.is_file())
+    files: list[Path] = []
+    for p in src_dir.rglob("*"):
+        if p.suffix in SUFFIXES and p.is_file():
+            files.append(p)
+            if len(files) > MAX_FILES:
+                reason = f"more than {MAX_FILES} contract files"
+                return [], [Finding(str(src_dir), 1, "(directory)", reason)]
     if not files:
         return [], [Finding(str(src_dir), 1, "(directory)", "no *.yaml contract files")]
     sources, findings = [], []
-    for path in files:
+    for path in sorted(files):
         src, found = read_contract(path, str(path))
         findings += found
         if src is not None:

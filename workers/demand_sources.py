@@ -6,6 +6,7 @@ import os
 
 from activities.demand.slurm import SlurmPendingJobs, SlurmRestPendingJobs
 from activities.demand.source import DemandSource
+from workers.client_security import read_secret
 from workers.settings import Settings
 
 
@@ -19,7 +20,11 @@ def sources_for(settings: Settings) -> list[DemandSource]:
             SlurmRestPendingJobs(
                 slurm.rest_url,
                 user=slurm.rest_user,
-                token=slurm.rest_token,
+                token=(
+                    read_secret(slurm.rest_token_file, "slurm.rest_token_file")
+                    if slurm.rest_token_file
+                    else slurm.rest_token.get_secret_value()
+                ),
                 api_version=slurm.rest_api_version,
                 partitions=slurm.partitions,
             )

@@ -9,6 +9,7 @@ import logging
 from activities.events import region_topics
 from activities.ledger.consumer import ConsumerProgress, LedgerConsumer
 from activities.ledger.store import LedgerStore
+from workers.client_security import kafka_config, ledger_options
 from workers.settings import Settings
 from workers.shutdown import thread_stop_event
 
@@ -20,10 +21,15 @@ def run(settings: Settings) -> ConsumerProgress:
     the ledger client closes, whatever ends the loop."""
     topics = [t for r in settings.regions for t in region_topics(r)]
     with thread_stop_event() as stop:
-        store = LedgerStore(settings.effective_ledger_dsn)
+        store = LedgerStore(settings.effective_ledger_dsn, client_options=ledger_options(settings))
         try:
             store.ensure_schema()
-            consumer = LedgerConsumer(settings.kafka.bootstrap_servers, topics, store)
+            consumer = LedgerConsumer(
+                settings.kafka.bootstrap_servers,
+                topics,
+                store,
+                kafka_security=kafka_config(settings.kafka),
+            )
             try:
                 log.info(
                     "ledger consumer: %s → %s", ", ".join(topics), settings.effective_ledger_dsn

@@ -20,6 +20,7 @@ from activities.fleet.repository import FleetRepository
 from activities.notice_relay import NoticeRelay
 from contracts.notice import ReclaimNotice, ReclaimRequest, reclaim_subject
 from contracts.region import Region
+from workers.client_security import nats_options, postgres_conninfo
 from workers.provider_factory import open_provider
 from workers.settings import Settings
 from workers.shutdown import async_stop_event
@@ -39,9 +40,9 @@ async def run(
     are closed after, whatever ends the loop."""
     with async_stop_event() as stop:
         async with contextlib.AsyncExitStack() as opened:
-            nc = await nats.connect(settings.nats_url)
+            nc = await nats.connect(settings.nats_url, **nats_options(settings))
             opened.push_async_callback(nc.close)
-            pool = open_pool(settings.postgres_dsn, max_size=2)
+            pool = open_pool(postgres_conninfo(settings), max_size=2)
             opened.callback(pool.close)
             relay = NoticeRelay(
                 region=region.id,

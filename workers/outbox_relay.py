@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 
 from activities.fleet.relay import OutboxRelay, RelayProgress
+from workers.client_security import kafka_config, postgres_conninfo
 from workers.settings import Settings
 from workers.shutdown import thread_stop_event
 
@@ -26,8 +27,9 @@ def run(settings: Settings) -> RelayProgress:
 
     with thread_stop_event() as stop:
         relay = OutboxRelay(
-            settings.postgres_dsn,
+            postgres_conninfo(settings),
             settings.kafka.bootstrap_servers,
+            kafka_security=kafka_config(settings.kafka),
             batch_size=settings.outbox.batch_size,
             idle_poll_seconds=settings.outbox.idle_poll_seconds,
             retention_hours=settings.outbox.retention_hours,

@@ -6,6 +6,9 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from activities.provider.interface import CloudProvider
+from workers.client_security import (
+    nats_options,
+)
 from workers.settings import Settings
 
 
@@ -28,7 +31,10 @@ async def open_provider(settings: Settings, region: str) -> AsyncIterator[CloudP
     from activities.provider.sim_service import SimulatorClient
 
     simulator = SimulatorClient(
-        settings.nats_url, region, prefix=settings.provider.simulator_prefix
+        settings.nats_url,
+        region,
+        prefix=settings.provider.simulator_prefix,
+        connect_options=nats_options(settings),
     )
     try:
         yield simulator

@@ -35,6 +35,10 @@ from activities.ledger.store import LedgerStore
 from activities.provider.activities import ProviderActivities, all_activities
 from activities.provider.interface import CloudProvider
 from contracts.cache import installed_bundle
+from workers.client_security import (
+    ledger_options,
+    postgres_conninfo,
+)
 from workers.demand_sources import sources_for
 from workers.health import serve_health
 from workers.provider_factory import open_provider
@@ -247,12 +251,16 @@ async def run_worker(settings: Settings, region: str) -> None:
     with async_stop_event() as stop:
         client = await connect(settings, region, runtime)
         async with contextlib.AsyncExitStack() as opened:
-            pool = open_pool(settings.postgres_dsn)
+            pool = open_pool(postgres_conninfo(settings))
             opened.callback(pool.close)
             provider = await opened.enter_async_context(open_provider(settings, region))
             # A short lock wait: the ledger consumer holds an embedded ledger in bursts,
             # and a tick would rather plan with the last known reclaim rates than wait.
-            ledger = LedgerStore(settings.effective_ledger_dsn, lock_timeout=2.0)
+            ledger = LedgerStore(
+                settings.effective_ledger_dsn,
+                lock_timeout=2.0,
+                client_options=ledger_options(settings),
+            )
             opened.callback(ledger.close)
             activities = build_activities(
                 settings, region, client, pool=pool, provider=provider, ledger=ledger

@@ -12,8 +12,17 @@ import importlib.metadata
 import os
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -25,10 +34,35 @@ CONFIG_ENV = "SCO_CONFIG"
 DEFAULT_CONFIG_FILE = Path("sco.toml")
 
 
+class TLSSettings(BaseModel):
+    """TLS to one service. Every secret is a file (as a Kubernetes Secret mount gives it),
+    read when the client is made, so no secret is held in settings or printed with them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = False
+    # The CA that signed the server's certificate; None: the system's trust store.
+    ca_file: Path | None = None
+    # A client certificate and its key, for servers that verify clients (mTLS).
+    client_cert_file: Path | None = None
+    client_key_file: Path | None = None
+    # The name the server's certificate must carry, when it differs from the address's host.
+    server_name: str = ""
+
+    @model_validator(mode="after")
+    def _cert_and_key_together(self) -> TLSSettings:
+        if (self.client_cert_file is None) != (self.client_key_file is None):
+            raise ValueError("client_cert_file and client_key_file go together")
+        if not self.enabled and (self.ca_file or self.client_cert_file or self.server_name):
+            raise ValueError("TLS files or server_name are set but enabled is false")
+        return self
+
+
 class TemporalSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     address: str = "127.0.0.1:7233"
+    tls: TLSSettings = TLSSettings()
     ui_port: int = 8233
     # Each region has its own namespace so regions share nothing on the control path.
     namespace_prefix: str = ""
@@ -45,6 +79,11 @@ class KafkaSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     bootstrap_servers: str = "127.0.0.1:19092"
+    # TLS to the brokers (security.protocol SSL, or SASL_SSL with a SASL user below).
+    tls: TLSSettings = TLSSettings()
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = "SCRAM-SHA-512"
+    sasl_username: str = ""
+    sasl_password_file: Path | None = None
     partitions: int = Field(default=6, ge=1)
     replication_factor: int = Field(default=1, ge=1)
 
@@ -70,6 +109,28 @@ class OutboxSettings(BaseModel):
     idle_poll_seconds: float = Field(default=1.0, gt=0)
     # Sent rows are kept this long (for audits and re-publishing), then deleted by the relay.
     retention_hours: float = Field(default=24.0, ge=0)
+
+
+class PostgresSettings(BaseModel):
+    """TLS and credentials for fleet state, added to `postgres_dsn` when connecting."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # libpq sslmode; "verify-full" checks the server's certificate and host name.
+    sslmode: Literal["", "disable", "prefer", "require", "verify-ca", "verify-full"] = ""
+    sslrootcert_file: Path | None = None  # the CA that signed the server's certificate
+    sslcert_file: Path | None = None  # client certificate, for servers that verify clients
+    sslkey_file: Path | None = None
+    password_file: Path | None = None  # the password alone, as a Secret mount gives it
+
+
+class LedgerSettings(BaseModel):
+    """TLS and credentials for a ClickHouse server ledger (`ledger_dsn` https://...)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tls: TLSSettings = TLSSettings()
+    password_file: Path | None = None
 
 
 class ContractSettings(BaseModel):
@@ -203,7 +264,8 @@ class SlurmSettings(BaseModel):
     # rest_user and rest_token, e.g. SCO_SLURM__REST_TOKEN) or `unix:/path/slurmrestd.sock`.
     rest_url: str = ""
     rest_user: str = ""
-    rest_token: str = ""
+    rest_token: SecretStr = SecretStr("")
+    rest_token_file: Path | None = None  # the token alone; wins over rest_token
     rest_api_version: str = "v0.0.38"
     # slurmctld as slurmd --conf-server reaches it (host[:port]); fills `{slurmctld}`.
     slurmctld: str = "slurmctld"
@@ -268,8 +330,11 @@ class Settings(BaseSettings):
     data_dir: Path = Path(".sco")
     postgres_dsn: str = "postgresql://postgres@127.0.0.1:5432/sco"
     nats_url: str = "nats://127.0.0.1:4222"
+    nats_tls: TLSSettings = TLSSettings()
+    postgres: PostgresSettings = PostgresSettings()
     # Empty means "<data_dir>/ledger" on the embedded chDB backend.
     ledger_dsn: str = ""
+    ledger: LedgerSettings = LedgerSettings()
     temporal: TemporalSettings = TemporalSettings()
     kafka: KafkaSettings = KafkaSettings()
     outbox: OutboxSettings = OutboxSettings()
@@ -294,6 +359,11 @@ class Settings(BaseSettings):
     def effective_ledger_dsn(self) -> str:
         return self.ledger_dsn or f"chdb://{(self.data_dir / 'ledger').resolve()}"
 
+    def __repr_args__(self) -> Any:
+        # A DSN may carry a password (postgresql://u:pw@h/db); repr and logs never show it.
+        for name, value in super().__repr_args__():
+            yield name, _redact_url(value) if name in _URL_FIELDS else value
+
     def region_file(self, region: str | None = None) -> Path:
         return self.regions_dir / f"{region or self.region}.toml"
 
@@ -308,6 +378,19 @@ class Settings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         toml = TomlConfigSettingsSource(settings_cls, toml_file=config_file())
         return (init_settings, env_settings, toml)
+
+
+_URL_FIELDS = frozenset({"postgres_dsn", "ledger_dsn", "nats_url"})
+
+
+def _redact_url(value: object) -> object:
+    if not isinstance(value, str):
+        return value
+    parts = urlsplit(value)
+    if parts.password is None:
+        return value
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
 
 
 class SettingsError(ValueError):

@@ -12,6 +12,7 @@ import nats
 from activities.provider.sim_service import serve
 from activities.provider.simulator import Faults, Latency, SimulatedCloud
 from contracts.region import Region
+from workers.client_security import nats_options
 from workers.settings import Settings
 from workers.shutdown import async_stop_event
 
@@ -33,7 +34,7 @@ async def run(
         clock=asyncio.get_running_loop().time,
     )
     with async_stop_event() as stop:
-        nc = await nats.connect(settings.nats_url)
+        nc = await nats.connect(settings.nats_url, **nats_options(settings))
         try:
             serving = asyncio.create_task(
                 serve(cloud, nc, prefix=settings.provider.simulator_prefix)

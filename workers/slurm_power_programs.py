@@ -35,7 +35,6 @@ from typing import Any
 from pydantic import BaseModel
 from temporalio.client import Client, WorkflowHandle
 from temporalio.common import WorkflowIDConflictPolicy
-from temporalio.contrib.pydantic import pydantic_data_converter
 
 from activities.control.models import partition_of
 from activities.demand.hostlist import HostlistError, expand
@@ -50,6 +49,10 @@ from activities.fleet.control_state import FINISHED_ACQUISITION_STATES
 from activities.fleet.repository import InstanceRow
 from contracts.cache import installed_bundle
 from contracts.region import RegionFileError, load_region
+from workers.client_security import (
+    connect_temporal,
+    postgres_conninfo,
+)
 from workers.settings import Settings, SettingsError, load_settings
 from workflows.acquisition.models import AcquisitionInput, LaunchItem, OperatorInput
 from workflows.slurm.models import NodeInstance, ReleaseReason, SlurmReleaseInput
@@ -279,7 +282,7 @@ def _fleet_rows(s: Settings, nodes: list[str]) -> tuple[list[InstanceRow], set[s
     from activities.fleet.db import open_pool
     from activities.fleet.repository import FleetRepository
 
-    pool = open_pool(s.postgres_dsn, min_size=1, max_size=2)
+    pool = open_pool(postgres_conninfo(s), min_size=1, max_size=2)
     try:
         rows = FleetRepository(pool).live_by_hostname(s.region, nodes)
         control = ControlRepository(pool)
@@ -325,11 +328,7 @@ def _read_resume_file(path: str | None) -> str | None:
 
 
 async def _connect(s: Settings) -> Client:
-    return await Client.connect(
-        s.temporal.address,
-        namespace=s.temporal.namespace(s.region),
-        data_converter=pydantic_data_converter,
-    )
+    return await connect_temporal(s, s.temporal.namespace(s.region))
 
 
 async def _given(client: Client) -> Client:

@@ -14,7 +14,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,9 +51,11 @@ class OutboxRelay:
         idle_poll_seconds: float = 1.0,
         on_batch: Callable[[RelayProgress], None] | None = None,
         retention_hours: float = 24.0,
+        kafka_security: Mapping[str, Any] | None = None,
     ) -> None:
+        """`kafka_security`: librdkafka TLS/SASL settings added to the producer's."""
         self._dsn = dsn
-        self._producer = Producer(producer_config(bootstrap))
+        self._producer = Producer({**producer_config(bootstrap), **(kafka_security or {})})
         self._bootstrap = bootstrap
         self._batch_size = batch_size
         self._idle = idle_poll_seconds

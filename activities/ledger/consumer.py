@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from confluent_kafka import Consumer, KafkaError
 from pydantic import ValidationError
@@ -39,9 +40,12 @@ class LedgerConsumer:
         group_id: str = "sco-ledger",
         batch_size: int = 5000,
         from_beginning: bool = True,
+        kafka_security: Mapping[str, Any] | None = None,
     ) -> None:
+        """`kafka_security`: librdkafka TLS/SASL settings added to the consumer's."""
         self._consumer = Consumer(
             {
+                **(kafka_security or {}),
                 "bootstrap.servers": bootstrap,
                 "group.id": group_id,
                 "enable.auto.commit": False,

@@ -76,8 +76,10 @@ DECISION_COLUMNS: tuple[tuple[str, str], ...] = (
     ("amount_per_hour", "Float64"),
     ("units", "Int64"),
     ("workflow_id", "String"),
+    ("identity", "String"),
 )
 DECISION_COLUMN_NAMES: tuple[str, ...] = tuple(name for name, _ in DECISION_COLUMNS)
+_ADDED_DECISION_COLUMNS = (("identity", "String"),)
 _DECISION_DDL = "".join(f"    {name} {type_},\n" for name, type_ in DECISION_COLUMNS)
 # Same dedupe and partitioning as the lifecycle table: a replayed decision is one row.
 _DECISIONS_SCHEMA = f"""CREATE TABLE IF NOT EXISTS {DECISIONS_TABLE} (
@@ -146,8 +148,12 @@ class LedgerStore:
     reuses the outer client) and are serialised between threads.
     """
 
-    def __init__(self, dsn: str, *, lock_timeout: float = 30.0) -> None:
+    def __init__(
+        self, dsn: str, *, lock_timeout: float = 30.0, client_options: dict[str, Any] | None = None
+    ) -> None:
+        """`client_options`: clickhouse-connect TLS and credential arguments for a server."""
         self.dsn = dsn
+        self._client_options = dict(client_options or {})
         self.lock_timeout = lock_timeout
         parts = urlsplit(dsn)
         self._scheme = parts.scheme.lower()
@@ -258,6 +264,8 @@ class LedgerStore:
 
     def _open(self) -> Client:
         kwargs: dict[str, Any] = {"tz_mode": "aware"}  # datetimes come back as UTC-aware
+        if self.path is None and self._scheme in _SERVER_SCHEMES:
+            kwargs.update(self._client_options)
         if self.path is not None:
             dsn = f"chdb://{self.path}" + (f"?{self._query}" if self._query else "")
         else:
@@ -279,6 +287,11 @@ class LedgerStore:
         if not self._schema_ready:
             client.command(_SCHEMA)
             client.command(_DECISIONS_SCHEMA)
+            # Columns added after the table was first created, for ledgers made before.
+            for name, type_ in _ADDED_DECISION_COLUMNS:
+                client.command(
+                    f"ALTER TABLE {DECISIONS_TABLE} ADD COLUMN IF NOT EXISTS {name} {type_}"
+                )
             self._schema_ready = True
 
     def ensure_schema(self) -> None:
@@ -286,6 +299,11 @@ class LedgerStore:
         with self.session() as client:
             client.command(_SCHEMA)
             client.command(_DECISIONS_SCHEMA)
+            # Columns added after the table was first created, for ledgers made before.
+            for name, type_ in _ADDED_DECISION_COLUMNS:
+                client.command(
+                    f"ALTER TABLE {DECISIONS_TABLE} ADD COLUMN IF NOT EXISTS {name} {type_}"
+                )
             self._schema_ready = True
 
     def insert_events(self, events: Sequence[LifecycleEvent]) -> int:

@@ -117,9 +117,17 @@ class SimulatorClient:
     """CloudProvider over the simulator service."""
 
     def __init__(
-        self, nats_url: str, region: str, *, timeout: float = 10.0, prefix: str = "sco"
+        self,
+        nats_url: str,
+        region: str,
+        *,
+        timeout: float = 10.0,
+        prefix: str = "sco",
+        connect_options: dict[str, Any] | None = None,
     ) -> None:
+        """`connect_options`: extra `nats.connect` arguments (TLS)."""
         self._url = nats_url
+        self._connect_options = dict(connect_options or {})
         self._region = region
         self._prefix = prefix
         self._timeout = timeout
@@ -127,7 +135,7 @@ class SimulatorClient:
 
     async def _call(self, op: str, args: dict[str, Any]) -> Any:
         if self._nc is None or not self._nc.is_connected:
-            self._nc = await nats.connect(self._url, connect_timeout=5)
+            self._nc = await nats.connect(self._url, connect_timeout=5, **self._connect_options)
         try:
             msg = await self._nc.request(
                 subject(self._region, op, self._prefix),

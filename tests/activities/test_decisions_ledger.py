@@ -52,3 +52,31 @@ def test_a_replayed_decision_is_one_row_and_queries_filter(store: LedgerStore) -
     )
     assert only == [approved.model_copy(update={"occurred_at": rows[0].occurred_at})]
     assert only[0].actor == "dana" and only[0].amount_per_hour == 41.5
+
+
+def test_a_ledger_from_before_identities_gains_the_column(tmp_path: Path) -> None:
+    with LedgerStore(f"chdb://{tmp_path}/old") as ledger:
+        with ledger.session() as client:  # the decisions table as first released
+            client.command("DROP TABLE decisions")
+            client.command(
+                "CREATE TABLE decisions (event_id UUID, occurred_at DateTime64(3, 'UTC'), "
+                "region LowCardinality(String), kind LowCardinality(String), subject String, "
+                "outcome LowCardinality(String), actor String, reason String, "
+                "amount_per_hour Float64, units Int64, workflow_id String, "
+                "inserted_at DateTime64(3, 'UTC') DEFAULT now64(3)) "
+                "ENGINE = ReplacingMergeTree ORDER BY event_id"
+            )
+        ledger.ensure_schema()
+        now = datetime.now(UTC)
+        paused = Decision(
+            region="r1",
+            kind=DecisionKind.ACQUISITION,
+            subject="spark-etl",
+            outcome="paused",
+            actor="dana",
+            identity="CN=dana,O=sco-operators",
+            reason="maintenance",
+        )
+        ledger.insert_decisions([paused])
+        rows = decisions(ledger, start=now - timedelta(minutes=1), end=now + timedelta(minutes=1))
+    assert [(r.actor, r.identity) for r in rows] == [("dana", "CN=dana,O=sco-operators")]

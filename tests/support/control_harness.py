@@ -30,6 +30,7 @@ from activities.provider.simulator import SimulatedCloud
 from contracts import keys
 from contracts.cache import BundleCache
 from contracts.compiler import compile_and_sign
+from planning.arbiter import FallbackItem, FallbackPlan
 from tests.support.paths import REGIONS_DIR, REPO
 from workflows.acquisition.workflow import AcquisitionWorkflow
 from workflows.budget.workflow import TokenBudgetWorkflow
@@ -125,6 +126,23 @@ async def region_worker(
                 # The budget is one workflow per region id; the next test starts its own.
                 with contextlib.suppress(RPCError):
                     await client.get_workflow_handle(budget_workflow_id("r1")).terminate()
+
+
+def fallback_above_authority(contract: str) -> FallbackPlan:
+    """Committed fallback above the contract's spend authority: it waits for an operator."""
+    item = FallbackItem(
+        pool_id="r1.A.cpu.xl", hall="A", flavor="cpu.xl", instances=1, units=2, price_per_hour=1.0
+    )
+    return FallbackPlan(
+        contract=contract,
+        shortfall_units=2,
+        items=[item],
+        cost_per_hour=1.0,
+        current_spend_per_hour=0.0,
+        authority_per_hour=0.1,
+        needs_approval=True,
+        reason="above authority (test)",
+    )
 
 
 async def poll_until(check: Callable[[], Awaitable[bool]], within: float = 30.0) -> None:

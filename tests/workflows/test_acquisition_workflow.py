@@ -152,7 +152,7 @@ async def test_capacity_errors_are_a_shortfall_not_a_failure(harness: Harness) -
 
 @pytest.mark.parametrize("harness", [1.0], indirect=True)
 async def test_pause_stops_creates_until_resume(
-    harness: Harness, workflow_env: WorkflowEnvironment
+    harness: Harness, workflow_env: WorkflowEnvironment, fleet_repo: FleetRepository
 ) -> None:
     inp = AcquisitionInput(
         region="r1", contract=contract(), tier=2, items=[item("r1.A.mem.l", 6)], max_parallel=1
@@ -167,9 +167,16 @@ async def test_pause_stops_creates_until_resume(
     after = await handle.query(AcquisitionWorkflow.progress)
     assert after.launched == before.launched and after.state is AcquisitionState.PAUSED
     assert after.paused_by == "alice"
-    await handle.execute_update(AcquisitionWorkflow.resume, OperatorInput(operator="alice"))
+    await handle.execute_update(
+        AcquisitionWorkflow.resume, OperatorInput(operator="alice", reason="window over")
+    )
     result = await handle.result()
     assert result.progress.active == 6 and result.progress.state is AcquisitionState.COMPLETED
+    # Recorded before pause and resume were decisions: replays under the patch (see
+    # test_control_replay), so acquisitions paused before the change keep running.
+    await histories.record(handle, "acquisition_paused")
+    decided = outbox_decisions(fleet_repo._pool, handle.id)
+    assert decided[:2] == [("paused", "alice"), ("resumed", "alice")], decided
 
 
 @pytest.mark.parametrize("harness", [1.0], indirect=True)

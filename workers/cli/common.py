@@ -89,16 +89,18 @@ def fleet_db(s: Settings) -> Iterator[ConnectionPool]:
     import psycopg
 
     from activities.fleet.db import open_pool
+    from workers.client_security import postgres_conninfo
 
+    conninfo = postgres_conninfo(s)
     info = psycopg.conninfo.conninfo_to_dict(s.postgres_dsn)
     where = f"{info.get('host') or 'localhost'}:{info.get('port') or 5432}"
     try:
-        psycopg.connect(s.postgres_dsn, connect_timeout=3).close()
+        psycopg.connect(conninfo, connect_timeout=3).close()
     except psycopg.Error as exc:
         cause = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
         fail(f"PostgreSQL at {where} does not answer: {cause}")
     with errors_as_exit(psycopg.Error):
-        pool = open_pool(s.postgres_dsn, max_size=1)
+        pool = open_pool(conninfo, max_size=1)
         try:
             yield pool
         finally:

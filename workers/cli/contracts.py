@@ -9,12 +9,17 @@ from pathlib import Path
 import typer
 from rich.markup import escape
 
+from activities.decisions import DecisionKind
 from contracts import keys
 from contracts.bundle import BundleRejected, VerifiedBundle, verify
 from contracts.compiler import compile_and_sign
 from contracts.findings import Severity
+from workers.cli import audit
 from workers.cli.common import console, err_console, fail, settings
 from workers.cli.ledger import parse_window
+from workers.client_security import (
+    nats_options,
+)
 
 app = typer.Typer(
     help="Contracts: compile, sign, verify, publish, admission.", no_args_is_help=True
@@ -97,8 +102,10 @@ def install(
     trust: Path = typer.Option(
         None, help="Trust directory; default: the control plane's (contracts.trust_dir)."
     ),
+    by: str | None = audit.ByOpt,
+    reason: str = audit.ReasonOpt,
 ) -> None:
-    """Install a bundle for this control plane (verified; never a rollback)."""
+    """Install a bundle for this control plane (verified; never a rollback; recorded)."""
     from contracts.cache import BundleCache
 
     s = settings()
@@ -113,6 +120,19 @@ def install(
     result = BundleCache(s.bundle_cache_dir, store).offer(raw)
     if not result.accepted:
         fail(f"{bundle_path}: {result.reason}")
+    serial = result.bundle.serial if result.bundle else 0
+    audit.record(
+        s,
+        audit.operator_decision(
+            s,
+            region=s.region,
+            kind=DecisionKind.CONTRACTS,
+            subject=f"bundle serial {serial}",
+            outcome="installed" if result.changed else "unchanged",
+            by=audit.who(by),
+            reason=f"{bundle_path}: {result.reason}" + (f"; {reason}" if reason else ""),
+        ),
+    )
     console.print(f"{s.bundle_cache_dir}: {result.reason}")
 
 
@@ -121,6 +141,8 @@ def publish(
     bundle_path: Path = typer.Argument(..., metavar="BUNDLE"),
     trust: Path = typer.Option(..., help="Trust directory: only a bundle that verifies goes out."),
     region: list[str] = typer.Option(None, help="Region(s); default: the bundle's regions."),
+    by: str | None = audit.ByOpt,
+    reason: str = audit.ReasonOpt,
 ) -> None:
     """Publish to each region's NATS JetStream object store, where nodes pull it."""
     from contracts.distribution import publish as put
@@ -129,10 +151,23 @@ def publish(
     s = settings()
     for r in region or b.content.regions:
         try:
-            info = asyncio.run(put(s.nats_url, r, b.raw))
+            info = asyncio.run(put(s.nats_url, r, b.raw, nats_options(s)))
         except Exception as exc:  # nats raises several unrelated types
             fail(f"publishing to {s.nats_url} for {r}: {exc}")
-        console.print(f"{r}: serial {b.serial} → {info.bucket}/{info.name} ({info.size} bytes)")
+        where = f"{info.bucket}/{info.name}"
+        audit.record(
+            s,
+            audit.operator_decision(
+                s,
+                region=r,
+                kind=DecisionKind.CONTRACTS,
+                subject=f"bundle serial {b.serial}",
+                outcome="published",
+                by=audit.who(by),
+                reason=f"to {where}" + (f"; {reason}" if reason else ""),
+            ),
+        )
+        console.print(f"{r}: serial {b.serial} → {where} ({info.size} bytes)")
 
 
 @app.command("render-admission")

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
 
-from workers.cli import schedulers
+from workers.cli import audit, schedulers
+from workers.cli.audit import ByOpt, ReasonOpt, operator_decision, who
 from workers.cli.common import (
     console,
     errors_as_exit,
@@ -72,9 +73,12 @@ def demand_set(
     units: int = typer.Argument(..., min=0, help="Demand in the contract's units; 0 clears."),
     region: str = RegionOpt,
     source: str = typer.Option("cli", help="Demand source (cli, slurm, kubernetes)."),
+    by: str | None = ByOpt,
+    reason: str = ReasonOpt,
 ) -> None:
-    """Set a contract's demand and wake its controller partition."""
+    """Set a contract's demand and wake its controller partition (recorded as a decision)."""
     from activities.control.models import partition_of
+    from activities.decisions import DecisionKind
     from activities.fleet.control_state import ControlRepository
     from workflows.controller.models import controller_workflow_id
 
@@ -92,8 +96,21 @@ def demand_set(
             f"[yellow]note:[/] {units} units is above the contract's cap "
             f"({c.placement.max_units_per_region} per region); the planner stops at the cap"
         )
+    decision = operator_decision(
+        s,
+        region=r,
+        kind=DecisionKind.DEMAND,
+        subject=contract,
+        outcome="set",
+        by=who(by),
+        reason=reason or f"{units} units from {source}",
+        units=units,
+    )
     with fleet_db(s) as pool:
         changed = ControlRepository(pool).set_demand(r, source, {contract: units})
+        if not changed:
+            decision = decision.model_copy(update={"outcome": "unchanged"})
+        audit.record(s, decision, pool)
     if not changed:
         console.print(f"{contract} in {r}: already {units} units ({source}); nothing changed")
         return
@@ -317,11 +334,14 @@ def _operator_update(name: str) -> Callable[..., None]:
         from workflows.acquisition.models import ControlAck, OperatorInput
 
         s = settings()
+        who_am_i = audit.identity(s)
 
         async def go() -> ControlAck:
             handle = await _handle(s, region or s.region, acquisition_id)()
             ack: ControlAck = await handle.execute_update(
-                name, OperatorInput(operator=operator, reason=reason), result_type=ControlAck
+                name,
+                OperatorInput(operator=operator, reason=reason, identity=who_am_i),
+                result_type=ControlAck,
             )
             return ack
 
@@ -363,7 +383,9 @@ def acq_approve(
         handle = await _handle(s, region or s.region, acquisition_id)()
         ack: ControlAck = await handle.execute_update(
             "approve_fallback",
-            ApprovalInput(approver=by, reason=reason, approve=not decline),
+            ApprovalInput(
+                approver=by, reason=reason, approve=not decline, identity=audit.identity(s)
+            ),
             result_type=ControlAck,
         )
         return ack
@@ -491,12 +513,24 @@ def budget_set_rate(
     rate: float = typer.Argument(..., min=0, help="Tokens (mutating API calls) per second."),
     burst: int = typer.Argument(..., min=1, help="Bucket size."),
     region: str = RegionOpt,
+    by: str | None = ByOpt,
+    reason: str = ReasonOpt,
 ) -> None:
     """Change the region's API budget (takes effect at once, survives restarts)."""
     from activities.budget import SetRateInput, budget_workflow_id
+    from activities.decisions import DecisionKind
 
     s = settings()
     r = known_region(s, region)
+    decision = operator_decision(
+        s,
+        region=r,
+        kind=DecisionKind.BUDGET,
+        subject=r,
+        outcome="rate_set",
+        by=who(by),
+        reason=f"{rate}/s, burst {burst}" + (f": {reason}" if reason else ""),
+    )
 
     async def go() -> None:
         client = await temporal_client(s, r)
@@ -505,4 +539,5 @@ def budget_set_rate(
         )
 
     run_temporal(go())
+    audit.record(s, decision)
     console.print(f"{r}: budget {rate}/s, burst {burst}")

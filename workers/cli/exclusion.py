@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from workers.cli import audit
 from workers.cli.common import (
     console,
     fail,
@@ -99,7 +100,7 @@ def exclude(
         handle = await _running(s, region, pool_id)
         ack: ExclusionAck = await handle.execute_update(
             "exclude",
-            OperatorExclude(operator=by, reason=reason, hours=hours),
+            OperatorExclude(operator=by, reason=reason, hours=hours, identity=audit.identity(s)),
             result_type=ExclusionAck,
         )
         return ack
@@ -118,7 +119,9 @@ def readmit(pool_id: str = PoolArg, by: str = ByOpt, reason: str = ReasonOpt) ->
     async def go() -> ExclusionAck:
         handle = await _running(s, region, pool_id)
         ack: ExclusionAck = await handle.execute_update(
-            "readmit", OperatorReadmit(operator=by, reason=reason), result_type=ExclusionAck
+            "readmit",
+            OperatorReadmit(operator=by, reason=reason, identity=audit.identity(s)),
+            result_type=ExclusionAck,
         )
         return ack
 

@@ -48,12 +48,14 @@ def db_migrate() -> None:
     import psycopg
 
     from activities.fleet.migrate import current_version, ensure_database, migrate
+    from workers.client_security import postgres_conninfo
 
     s = settings()
     with errors_as_exit(psycopg.Error, RuntimeError):
-        ensure_database(s.postgres_dsn)
-        applied = migrate(s.postgres_dsn)
-        version = current_version(s.postgres_dsn)
+        dsn = postgres_conninfo(s)
+        ensure_database(dsn)
+        applied = migrate(dsn)
+        version = current_version(dsn)
     for m in applied:
         console.print(f"applied {m.version:04d}_{m.name}")
     console.print(f"schema at version {version}" + ("" if applied else " (already current)"))

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
 
+from workers.cli import audit
 from workers.cli.common import (
     console,
     fail,
@@ -64,7 +65,7 @@ def _hall_command(signal: str, verb: str) -> Any:
         halls = region_or_exit(s, region).halls
         if hall not in halls:
             fail(f"region {region} has no hall {hall} (halls: {', '.join(halls)})")
-        event = HallEvent(hall=hall, operator=by, reason=reason)
+        event = HallEvent(hall=hall, operator=by, reason=reason, identity=audit.identity(s))
         told = run_temporal(_tell_keepers(s, region, signal, event))
         if not told:
             console.print(

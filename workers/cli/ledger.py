@@ -17,6 +17,9 @@ from activities.ledger import (
     spend,
 )
 from workers.cli.common import console, errors_as_exit, fail, print_json, settings, table
+from workers.client_security import (
+    ledger_options,
+)
 
 app = typer.Typer(help="Spend and reclaim history in the ClickHouse ledger.", no_args_is_help=True)
 
@@ -33,7 +36,9 @@ def parse_window(text: str) -> timedelta:
 
 def _store() -> closing[LedgerStore]:
     """The ledger for one command; its client closes after."""
-    return closing(LedgerStore(settings().effective_ledger_dsn))
+
+    s = settings()
+    return closing(LedgerStore(s.effective_ledger_dsn, client_options=ledger_options(s)))
 
 
 @app.command("spend")
@@ -89,11 +94,16 @@ def reclaims_cmd(
 def decisions_cmd(
     window: str = typer.Option("24h", help="Look back this far: 90m, 24h, 7d."),
     region: str = typer.Option(None),
-    kind: str = typer.Option(None, help="fallback, acquisition, release, exclusion, floor."),
+    kind: str = typer.Option(
+        None,
+        help="fallback, acquisition, release, exclusion, floor, demand, budget, reclaim, "
+        "contracts.",
+    ),
     subject: str = typer.Option(None, help="A contract, pool or instance."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Decisions over a window, newest first: fallback approvals, releases, outcomes."""
+    """Decisions over a window, newest first: fallback approvals, releases, outcomes, and
+    every operator action (by: `--by`, with the certificate subject when there is one)."""
     end = datetime.now(UTC)
     start = end - parse_window(window)
     with errors_as_exit(LedgerUnavailable), _store() as store:
@@ -110,7 +120,7 @@ def decisions_cmd(
                 r.kind.value,
                 r.subject,
                 r.outcome,
-                r.actor,
+                f"{r.actor} ({r.identity})" if r.identity else r.actor,
                 f"{r.amount_per_hour:.2f}",
                 r.units,
                 r.reason,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import getpass
 from pathlib import Path
 
 import nats
@@ -13,6 +12,7 @@ import typer
 from activities.fleet.repository import FleetRepository
 from contracts import keys
 from contracts.notice import ReclaimRequest, reclaim_subject
+from workers.cli import audit
 from workers.cli.common import console, errors_as_exit, fail, fleet_db, region_or_exit, settings
 
 
@@ -49,28 +49,42 @@ def notice_relay(
 def reclaim(
     target: str = typer.Argument(..., help="An instance name, or a pool id with --pool."),
     pool: bool = typer.Option(False, "--pool", help="TARGET is a pool: reclaim all of it."),
-    reason: str = typer.Option("operator reclaim"),
+    reason: str = typer.Option("operator reclaim", help="Why (recorded in the ledger)."),
     region: str = typer.Option(None),
+    by: str | None = audit.ByOpt,
 ) -> None:
-    """Ask the hall's notice relay to reclaim an instance or a whole pool."""
+    """Ask the hall's notice relay to reclaim an instance or a whole pool (recorded)."""
+    from activities.decisions import DecisionKind
+    from workers.client_security import nats_options
+
     s = settings()
     region_id = region or s.region
+    operator = audit.who(by)
+    decision = audit.operator_decision(
+        s,
+        region=region_id,
+        kind=DecisionKind.RECLAIM,
+        subject=target,
+        outcome="reclaimed",
+        by=operator,
+        reason=reason,
+    )
     if pool:
         parts = target.split(".")
         if len(parts) != 4 or parts[0] != region_id:
             fail(f"{target}: a pool id is {region_id}.<hall>.<sku>.<size>")
         hall = parts[1]
-        req = ReclaimRequest(pool_id=target, reason=reason, requested_by=getpass.getuser())
+        req = ReclaimRequest(pool_id=target, reason=reason, requested_by=operator)
     else:
         with fleet_db(s) as db:
             row = FleetRepository(db).get_instance(target)
         if row is None:
             fail(f"{target}: no such instance in fleet state")
         hall = row.hall
-        req = ReclaimRequest(instances=[target], reason=reason, requested_by=getpass.getuser())
+        req = ReclaimRequest(instances=[target], reason=reason, requested_by=operator)
 
     async def ask() -> str:
-        nc = await nats.connect(s.nats_url)
+        nc = await nats.connect(s.nats_url, **nats_options(s))
         try:
             msg = await nc.request(
                 reclaim_subject(region_id, hall), req.model_dump_json().encode(), timeout=15
@@ -85,7 +99,9 @@ def reclaim(
             await nc.close()
 
     with errors_as_exit(nats.errors.Error, OSError):
-        console.print(asyncio.run(ask()))
+        answer = asyncio.run(ask())
+    audit.record(s, decision.model_copy(update={"reason": f"{reason} ({answer})"}))
+    console.print(answer)
 
 
 def nats_users(

@@ -6,9 +6,11 @@ import asyncio
 from datetime import timedelta
 
 import typer
-from temporalio.client import Client
 
 from workers.cli.common import console, fail, settings, table
+from workers.client_security import (
+    connect_temporal,
+)
 from workers.temporal_bootstrap import bootstrap_namespace
 
 app = typer.Typer(help="Temporal set-up for a region.", no_args_is_help=True)
@@ -26,7 +28,7 @@ def bootstrap(
 
     async def run() -> None:
         try:
-            client = await Client.connect(s.temporal.address)
+            client = await connect_temporal(s)
         except Exception as exc:  # connection errors come in several types
             fail(f"temporal at {s.temporal.address} does not answer: {exc}")
         rows = []

@@ -359,7 +359,9 @@ class LedgerService(Service):
 
     @property
     def address(self) -> str:
-        return self.s.effective_ledger_dsn
+        from activities.ledger.store import redact_dsn
+
+        return redact_dsn(self.s.effective_ledger_dsn)  # `sco dev status` prints it
 
     def probe(self) -> Health:
         from activities.ledger.store import LedgerStore, LedgerUnavailable

@@ -93,12 +93,16 @@ class AcquisitionInput(BaseModel):
 class OperatorInput(BaseModel):
     operator: str = Field(default="operator", min_length=1)
     reason: str = ""
+    # The operator's authenticated identity (client-certificate subject), "" without one.
+    identity: str = ""
 
 
 class ApprovalInput(BaseModel):
     approver: str = Field(min_length=1)
     reason: str = Field(min_length=1)
     approve: bool = True  # False declines at once
+    # The operator's authenticated identity (client-certificate subject), "" without one.
+    identity: str = ""
 
 
 class ControlAck(BaseModel):

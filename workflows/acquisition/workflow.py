@@ -70,6 +70,9 @@ with workflow.unsafe.imports_passed_through():
         reserve,
     )
 
+# workflow.patched id: pause and resume record a ledger decision (see _operator_decision).
+OPERATOR_DECISIONS_PATCH = "operator-pause-resume-decisions"
+
 
 class _Slot:
     __slots__ = (
@@ -165,6 +168,7 @@ class AcquisitionWorkflow:
         self._paused = True
         self._progress.paused_by = inp.operator
         await self._set_state(AcquisitionState.PAUSED)
+        await self._operator_decision("paused", inp)
         return ControlAck(state=self._progress.state, message=f"paused by {inp.operator}")
 
     @pause.validator
@@ -176,6 +180,7 @@ class AcquisitionWorkflow:
         self._paused = False
         self._progress.paused_by = ""
         await self._set_state(self._running_state())
+        await self._operator_decision("resumed", inp)
         return ControlAck(state=self._progress.state, message=f"resumed by {inp.operator}")
 
     @resume.validator
@@ -260,14 +265,17 @@ class AcquisitionWorkflow:
             region=inp.region,
             state=final.value,
         )
+        outcome = (
+            f"{self._progress.active} of {self._progress.requested_instances} active, "
+            f"{self._progress.shortfall_units} units short"
+        )
+        cancel = self._cancel
         await self._decide(
             DecisionKind.ACQUISITION,
             final.value,
-            reason=(
-                f"{self._progress.active} of {self._progress.requested_instances} active, "
-                f"{self._progress.shortfall_units} units short"
-            ),
-            actor=self._cancel.operator if self._cancel else "sco",
+            reason=f"{cancel.reason}; {outcome}" if cancel and cancel.reason else outcome,
+            actor=cancel.operator if cancel else "sco",
+            identity=cancel.identity if cancel else "",
             units=self._progress.requested_units,
         )
         await workflow.wait_condition(workflow.all_handlers_finished)
@@ -468,6 +476,7 @@ class AcquisitionWorkflow:
                     "declined",
                     reason=self._progress.decision_reason,
                     actor=self._progress.decided_by,
+                    identity=approval.identity if approval else "",
                     amount=plan.cost_per_hour,
                     units=plan.units,
                 )
@@ -481,6 +490,7 @@ class AcquisitionWorkflow:
                 "approved",
                 reason=approval.reason,
                 actor=approval.approver,
+                identity=approval.identity,
                 amount=plan.cost_per_hour,
                 units=plan.units,
             )
@@ -563,6 +573,18 @@ class AcquisitionWorkflow:
                 retry_policy=STATE_RETRY,
             )
 
+    async def _operator_decision(self, outcome: str, inp: OperatorInput) -> None:
+        # Pause and resume became ledger decisions after acquisitions had run (and been
+        # paused) in production: histories from before replay without the activity.
+        if workflow.patched(OPERATOR_DECISIONS_PATCH):
+            await self._decide(
+                DecisionKind.ACQUISITION,
+                outcome,
+                reason=inp.reason,
+                actor=inp.operator,
+                identity=inp.identity,
+            )
+
     async def _decide(
         self,
         kind: DecisionKind,
@@ -570,6 +592,7 @@ class AcquisitionWorkflow:
         *,
         reason: str,
         actor: str = "sco",
+        identity: str = "",
         amount: float = 0.0,
         units: int = 0,
     ) -> None:
@@ -583,6 +606,7 @@ class AcquisitionWorkflow:
                 subject=self._inp.contract,
                 outcome=outcome,
                 actor=actor,
+                identity=identity,
                 reason=reason,
                 amount_per_hour=amount,
                 units=units,

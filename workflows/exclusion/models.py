@@ -119,11 +119,15 @@ class OperatorExclude(BaseModel):
     reason: str = Field(min_length=1)
     hours: float | None = Field(default=None, gt=0, le=24 * 365)
     """None: until an operator re-admits it; else probed (like a cycle exclusion) after."""
+    # The operator's authenticated identity (client-certificate subject), "" without one.
+    identity: str = ""
 
 
 class OperatorReadmit(BaseModel):
     operator: str = Field(min_length=1)
     reason: str = Field(min_length=1)
+    # The operator's authenticated identity (client-certificate subject), "" without one.
+    identity: str = ""
 
 
 class ExclusionAck(BaseModel):

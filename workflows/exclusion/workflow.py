@@ -144,6 +144,7 @@ class PoolExclusionWorkflow:
             actor=inp.operator,
             reason=inp.reason,
             until=until,
+            identity=inp.identity,
         )
         when = f"until {until:%Y-%m-%d %H:%M} UTC, then probed" if until else "until re-admitted"
         return self._ack(f"excluded by {inp.operator} {when}")
@@ -160,6 +161,7 @@ class PoolExclusionWorkflow:
             PoolState.ADMITTED,
             actor=inp.operator,
             reason=inp.reason,
+            identity=inp.identity,
             strikes=0,
             # Two re-admissions accepted at once: the second finds it done.
             unless=lambda: self._s.state is PoolState.ADMITTED,
@@ -462,6 +464,7 @@ class PoolExclusionWorkflow:
         until: datetime | None = None,
         epoch: int | None = None,
         unless: Callable[[], bool] | None = None,
+        identity: str = "",
     ) -> bool:
         """Move to `to`, write the row and record the decision; False when it did not
         happen: the cycle's `epoch` is stale (an operator got there first), or `unless`.
@@ -506,7 +509,7 @@ class PoolExclusionWorkflow:
                 region=self._inp.region,
                 state=to.value,
             )
-            await self._write(row, outcome, actor, reason)
+            await self._write(row, outcome, actor, reason, identity)
             return True
 
     async def _forgive(self, epoch: int) -> None:
@@ -543,7 +546,9 @@ class PoolExclusionWorkflow:
         )
         del s.history[:-HISTORY_LIMIT]
 
-    async def _write(self, row: SetStateInput, outcome: str, actor: str, reason: str) -> None:
+    async def _write(
+        self, row: SetStateInput, outcome: str, actor: str, reason: str, identity: str = ""
+    ) -> None:
         await workflow.execute_activity_method(
             ExclusionActivities.set_state,
             row,
@@ -560,6 +565,7 @@ class PoolExclusionWorkflow:
                 subject=self._inp.pool_id,
                 outcome=outcome,
                 actor=actor,
+                identity=identity,
                 reason=reason,
                 workflow_id=workflow.info().workflow_id,
             ),

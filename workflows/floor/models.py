@@ -47,6 +47,8 @@ class HallEvent(BaseModel):
     hall: str = Field(min_length=1)
     operator: str = Field(default="operator", min_length=1)
     reason: str = ""
+    # The operator's authenticated identity (client-certificate subject), "" without one.
+    identity: str = ""
 
 
 class HallLoss(BaseModel):
@@ -55,6 +57,7 @@ class HallLoss(BaseModel):
     by: str
     reason: str
     since: datetime
+    identity: str = ""  # the operator's authenticated identity, "" without one
 
 
 class FloorConfig(BaseModel):

@@ -159,6 +159,7 @@ class FloorKeeperWorkflow:
                 by=ev.operator,
                 reason=ev.reason or "declared lost",
                 since=known.since if known else workflow.now(),
+                identity=ev.identity,
             )
         )
 
@@ -166,7 +167,7 @@ class FloorKeeperWorkflow:
     def hall_restored(self, ev: HallEvent) -> None:
         if ev.hall not in self._lost:
             return
-        self._restore(ev.hall, ev.operator, ev.reason or "declared restored")
+        self._restore(ev.hall, ev.operator, ev.reason or "declared restored", ev.identity)
 
     @workflow.signal(name="tokens_granted")
     def tokens_granted(self, grant: TokenGrant) -> None:
@@ -189,18 +190,26 @@ class FloorKeeperWorkflow:
         self._status.state = FloorState.REBUILDING
         self._status.reason = f"hall {loss.hall} lost ({loss.by}): {loss.reason}"
         self._decisions.append(
-            self._decision("hall_lost", self._status.reason, actor=loss.by, subject=loss.hall)
+            self._decision(
+                "hall_lost",
+                self._status.reason,
+                actor=loss.by,
+                subject=loss.hall,
+                identity=loss.identity,
+            )
         )
         self._dirty = True
 
-    def _restore(self, hall: str, by: str, reason: str) -> None:
+    def _restore(self, hall: str, by: str, reason: str, identity: str = "") -> None:
         del self._lost[hall]
         self._bad.pop(hall, None)
         self._clean.pop(hall, None)
         self._rebalancing = True
         self._status.reason = f"hall {hall} restored ({by}): {reason}"
         self._decisions.append(
-            self._decision("hall_restored", self._status.reason, actor=by, subject=hall)
+            self._decision(
+                "hall_restored", self._status.reason, actor=by, subject=hall, identity=identity
+            )
         )
         self._dirty = True
 
@@ -552,7 +561,14 @@ class FloorKeeperWorkflow:
     # -- decisions -----------------------------------------------------------------------
 
     def _decision(
-        self, outcome: str, reason: str, *, actor: str = "sco", subject: str = "", units: int = 0
+        self,
+        outcome: str,
+        reason: str,
+        *,
+        actor: str = "sco",
+        subject: str = "",
+        units: int = 0,
+        identity: str = "",
     ) -> Decision:
         return Decision(
             event_id=workflow.uuid4(),
@@ -562,6 +578,7 @@ class FloorKeeperWorkflow:
             subject=f"{self._inp.contract}/{subject}" if subject else self._inp.contract,
             outcome=outcome,
             actor=actor,
+            identity=identity,
             reason=reason,
             units=units,
             workflow_id=self._id,

@@ -1,0 +1,104 @@
+"""Secrets come from files and are never printed: settings repr, `sco dev status`, errors;
+TLS and SASL settings reach the client libraries as they expect them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import psycopg
+import pytest
+from confluent_kafka import Producer
+from typer.testing import CliRunner
+
+from workers.cli.main import app
+from workers.client_security import (
+    SecretFileError,
+    kafka_config,
+    ledger_options,
+    postgres_conninfo,
+)
+from workers.settings import Settings, SettingsError, load_settings
+
+SECRETS = ("pw-in-dsn", "pw-ledger", "tok-rest", "pw-from-file", "pw-kafka")
+
+
+@pytest.fixture
+def secret_files(tmp_path: Path) -> dict[str, Path]:
+    files = {name: tmp_path / name for name in ("pg", "kafka", "ledger", "slurm")}
+    files["pg"].write_text("pw-from-file\n")
+    files["kafka"].write_text("pw-kafka\n")
+    files["ledger"].write_text("pw-ledger\n")
+    files["slurm"].write_text("tok-rest\n")
+    return files
+
+
+def secret_settings(files: dict[str, Path]) -> Settings:
+    return Settings(
+        postgres_dsn="postgresql://sco:pw-in-dsn@127.0.0.1:1/sco?connect_timeout=2",
+        ledger_dsn="https://sco:pw-ledger@127.0.0.1:1/",
+        postgres={"sslmode": "verify-full", "password_file": files["pg"]},
+        kafka={
+            "tls": {"enabled": True},
+            "sasl_username": "sco",
+            "sasl_password_file": files["kafka"],
+        },
+        ledger={"password_file": files["ledger"]},
+        slurm={"rest_token": "tok-rest"},
+    )
+
+
+def test_settings_repr_shows_no_secret(secret_files: dict[str, Path]) -> None:
+    s = secret_settings(secret_files)
+    for text in (repr(s), str(s), repr(s.slurm), repr(s.postgres), repr(s.kafka)):
+        assert not [x for x in SECRETS if x in text], text
+    assert "postgresql://sco:***@127.0.0.1:1/sco" in repr(s)
+
+
+def test_secret_files_reach_the_clients(secret_files: dict[str, Path]) -> None:
+    s = secret_settings(secret_files)
+    conninfo = postgres_conninfo(s)
+    assert "password=pw-from-file" in conninfo and "sslmode=verify-full" in conninfo
+    assert ledger_options(s)["password"] == "pw-ledger"
+    k = kafka_config(s.kafka)
+    assert k["security.protocol"] == "SASL_SSL" and k["sasl.password"] == "pw-kafka"
+    Producer({"bootstrap.servers": "127.0.0.1:1", **k})  # librdkafka accepts every key
+
+
+def test_a_database_error_does_not_repeat_the_password(secret_files: dict[str, Path]) -> None:
+    with pytest.raises(psycopg.OperationalError) as failed:
+        psycopg.connect(postgres_conninfo(secret_settings(secret_files))).close()
+    assert not [x for x in SECRETS if x in str(failed.value)]
+
+
+def test_sco_dev_status_shows_no_secret(
+    secret_files: dict[str, Path], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("SCO_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("SCO_POSTGRES_DSN", "postgresql://sco:pw-in-dsn@127.0.0.1:1/sco")
+    monkeypatch.setenv("SCO_LEDGER_DSN", "https://sco:pw-ledger@127.0.0.1:1/")
+    monkeypatch.setenv("SCO_POSTGRES__PASSWORD_FILE", str(secret_files["pg"]))
+    monkeypatch.setenv("SCO_SLURM__REST_TOKEN", "tok-rest")
+    monkeypatch.setenv("SCO_KAFKA__BOOTSTRAP_SERVERS", "127.0.0.1:1")
+    monkeypatch.setenv("SCO_TEMPORAL__ADDRESS", "127.0.0.1:1")
+    monkeypatch.setenv("SCO_NATS_URL", "nats://sco:pw-in-dsn@127.0.0.1:1")
+    for args in (["dev", "status"], ["dev", "status", "--json"]):
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 1  # nothing answers on port 1
+        assert not [x for x in SECRETS if x in result.output], result.output
+    rows = json.loads(CliRunner().invoke(app, ["dev", "status", "--json"]).output)
+    assert any("***" in str(r) for r in rows)
+
+
+def test_a_missing_secret_file_is_named(tmp_path: Path) -> None:
+    s = Settings(postgres={"password_file": tmp_path / "nope"})
+    with pytest.raises(SecretFileError, match=r"postgres.password_file: .*/nope: No such file"):
+        postgres_conninfo(s)
+
+
+def test_tls_settings_are_checked(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SCO_TEMPORAL__TLS__ENABLED", "true")
+    monkeypatch.setenv("SCO_TEMPORAL__TLS__CLIENT_CERT_FILE", "/c.pem")
+    with pytest.raises(SettingsError, match=r"temporal\.tls: Value error, client_cert_file and"):
+        load_settings()

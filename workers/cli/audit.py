@@ -1,0 +1,66 @@
+"""Operator actions the CLI performs itself (not through a workflow), as ledger decisions.
+
+Workflow-side actions (pause, resume, cancel, approve, hall, pool) are recorded by their
+workflows; these are recorded here, through the same fleet-state outbox, with the free-text
+`--by`, the authenticated identity where there is one, the reason and the time.
+"""
+
+from __future__ import annotations
+
+import getpass
+
+import typer
+from psycopg_pool import ConnectionPool
+
+from activities.decisions import Decision, DecisionKind
+from activities.fleet.control_state import ControlRepository
+from workers.cli.common import fail, fleet_db
+from workers.operator_identity import IdentityError, operator_identity
+from workers.settings import Settings
+
+ByOpt = typer.Option(None, "--by", help="Who does this (recorded; default: your login name).")
+ReasonOpt = typer.Option("", "--reason", help="Why (recorded in the ledger).")
+
+
+def who(by: str | None) -> str:
+    return by or getpass.getuser()
+
+
+def identity(s: Settings) -> str:
+    """The operator's authenticated identity, or a one-line error when it cannot be read."""
+    try:
+        return operator_identity(s)
+    except IdentityError as exc:
+        fail(f"temporal.tls.client_cert_file: {exc}")
+
+
+def operator_decision(
+    s: Settings,
+    *,
+    region: str,
+    kind: DecisionKind,
+    subject: str,
+    outcome: str,
+    by: str,
+    reason: str,
+    units: int = 0,
+) -> Decision:
+    return Decision(
+        region=region,
+        kind=kind,
+        subject=subject,
+        outcome=outcome,
+        actor=by,
+        identity=identity(s),
+        reason=reason,
+        units=units,
+    )
+
+
+def record(s: Settings, decision: Decision, pool: ConnectionPool | None = None) -> None:
+    """Queue the decision for the ledger (on `pool`, else a connection of its own)."""
+    if pool is not None:
+        ControlRepository(pool).record_decision(decision)
+        return
+    with fleet_db(s) as own:
+        ControlRepository(own).record_decision(decision)
