@@ -61,6 +61,11 @@ TOOLS: tuple[Tool, ...] = (
 )
 BY_NAME = {tool.name: tool for tool in TOOLS}
 
+# Debian puts the daemons (slurmctld, munged, slurmd) in /usr/sbin, which a non-root PATH
+# often leaves out; the test clusters start them by name.
+_path = os.environ.get("PATH", "").split(os.pathsep)
+os.environ["PATH"] = os.pathsep.join(_path + [d for d in ("/usr/sbin", "/sbin") if d not in _path])
+
 #: The Slurm a controller needs (admission, demand intake); with a slurmd for jobs that run.
 SLURMCTLD = ("slurmctld", "slurm-client", "munge")
 SLURMCTLD_SLURMD = (*SLURMCTLD, "slurmd")
