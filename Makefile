@@ -57,9 +57,10 @@ lint: $(STAMP)
 deps: $(STAMP)
 	$(BIN)/python -m tests.support.install_tools
 
-## The whole suite: lint, types, then every test on the real services.
+## The whole suite: the tools, lint, types, then every test on the real services (deps
+## first: mypy checks the tests against the torch that deps installs).
 ## pytest exit code 5 (nothing collected) fails loudly: a suite that ran nothing is broken.
-test: lint deps $(TEST_CLOUD)
+test: deps lint $(TEST_CLOUD)
 	$(BIN)/pytest -q -p no:cacheprovider; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; \
 	exit $$rc

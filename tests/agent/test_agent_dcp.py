@@ -85,7 +85,8 @@ def train(base_uri: str, report: Path, steps: int | None, max_seconds: float) ->
         with lock:
             optim.zero_grad()
             loss = torch.nn.functional.mse_loss(model(x), y)
-            loss.backward()
+            # Tensor.backward is unannotated in torch; autograd.backward (the same) is typed.
+            torch.autograd.backward(loss)
             optim.step()
             step += 1
         time.sleep(0.005)
