@@ -7,13 +7,18 @@ STAMP   := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 # CLOUD=simulator (default): the simulated cloud service. CLOUD=testcloud: the real
 # OpenStack test cloud (`make testcloud-up` first) through openstacksdk.
 CLOUD   ?= simulator
+# TESTCLOUD=1: `make test` brings up the test cloud first and its tests must run (CI).
+ifeq ($(TESTCLOUD),1)
+TEST_CLOUD := testcloud-up
+export SCO_REQUIRE_TESTCLOUD := 1
+endif
 ifeq ($(CLOUD),testcloud)
 export SCO_PROVIDER__KIND := openstack
 export SCO_PROVIDER__IMAGE := sco-image
 export OS_CLIENT_CONFIG_FILE := $(CURDIR)/.sco/testcloud/clouds.yaml
 endif
 
-.PHONY: up down status test lint unit bench clean testcloud-up testcloud-down testcloud-test
+.PHONY: up down status deps test lint unit bench clean testcloud-up testcloud-down testcloud-test
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -45,14 +50,22 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-## The whole suite: lint, types, then every test on the real services.
+## What the tests need beyond the venv (tests/support/tools.py): Slurm, munge and Lua 5.1
+## with apt-get when root, the CPU torch wheel into the venv. Idempotent, well under a
+## second when all is there; what it cannot install it lists once, with the command and
+## the tests that will skip (a failure only under SCO_REQUIRE_TOOLS=1).
+deps: $(STAMP)
+	$(BIN)/python -m tests.support.install_tools
+
+## The whole suite: the tools, lint, types, then every test on the real services (deps
+## first: mypy checks the tests against the torch that deps installs).
 ## pytest exit code 5 (nothing collected) fails loudly: a suite that ran nothing is broken.
-test: lint
+test: deps lint $(TEST_CLOUD)
 	$(BIN)/pytest -q -p no:cacheprovider; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; \
 	exit $$rc
 
-bench: $(STAMP)
+bench: deps
 	$(BIN)/python bench/outbox_bench.py
 	$(BIN)/python bench/contracts_bench.py
 	$(BIN)/python bench/simulator_bench.py

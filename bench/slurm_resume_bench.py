@@ -12,7 +12,8 @@ to the acquisition's start time in Temporal (`resume_to_started_s`), and the pro
 time after Python start-up (`in_program_s`: the Slurm reads and the fleet-state lookup of
 the nodes' instances run concurrently with connecting to Temporal). Target <= 2 s (Slurm's
 ResumeTimeout default is 60 s; the shipped fragment sets 600 s). No worker runs: the
-acquisitions are started, not run, and terminated afterwards. Prints one JSON object.
+acquisitions are started, not run, and terminated afterwards. Prints one JSON object;
+without Slurm (`make deps` installs it) that object says what is missing and why it skipped.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from activities.fleet.migrate import migrate
-from tests.support import services
+from tests.support import services, tools
 from tests.support.control_harness import install_example_bundle
 from tests.support.slurm_burst_cluster import BurstCluster, burst_cluster
 from workers.temporal_bootstrap import bootstrap_namespace
@@ -180,4 +181,8 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--trials", type=int, default=5)
     args = parser.parse_args()
+    if gone := tools.missing(tools.SLURMCTLD_SLURMD):
+        skipped = {"benchmark": "slurm_resume_to_acquisition_started"}
+        print(json.dumps({**skipped, "skipped": tools.skip_reason(gone)}, indent=2))
+        sys.exit(0)
     print(json.dumps(asyncio.run(main(args.trials)), indent=2))

@@ -16,12 +16,46 @@ from activities.fleet.db import open_pool
 from activities.fleet.migrate import migrate
 from activities.fleet.repository import FleetRepository
 from contracts.region import Region, load_region
-from tests.support import services
+from tests.support import services, tools
 from tests.support.paths import BASE_DSN, REGIONS_DIR
 from workers.devbox import process
 from workers.devbox.services import KafkaService
 from workers.settings import Settings
 from workers.temporal_bootstrap import bootstrap_namespace, ensure_search_attributes
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "tools(*names): needs these tools of tests/support/tools.py (make deps)"
+    )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """`@pytest.mark.tools("slurmctld", ...)`: the test skips unless those tools are here
+    (a skip mark, so the skip is reported at the test)."""
+    if tools.REQUIRED:
+        return  # pytest_runtest_setup fails them instead
+    for item in items:
+        for mark in item.iter_markers("tools"):
+            if gone := tools.missing(mark.args):
+                item.add_marker(pytest.mark.skip(reason=tools.skip_reason(gone)))
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    for mark in item.iter_markers("tools"):
+        tools.require(*mark.args)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Once per session: which tools were missing, what skipped for them, how to install."""
+    skips = []
+    for report in terminalreporter.stats.get("skipped", []):
+        if isinstance(report.longrepr, tuple):
+            skips.append((report.nodeid.split("::")[0], str(report.longrepr[2])))
+    if lines := tools.summary(skips):
+        terminalreporter.write_sep("=", "missing tools")
+        for line in lines:
+            terminalreporter.write_line(line)
 
 
 @pytest.fixture(scope="session")

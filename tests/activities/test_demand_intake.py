@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import shutil
 import subprocess
 import time
 import uuid
@@ -30,10 +29,10 @@ from activities.fleet.repository import FleetRepository
 from activities.provider.simulator import SimulatedCloud
 from contracts.cache import installed_bundle
 from contracts.region import Region
-from tests.support import histories
+from tests.support import histories, tools
 from tests.support.control_harness import Harness, install_example_bundle, poll_until, region_worker
 from tests.support.k8s_recorded_server import recorded_k8s_server, write_kubeconfig
-from tests.support.slurm_cluster import SlurmCluster, _stop, missing_binaries, slurm_cluster
+from tests.support.slurm_cluster import SlurmCluster, _stop, slurm_cluster
 from workers.cli.main import app
 from workers.demand_sources import sources_for
 from workers.settings import Settings
@@ -42,10 +41,7 @@ from workflows.controller.workflow import RegionControllerWorkflow
 from workflows.intake.models import CollectNow, IntakeConfig, IntakeInput
 from workflows.intake.workflow import DemandIntakeWorkflow
 
-pytestmark = [
-    pytest.mark.timeout(120),
-    pytest.mark.skipif(bool(missing_binaries()), reason="Slurm is not installed"),
-]
+pytestmark = pytest.mark.timeout(120)
 
 PERMISSIVE_LUA = """\
 function slurm_job_submit(job_desc, part_list, submit_uid) return slurm.SUCCESS end
@@ -57,6 +53,7 @@ function slurm_job_modify(job_desc, job_rec, part_list, modify_uid) return slurm
 def slurm() -> Iterator[SlurmCluster]:
     """Pending ci-runners work: the `spot` CLOUD nodes (2 x 2 CPUs) take two 2-CPU jobs
     (CONFIGURING: the ResumeProgram path), the rest waits (PENDING: this path)."""
+    tools.require(*tools.SLURMCTLD)
     try:
         ctx = slurm_cluster(PERMISSIVE_LUA)
         cluster = ctx.__enter__()
@@ -89,8 +86,7 @@ def slurm() -> Iterator[SlurmCluster]:
 def slurmrestd(slurm: SlurmCluster) -> Iterator[str]:
     """slurmrestd for the cluster on a unix socket (rest_auth/local). Debian's Slurm has no
     auth/jwt, so no token path here; slurmrestd refuses root, so it runs as nobody."""
-    if shutil.which("slurmrestd") is None or shutil.which("runuser") is None:
-        pytest.skip("slurmrestd is not installed (apt-get install slurmrestd)")
+    tools.require("slurmrestd")  # runuser: util-linux, on every Debian
     rest_dir = slurm.dir / "rest"
     rest_dir.mkdir()
     rest_dir.chmod(0o777)  # nobody creates its socket here
@@ -351,7 +347,10 @@ async def test_a_source_unreadable_too_long_has_its_demand_dropped(
             assert control.demand_by_contract(region) == {"ci-runners": 5}  # kept
 
             async def dropped() -> bool:
-                return control.demand_by_contract(region) == {}
+                # The rows go inside the activity, before the workflow has its report.
+                status = await handle.query(DemandIntakeWorkflow.status)
+                reported = status.last is not None and status.last.reports[0].dropped
+                return reported and control.demand_by_contract(region) == {}
 
             await poll_until(dropped, 15)
             status = await handle.query(DemandIntakeWorkflow.status)

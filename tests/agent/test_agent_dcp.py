@@ -1,11 +1,11 @@
 """A CPU training job drained by the agent through the PyTorch DCP adapter, then resumed.
 
-The job is a separate process (this module run as `python -m tests.test_agent_dcp`): a
+The job is a separate process (this module run as `python -m tests.agent.test_agent_dcp`): a
 tiny model and an Adam optimizer train on CPU; it registers `register_dcp` on the socket
 the agent derives from SLURM_JOB_ID, saves with `torch.distributed.checkpoint` (single
 process, no process group) when the drain asks, and exits once its answer is out. The
 requeued job starts again with the same base URI and must resume from that checkpoint.
-Needs torch (CPU build; .ci/run installs it): skipped without it.
+Needs torch (the CPU build; `make deps` installs it): skipped without it.
 """
 
 from __future__ import annotations
@@ -85,7 +85,8 @@ def train(base_uri: str, report: Path, steps: int | None, max_seconds: float) ->
         with lock:
             optim.zero_grad()
             loss = torch.nn.functional.mse_loss(model(x), y)
-            loss.backward()
+            # Tensor.backward is unannotated in torch; autograd.backward (the same) is typed.
+            torch.autograd.backward(loss)
             optim.step()
             step += 1
         time.sleep(0.005)
@@ -102,14 +103,14 @@ def _start(tmp_path: Path, job: str, base_uri: str, report: Path, *extra: str) -
         "SCO_CHECKPOINT_SOCKET_DIR": str(tmp_path / "sockets"),
         "PYTHONWARNINGS": "ignore::UserWarning",  # DCP: "assuming ... single process"
     }
-    command = [sys.executable, "-m", "tests.test_agent_dcp", base_uri, str(report), *extra]
+    command = [sys.executable, "-m", "tests.agent.test_agent_dcp", base_uri, str(report), *extra]
     return subprocess.Popen(command, cwd=REPO, env=env)
 
 
+@pytest.mark.tools("torch")
 async def test_a_training_job_saves_with_dcp_on_drain_and_the_restart_resumes(
     tmp_path: Path,
 ) -> None:
-    pytest.importorskip("torch")
     agent, scheduler = training_agent(tmp_path, "77")
     ckpt = tmp_path / "ckpt"
     base = f"file://{ckpt}"

@@ -21,6 +21,7 @@ from contracts.cache import BundleCache
 from contracts.keys import TrustStore
 from contracts.notice import ReclaimNotice, notice_stream
 from contracts.notice_signing import sign
+from tests.support import tools
 from tests.support.agent_fakes import agent_config, notice_key, signed_bundle
 from tests.support.agent_slurm_cluster import NODE, agent_slurm_cluster, node_state
 from tests.support.slurm_cluster import SlurmCluster
@@ -31,6 +32,7 @@ pytestmark = pytest.mark.timeout(55)
 
 @pytest.fixture(scope="module")
 def slurm() -> Iterator[SlurmCluster]:
+    tools.require(*tools.SLURMCTLD_SLURMD)
     try:
         with agent_slurm_cluster() as cluster:
             yield cluster

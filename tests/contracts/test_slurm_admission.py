@@ -7,7 +7,6 @@ stub `slurm` table; the cluster tests load it into a real slurmctld and submit w
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +16,7 @@ import yaml
 
 from contracts.admission.slurm import lua_string, render_job_submit_lua
 from contracts.model import Contract
+from tests.support import tools
 from tests.support.paths import EXAMPLES
 from tests.support.slurm_cluster import SlurmCluster, slurm_cluster
 
@@ -65,9 +65,8 @@ def _lua_table(fields: dict[str, str]) -> str:
 
 @pytest.fixture(scope="module")
 def lua() -> str:
-    if not (path := shutil.which("lua5.1")):
-        raise RuntimeError("lua5.1 missing: apt-get install -y lua5.1")
-    return path
+    tools.require("lua5.1")
+    return "lua5.1"
 
 
 def run_lua(
@@ -193,6 +192,7 @@ def test_updates_are_checked_only_when_they_touch_the_contract(lua: str, tmp_pat
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[SlurmCluster]:
+    tools.require(*tools.SLURMCTLD)
     with slurm_cluster(render()) as running:
         yield running
 

@@ -2,7 +2,8 @@
 
 Extends tests/slurm_cluster.py: the same throwaway directory and stop-by-pid discipline,
 plus a slurmd that registers one node (`NODE`) on loopback, so jobs really run and can be
-drained and requeued. Needs the Debian packages slurmctld, slurmd, slurm-client, munge.
+drained and requeued. Needs the Debian packages slurmctld, slurmd, slurm-client, munge
+(`tools.SLURMCTLD_SLURMD`).
 """
 
 from __future__ import annotations
@@ -15,16 +16,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from tests.support import tools
 from tests.support.slurm_cluster import (
     COMMON_CONF,
     SLURMD_CONF,
     SlurmCluster,
     _stop,
-    missing_binaries,
+    check_tools,
     start_controller,
 )
 
-BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "squeue")
 NODE = "agentnode1"
 
 _SLURM_CONF = (
@@ -46,8 +47,7 @@ def agent_slurm_cluster(*, start_timeout: float = 20) -> Iterator[SlurmCluster]:
     Raises RuntimeError with the daemons' logs when any of them does not come up; tests
     turn that into a skip.
     """
-    if missing := missing_binaries(BINARIES):
-        raise RuntimeError(f"{', '.join(missing)} missing: apt-get install -y slurmd slurmctld")
+    check_tools(tools.SLURMCTLD_SLURMD)
     directory = Path(tempfile.mkdtemp(prefix="sco-agent-slurm-"))
     procs: list[subprocess.Popen[bytes]] = []
     try:

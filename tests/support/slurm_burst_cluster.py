@@ -24,17 +24,17 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from activities.demand.slurm_resume import feature_list
+from tests.support import tools
 from tests.support.paths import REPO
 from tests.support.slurm_cluster import (
     COMMON_CONF,
     SLURMD_CONF,
     SlurmCluster,
     _stop,
-    missing_binaries,
+    check_tools,
     start_controller,
 )
 
-BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "squeue")
 PROGRAMS = ("sco-power", "sco-resume", "sco-suspend", "sco-resume-fail")
 
 _BASE = "ClusterName=sco-burst-test\n" + COMMON_CONF + SLURMD_CONF
@@ -110,8 +110,7 @@ def burst_cluster(
 ) -> Iterator[BurstCluster]:
     """`nodes`: node name -> pool id (region r1), all in partition `spot`. `sco_env`: the
     SCO_* settings the programs get (SLURM_CONF and the log file are added here)."""
-    if missing := missing_binaries(BINARIES):
-        raise RuntimeError(f"{', '.join(missing)} missing: apt-get install -y slurmd slurmctld")
+    check_tools(tools.SLURMCTLD_SLURMD)
     directory = Path(tempfile.mkdtemp(prefix="sco-burst-"))
     procs: list[subprocess.Popen[bytes]] = []
     cluster: BurstCluster | None = None

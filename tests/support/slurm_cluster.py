@@ -5,7 +5,8 @@ job_submit.lua, state, logs) and both daemons are stopped by process id at the e
 no slurmd: the `spot` partition is CLOUD nodes whose ResumeProgram does nothing and the
 `batch` node never answers, so accepted jobs stay pending and nothing ever runs.
 
-Needs the Debian packages slurmctld, slurm-client and munge (see .ci/run).
+Needs the Debian packages slurmctld, slurm-client and munge (`make deps`; tests ask for them
+with `tools.require(*tools.SLURMCTLD)` before starting one).
 """
 
 from __future__ import annotations
@@ -21,9 +22,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from tests.support import tools
 from tests.support.services import free_port
-
-BINARIES = ("munged", "slurmctld", "sbatch", "scontrol")
 
 #: What every test cluster's slurm.conf holds: our own munged, state and logs in the test's
 #: directory, no accounting database. Each cluster adds its name, nodes and partitions.
@@ -102,17 +102,19 @@ class SlurmCluster:
         return path.read_text(errors="replace") if path.exists() else ""
 
 
-def missing_binaries(names: tuple[str, ...] = BINARIES) -> list[str]:
-    return [name for name in names if shutil.which(name) is None]
+class ToolsMissing(Exception):
+    """A cluster was asked for without the tools it runs (callers outside pytest: bench)."""
+
+
+def check_tools(names: tuple[str, ...]) -> None:
+    if gone := tools.missing(names):
+        raise ToolsMissing(tools.skip_reason(gone))
 
 
 @contextmanager
 def slurm_cluster(job_submit_lua: str, *, start_timeout: float = 30) -> Iterator[SlurmCluster]:
     """Start munged and slurmctld with `job_submit_lua`; stop both and clean up after."""
-    if missing := missing_binaries():
-        raise RuntimeError(
-            f"{', '.join(missing)} missing: apt-get install -y slurmctld slurm-client munge"
-        )
+    check_tools(tools.SLURMCTLD)
     directory = Path(tempfile.mkdtemp(prefix="sco-slurm-"))
     procs: list[subprocess.Popen[bytes]] = []
     try:

@@ -30,12 +30,11 @@ from activities.fleet.repository import FleetRepository
 from activities.provider.interface import HOSTNAME_KEY, InstanceStatus
 from activities.provider.simulator import Latency, SimulatedCloud
 from contracts.region import Region
-from tests.support import histories
+from tests.support import histories, tools
 from tests.support.control_harness import install_example_bundle, poll_until, region_worker
 from tests.support.paths import REGIONS_DIR, REPO
 from tests.support.services import namespace_prefix
-from tests.support.slurm_burst_cluster import BINARIES, BurstCluster, burst_cluster
-from tests.support.slurm_cluster import missing_binaries
+from tests.support.slurm_burst_cluster import BurstCluster, burst_cluster
 from workers.settings import Settings
 from workers.slurm_power_programs import release, resume
 from workflows.acquisition.models import (
@@ -49,10 +48,9 @@ from workflows.exclusion.models import exclusion_workflow_id
 from workflows.exclusion.workflow import PoolExclusionWorkflow
 from workflows.slurm.models import ReleaseReason
 
-pytestmark = [
-    pytest.mark.timeout(240),
-    pytest.mark.skipif(bool(missing_binaries(BINARIES)), reason="Slurm is not installed"),
-]
+pytestmark = pytest.mark.timeout(240)
+# The tests that start a Slurm; the resume-failed one calls the program's code directly.
+needs_slurm = pytest.mark.tools(*tools.SLURMCTLD_SLURMD)
 
 NODE = "r1-a-gp-l-001"
 POOL = "r1.A.gp.l"
@@ -147,6 +145,7 @@ async def wait_for(what: str, check: object, within: float, cluster: BurstCluste
     )
 
 
+@needs_slurm
 async def test_job_bursts_onto_a_cloud_node_and_the_node_is_released(
     region_client: Client,
     region_r1: Region,
@@ -245,6 +244,7 @@ async def test_job_bursts_onto_a_cloud_node_and_the_node_is_released(
         pool.close()
 
 
+@needs_slurm
 async def test_a_job_without_a_contract_gets_its_node_set_down_with_the_reason(
     region_client: Client, pg_dsn: str, tmp_path: Path
 ) -> None:
@@ -326,6 +326,7 @@ async def test_a_failed_resume_releases_the_instance_and_counts_against_the_pool
         pool.close()
 
 
+@needs_slurm
 async def test_one_instance_per_node_across_resumes(
     region_client: Client,
     region_r1: Region,
