@@ -38,10 +38,8 @@ def slurm() -> str | None:
 
 
 def testcloud() -> str | None:
-    config = os.environ.get("OS_CLIENT_CONFIG_FILE") or str(
-        REPO / ".sco" / "testcloud" / "clouds.yaml"
-    )
-    if not Path(config).is_file():
+    config = os.environ.get("OS_CLIENT_CONFIG_FILE") or ".sco/testcloud/clouds.yaml"
+    if not (REPO / config).is_file():
         return f"no OpenStack test cloud ({config} missing: make testcloud-up)"
     return None
 

@@ -80,6 +80,7 @@ def test_report_table_marks_met_missed_and_not_run_and_replaces_readme_section(
     table = markdown(full)
     assert "1 met, 1 missed, 1 without a target" in table
     assert "| planner | plan_p95 | 30 ms | <= 50 | r1 | met |" in table
+    assert "| planner | throughput | 900 events/s | — | backlog | no target |" in table
     assert "| planner | gap | 1.5 % | <= 1 | MILP | **missed** |" in table
     assert "**not run**: slurmctld missing" in table
     readme = tmp_path / "README.md"
