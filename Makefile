@@ -74,14 +74,11 @@ test: deps lint $(TEST_CLOUD)
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; \
 	exit $$rc
 
+## Every benchmark, one after another, into one report: bench/results/latest.{json,md},
+## and the README's performance table between its bench markers. Non-zero when a bench
+## failed or a measurement did not happen (a missed target is a result, shown as missed).
 bench: deps
-	$(BIN)/python bench/outbox_bench.py
-	$(BIN)/python bench/contracts_bench.py
-	$(BIN)/python bench/simulator_bench.py
-	$(BIN)/python bench/planner_bench.py
-	$(BIN)/python bench/control_bench.py
-	$(BIN)/python bench/floor_bench.py
-	$(BIN)/python bench/slurm_resume_bench.py
+	$(BIN)/python bench/run_all.py --readme README.md
 
 ## The real OpenStack test cloud (deploy/testcloud/README.md): ~3.5 min on a fresh machine
 ## (pip ~1.5 min of it), ~35 s after testcloud-down, ~5 s when up; ~3.3 GiB while up.

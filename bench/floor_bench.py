@@ -1,14 +1,17 @@
 """Floor keeper benchmark: hall loss -> floor whole again, on Temporal's time-skipping
 server, real PostgreSQL, the signed example bundle and the in-process simulated cloud.
 
-    .venv/bin/python bench/floor_bench.py [--runs 20] [--units 100] [--boot 30]
+    .venv/bin/python bench/floor_bench.py [--runs 20] [--detect-runs 4] [--units 100]
+        [--boot 30] [--tiny]
 
 Each run: a fresh database and cloud; `llm-train` with its r1 floor raised to `--units`
 (gpu-a.l holds one unit: 100 units are 100 instances over halls A-D, 25 each); the keeper
 establishes the floor, then one hall (A, B, C, D in turn) fails (`cloud.fail_hall`) and
-an operator signals `hall_lost`. Measured: workflow time from the signal to the round that
-finds the floor whole again in the three survivors (the keeper's `last_rebuild_seconds`).
-Also, in `--detect-runs` runs without a signal: from the failure to whole, probe
+an operator signals `hall_lost`. Measured: workflow time from the signal to the first
+status in which the three survivors hold the whole floor (polled every second of workflow
+time, so to within 1 s). The keeper's own `last_rebuild_seconds` ends later, after the
+lost hall's instances are released; it is kept in the details, not reported as the
+figure. Also, in `--detect-runs` runs without a signal: from the failure to whole, probe
 detection (2 probes 15 s apart) included.
 
 What is real: the workflows (keeper, acquisitions, token budget), every activity, the
@@ -21,7 +24,8 @@ that checks once and fails BENIGN while the instance builds, so Temporal's retry
 (1, 2, 4, 8, 16 s: the time-skipping server skips them) do the polling; an instance that
 is ACTIVE after 30 s is seen at 31 s. Reservations become ACTIVE at once (real Blazar
 starts leases on its own ~10 s poll: add that). API latency is not modelled (0 s).
-Prints one JSON object; target p99 <= 120 s.
+Prints one JSON report (bench/report.py); target p99 <= 120 s (the design allows a hall
+loss 15 minutes at most), and no hall above 40 % of the floor afterwards.
 """
 
 from __future__ import annotations
@@ -29,12 +33,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
-import json
-import os
 import shutil
 import statistics
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -68,19 +71,21 @@ from activities.provider.activities import (
 from activities.provider.errors import InsufficientCapacity, ProviderError
 from activities.provider.interface import InstanceStatus, ProviderInstance
 from activities.provider.simulator import Latency, SimulatedCloud
+from bench.report import Report
 from contracts import keys
 from contracts.cache import BundleCache
 from contracts.compiler import compile_and_sign
 from contracts.region import load_region
 from tests.support import services
+from tests.support.paths import BASE_DSN, REGIONS_DIR
 from workers.temporal_bootstrap import ensure_search_attributes
 from workflows.acquisition.workflow import AcquisitionWorkflow
 from workflows.budget.workflow import TokenBudgetWorkflow
 from workflows.floor.models import FloorInput, FloorState, FloorStatus, HallEvent
 from workflows.floor.workflow import FloorKeeperWorkflow
 
-BASE_DSN = os.environ.get("SCO_TEST_POSTGRES_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
-REGIONS_DIR = ROOT / "deploy" / "regions"
+TARGET_P99_S = 120.0
+MAX_HALL_SHARE_PCT = 40.0
 CONTRACT = "llm-train"
 
 
@@ -146,6 +151,10 @@ def make_bundle(base: Path, units: int) -> tuple[Path, Path]:
     return cache, trust
 
 
+class NotReached(RuntimeError):
+    """The keeper did not reach the awaited state within the bound."""
+
+
 async def status(client: Client) -> FloorStatus:
     st: FloorStatus = await client.get_workflow_handle(floor_workflow_id("r1", CONTRACT)).query(
         FloorKeeperWorkflow.status
@@ -158,14 +167,18 @@ async def until(
     ok: Callable[[FloorStatus], bool],
     step: float = 1.0,
     limit: float = 1800,
+    real_limit: float = 600,
 ) -> FloorStatus:
+    """Poll the keeper every `step` s of workflow time until `ok`; bounded in workflow time
+    and in real time (a worker that stopped would otherwise be polled for ever)."""
     waited = 0.0
+    deadline = time.monotonic() + real_limit
     while True:
         st = await status(env.client)
         if ok(st) and not st.pending:
             return st
-        if waited > limit:
-            raise RuntimeError(f"not reached within {limit} s of workflow time: {st}")
+        if waited > limit or time.monotonic() > deadline:
+            raise NotReached(f"not reached within {limit} s of workflow time: {st}")
         await env.sleep(step)
         waited += step
 
@@ -238,6 +251,12 @@ async def one_run(
                     await handle.signal(
                         FloorKeeperWorkflow.hall_lost, HallEvent(hall=hall, operator="bench")
                     )
+                # Whole again: the survivors alone hold the floor (seen within 1 s).
+                await until(
+                    env,
+                    lambda s: sum(n for h, n in s.held_units_by_hall.items() if h != hall) >= units,
+                )
+                whole = (await env.get_current_time() - t0).total_seconds()
                 st = await until(
                     env,
                     lambda s: (
@@ -248,12 +267,10 @@ async def one_run(
                     ),
                 )
                 assert st.last_rebuild_seconds is not None
-                since = st.losses[0].since
-                whole = (since - t0).total_seconds() + st.last_rebuild_seconds
                 return {
                     "established_held": float(sum(est.held_units_by_hall.values())),
-                    "rebuild_s": st.last_rebuild_seconds,
-                    "failure_to_whole_s": whole,
+                    "to_whole_s": whole,
+                    "keeper_last_rebuild_s": st.last_rebuild_seconds,
                     "max_hall_share": max(st.held_units_by_hall.values()) / units,
                 }
     finally:
@@ -270,59 +287,99 @@ def pct(xs: list[float], p: float) -> float:
     return xs[k]
 
 
-async def main() -> None:
+async def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--detect-runs", type=int, default=4)
     ap.add_argument("--units", type=int, default=100)
     ap.add_argument("--boot", type=float, default=30.0)
+    ap.add_argument("--tiny", action="store_true", help="1 + 1 runs of an 8-unit floor")
     args = ap.parse_args()
+    if args.tiny:
+        args.runs, args.detect_runs, args.units = 1, 1, 8
+    report = Report(
+        "floor",
+        {
+            "runs": args.runs,
+            "detect_runs": args.detect_runs,
+            "floor_units": args.units,
+            "boot_s": args.boot,
+        },
+    )
+    signal_anchor = "the operator's hall_lost signal (workflow time; modelled boot)"
+    detect_anchor = "the hall's failure, probe detection included (workflow time)"
     env = await WorkflowEnvironment.start_time_skipping(
         test_server_existing_path=services.test_server_binary(),
         data_converter=pydantic_data_converter,
     )
     await ensure_search_attributes(env.client, env.client.namespace)
+    signalled: list[dict[str, float]] = []
+    detected: list[dict[str, float]] = []
     try:
         with tempfile.TemporaryDirectory() as tmp:
             cache, trust = make_bundle(Path(tmp), args.units)
-            signalled = [
-                await one_run(env, cache, trust, args.units, args.boot, "ABCD"[i % 4], False)
-                for i in range(args.runs)
-            ]
-            detected = [
-                await one_run(env, cache, trust, args.units, args.boot, "ABCD"[i % 4], True)
-                for i in range(args.detect_runs)
-            ]
+            for i in range(args.runs + args.detect_runs):
+                detect = i >= args.runs
+                hall = "ABCD"[i % 4]
+                try:
+                    r = await one_run(env, cache, trust, args.units, args.boot, hall, detect)
+                except NotReached as exc:
+                    name = "hall_failure_to_whole_p99" if detect else "hall_lost_to_whole_p99"
+                    report.measurement_missing(
+                        name,
+                        f"run {i} (hall {hall}): {exc}"[:300],
+                        "s",
+                        anchor=detect_anchor if detect else signal_anchor,
+                        target=TARGET_P99_S,
+                        comparator="<=",
+                    )
+                    return report.emit()
+                (detected if detect else signalled).append(r)
     finally:
         await env.shutdown()
-    rebuild = [r["rebuild_s"] for r in signalled]
-    det = [r["failure_to_whole_s"] for r in detected]
-    print(
-        json.dumps(
-            {
-                "floor_units": args.units,
-                "boot_seconds_per_instance": args.boot,
-                "runs": args.runs,
-                "hall_lost_signal_to_whole_s": {
-                    "p50": statistics.median(rebuild),
-                    "p99": pct(rebuild, 99),
-                    "max": max(rebuild),
-                    "min": min(rebuild),
-                },
-                "detect_runs": args.detect_runs,
-                "hall_failure_to_whole_detected_s": (
-                    {"p50": statistics.median(det), "p99": pct(det, 99), "max": max(det)}
-                    if det
-                    else None
-                ),
-                "max_hall_share_after": max(r["max_hall_share"] for r in signalled + detected),
-                "target_p99_s": 120,
-                "met": pct(rebuild, 99) <= 120 and (not det or pct(det, 99) <= 120),
-            },
-            indent=2,
+    rebuild = [r["to_whole_s"] for r in signalled]
+    if rebuild:
+        report.figure(
+            "hall_lost_to_whole_p50", statistics.median(rebuild), "s", anchor=signal_anchor
         )
+        report.figure(
+            "hall_lost_to_whole_p99",
+            pct(rebuild, 99),
+            "s",
+            anchor=f"{signal_anchor}; {len(rebuild)} runs",
+            target=TARGET_P99_S,
+            comparator="<=",
+        )
+    det = [r["to_whole_s"] for r in detected]
+    if det:
+        report.figure(
+            "hall_failure_to_whole_p99",
+            pct(det, 99),
+            "s",
+            anchor=f"{detect_anchor}; {len(det)} runs",
+            target=TARGET_P99_S,
+            comparator="<=",
+        )
+    runs = signalled + detected
+    if runs:
+        report.figure(
+            "max_hall_share_after",
+            100 * max(r["max_hall_share"] for r in runs),
+            "%",
+            anchor="the floor's units, in the worst hall once whole again",
+            target=MAX_HALL_SHARE_PCT,
+            comparator="<=",
+        )
+    report.details.update(
+        {
+            "hall_lost_to_whole_s": sorted(rebuild),
+            "hall_failure_to_whole_s": sorted(det),
+            # Ends after the lost hall's instances are released: later than "whole".
+            "keeper_last_rebuild_s": sorted(r["keeper_last_rebuild_s"] for r in runs),
+        }
     )
+    return report.emit()
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    raise SystemExit(asyncio.run(main()))

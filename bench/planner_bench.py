@@ -1,6 +1,6 @@
 """Planner benchmark: one region, 10,000 demand units; time and cost gap to the optimum.
 
-    .venv/bin/python bench/planner_bench.py [--runs 30] [--random 20]
+    .venv/bin/python bench/planner_bench.py [--runs 30] [--random 20] [--small 300] [--tiny]
 
 The headline instance is r1 (144 pools, every pool's free capacity = its reclaimable
 units, seeded reclaim rates) with 14 contracts of every kind, shape, cap and spread group,
@@ -10,14 +10,14 @@ units, seeded reclaim rates) with 14 contracts of every kind, shape, cap and spr
 (target 1 %). Then the same comparison on ``--random`` random r1 instances, and on
 ``--small`` small contended instances of the test suite's kind (the tests assert on 30),
 also with tight spread caps (fraction 0.1: a few units per pool), which the tests do not
-assert. Prints one JSON object.
+assert. Every gap is measured against the optimum of the same instance in the same run.
+Prints one JSON report (bench/report.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import random
 import statistics
@@ -25,11 +25,11 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.report import Report
 from contracts.region import load_region
 from planning.planner import (
     RESTART_COST_HOURS,
@@ -177,7 +177,12 @@ def shortfall(inp: PlanInput) -> tuple[int, float, float]:
     return sum(o.shortfall_units for o in out.outcomes), out.cost_per_hour, ms
 
 
-def compare(instances: list[PlanInput]) -> dict[str, Any]:
+TARGET_MS = 50.0
+TARGET_GAP_PCT = 1.0
+
+
+def compare(report: Report, label: str, instances: list[PlanInput]) -> None:
+    """Planner against the MILP on each instance: shortfall equal, cost gap, plan time."""
     gaps, times, unequal = [], [], 0
     for inp in instances:
         short, cost, ms = shortfall(inp)
@@ -187,18 +192,51 @@ def compare(instances: list[PlanInput]) -> dict[str, Any]:
             unequal += 1
             continue  # a cost gap at a different shortfall means nothing
         gaps.append(gap_pct(cost, cheapest))
-    return {
+    anchor = f"HiGHS MILP optimum of each of {len(instances)} instances"
+    report.figure(
+        f"{label}_shortfall_unequal",
+        unequal,
+        "instances",
+        anchor=anchor + " (its shortfall)",
+        target=0,
+        comparator="==",
+    )
+    if gaps:
+        report.figure(
+            f"{label}_max_gap",
+            max(gaps),
+            "%",
+            anchor=anchor + " (its cost)",
+            target=TARGET_GAP_PCT,
+            comparator="<=",
+        )
+    else:
+        report.measurement_missing(
+            f"{label}_max_gap",
+            "no instance had the optimum's shortfall, so no cost gap is comparable",
+            "%",
+            anchor=anchor,
+            target=TARGET_GAP_PCT,
+            comparator="<=",
+        )
+    report.figure(
+        f"{label}_plan_max",
+        max(times),
+        "ms",
+        anchor=f"one plan() call, worst of {len(instances)} instances",
+        target=TARGET_MS,
+        comparator="<=",
+    )
+    report.details[label] = {
         "instances": len(instances),
         "shortfall_equal": len(instances) - unequal,
-        "mean_gap_pct": round(statistics.fmean(gaps), 3),
-        "p95_gap_pct": round(statistics.quantiles(gaps, n=20)[18], 3),
-        "max_gap_pct": round(max(gaps), 3),
-        "over_1pct": sum(g > 1.0 for g in gaps),
-        "plan_ms_max": round(max(times), 2),
+        "mean_gap_pct": round(statistics.fmean(gaps), 3) if gaps else None,
+        "p95_gap_pct": round(statistics.quantiles(gaps, n=20)[18], 3) if len(gaps) > 1 else None,
+        "over_1pct": sum(g > TARGET_GAP_PCT for g in gaps),
     }
 
 
-def headline(runs: int) -> dict[str, Any]:
+def headline(report: Report, runs: int) -> None:
     inp = headline_instance()
     times = []
     out = plan(inp)
@@ -212,43 +250,61 @@ def headline(runs: int) -> dict[str, Any]:
     t = time.perf_counter()
     least, cheapest = optimum(inp, time_limit=300)
     milp_s = time.perf_counter() - t
-    quantiles = statistics.quantiles(times, n=20)
-    return {
-        "pools": len(inp.pools),
-        "contracts": len(inp.contracts),
-        "demand_units": sum(c.demand_units for c in inp.contracts),
-        "runs": runs,
+    p95 = statistics.quantiles(times, n=20)[18] if len(times) > 1 else times[0]
+    what = f"r1: {len(inp.pools)} pools, {len(inp.contracts)} contracts, 10,000 units"
+    report.figure(
+        "headline_plan_p95",
+        p95,
+        "ms",
+        anchor=f"{what}; {runs} runs",
+        target=TARGET_MS,
+        comparator="<=",
+    )
+    report.figure(
+        "headline_shortfall_over_optimum",
+        short - least,
+        "units",
+        anchor=f"{what}; HiGHS MILP optimum's shortfall ({least} units)",
+        target=0,
+        comparator="==",
+    )
+    report.figure(
+        "headline_gap",
+        gap_pct(out.cost_per_hour, cheapest),
+        "%",
+        anchor=f"{what}; HiGHS MILP optimum's cost ({cheapest:.2f}/h)",
+        target=TARGET_GAP_PCT,
+        comparator="<=",
+    )
+    report.details["headline_r1_10000_units"] = {
         "plan_ms_p50": round(statistics.median(times), 2),
-        "plan_ms_p95": round(quantiles[18], 2),
-        "target_ms": 50,
         "cost_per_hour": round(out.cost_per_hour, 4),
         "optimum_cost_per_hour": round(cheapest, 4),
-        "gap_pct": round(gap_pct(out.cost_per_hour, cheapest), 3),
-        "target_gap_pct": 1.0,
         "shortfall_units": short,
         "optimum_shortfall_units": least,
-        "shortfall_equal": short == least,
         "milp_s": round(milp_s, 2),
     }
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=30)
     ap.add_argument("--random", type=int, default=20)
     ap.add_argument("--small", type=int, default=300)
+    ap.add_argument("--tiny", action="store_true", help="3 runs, 1 random, 5 small (CI smoke)")
     args = ap.parse_args()
+    if args.tiny:
+        args.runs, args.random, args.small = 3, 1, 5
+    report = Report("planner", {"runs": args.runs, "random": args.random, "small": args.small})
+    headline(report, args.runs)
+    compare(report, "random_r1", [random_r1_instance(seed) for seed in range(args.random)])
     # The tests assert on the first 30 of these; the bench shows the tail of many more.
     small = [contended_instance(seed) for seed in range(args.small)]
+    compare(report, "small_contended", small)
     tight = [inp.model_copy(update={"spread_max_pool_fraction": 0.1}) for inp in small]
-    result = {
-        "headline_r1_10000_units": headline(args.runs),
-        "random_r1": compare([random_r1_instance(seed) for seed in range(args.random)]),
-        "small_contended": compare(small),
-        "small_contended_tight_spread_0.1": compare(tight),
-    }
-    print(json.dumps(result, indent=2))
+    compare(report, "small_tight_spread", tight)
+    return report.emit()
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -1,18 +1,19 @@
 """Simulator benchmark: 10,000 instances, and calls per second per core.
 
     .venv/bin/python bench/simulator_bench.py [--instances 10000] [--service-calls 5000]
+        [--tiny] [--timeout 300]
 
 In-process: creates, gets, lists and deletes against SimulatedCloud. Service: the same
 CloudProvider calls over NATS request-reply (the machine's NATS), 32 in flight. "Per core"
 divides by the CPU seconds the benchmark process used (the service runs in-process here,
-so both ends are counted). Prints one JSON object.
+so both ends are counted). The service run is bounded by --timeout (each call by the
+client's own 10 s). Prints one JSON report (bench/report.py); no target is stated.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 import time
 import uuid
@@ -26,6 +27,7 @@ import nats
 from activities.provider.interface import CreateRequest
 from activities.provider.sim_service import SimulatorClient, serve
 from activities.provider.simulator import SimulatedCloud
+from bench.report import Report
 from contracts.region import load_region
 
 
@@ -69,7 +71,7 @@ async def in_process(n: int) -> dict[str, float]:
     }
 
 
-async def service(n: int) -> dict[str, float]:
+async def service(n: int, bound_s: float) -> dict[str, float]:
     cloud, reqs = requests(ROOT / "deploy" / "regions" / "r1.toml", n)
     prefix = f"bench{uuid.uuid4().hex[:6]}"
     nc = await nats.connect("nats://127.0.0.1:4222")
@@ -83,11 +85,13 @@ async def service(n: int) -> dict[str, float]:
             return (await client.create(r)).provider_id
 
     cpu, wall = time.process_time(), time.perf_counter()
-    ids = await asyncio.gather(*(create(r) for r in reqs))
+    try:
+        ids = await asyncio.wait_for(asyncio.gather(*(create(r) for r in reqs)), bound_s)
+    finally:
+        server.cancel()
+        await client.close()
+        await nc.close()
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-    server.cancel()
-    await client.close()
-    await nc.close()
     assert len(set(ids)) == n
     return {
         "calls": n,
@@ -97,21 +101,39 @@ async def service(n: int) -> dict[str, float]:
     }
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--instances", type=int, default=10000)
     ap.add_argument("--service-calls", type=int, default=5000)
+    ap.add_argument("--timeout", type=float, default=300, help="bound on the service run")
+    ap.add_argument("--tiny", action="store_true", help="300 instances, 200 calls (CI smoke)")
     args = ap.parse_args()
-    print(
-        json.dumps(
-            {
-                "in_process": asyncio.run(in_process(args.instances)),
-                "over_nats": asyncio.run(service(args.service_calls)),
-            },
-            indent=2,
-        )
+    if args.tiny:
+        args.instances, args.service_calls, args.timeout = 300, 200, 30.0
+    report = Report("simulator", {"instances": args.instances, "service_calls": args.service_calls})
+    local = asyncio.run(in_process(args.instances))
+    anchor = f"{args.instances} creates + gets + deletes and one list, in-process"
+    report.figure("in_process_calls_per_s", local["calls_per_s"], "calls/s", anchor=anchor)
+    report.figure(
+        "in_process_calls_per_cpu_s", local["calls_per_cpu_s"], "calls/CPU-s", anchor=anchor
     )
+    sanchor = f"{args.service_calls} creates over NATS request-reply, 32 in flight"
+    try:
+        remote = asyncio.run(service(args.service_calls, args.timeout))
+    except (TimeoutError, AssertionError) as exc:
+        why = f"service run did not complete within {args.timeout} s: {exc!r}"
+        report.measurement_missing("over_nats_calls_per_s", why, "calls/s", anchor=sanchor)
+        return report.emit()
+    report.figure("over_nats_calls_per_s", remote["calls_per_s"], "calls/s", anchor=sanchor)
+    report.figure(
+        "over_nats_calls_per_cpu_s",
+        remote["calls_per_cpu_s"],
+        "calls/CPU-s",
+        anchor=sanchor + "; both ends in this process",
+    )
+    report.details.update({"in_process": local, "over_nats": remote})
+    return report.emit()
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -1,0 +1,51 @@
+"""What each benchmark needs from the machine beyond the Python environment, as the reason
+it cannot run (None: it can). bench/run_all.py records the reason as "not run"; the tiny
+bench test skips with it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+from collections.abc import Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SLURM_BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "squeue")
+
+
+def _listening(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def postgres() -> str | None:
+    return None if _listening("127.0.0.1", 5432) else "PostgreSQL not listening on :5432"
+
+
+def nats() -> str | None:
+    return None if _listening("127.0.0.1", 4222) else "NATS not listening on :4222"
+
+
+def slurm() -> str | None:
+    missing = [b for b in SLURM_BINARIES if shutil.which(b) is None]
+    if missing:
+        return f"{', '.join(missing)} missing: apt-get install -y slurmd slurmctld munge"
+    return postgres()
+
+
+def testcloud() -> str | None:
+    config = os.environ.get("OS_CLIENT_CONFIG_FILE") or ".sco/testcloud/clouds.yaml"
+    if not (REPO / config).is_file():
+        return f"no OpenStack test cloud ({config} missing: make testcloud-up)"
+    return None
+
+
+def first(*checks: Callable[[], str | None]) -> Callable[[], str | None]:
+    def check() -> str | None:
+        return next((r for c in checks if (r := c()) is not None), None)
+
+    return check

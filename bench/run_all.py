@@ -1,0 +1,221 @@
+"""Run every benchmark, one report: bench/results/latest.json and latest.md.
+
+    .venv/bin/python bench/run_all.py [--tiny] [--only planner,floor] [--out bench/results]
+        [--readme README.md]
+
+With --only, the named benches are run again and replace their entries in the report
+already in --out (same --tiny), the others are kept as they were; each bench carries the
+time it ran.
+
+Each bench runs as its own process (so one that hangs or dies is a failed bench, not a
+dead report), one after another: the machine is shared and the figures are timings. A
+bench whose tool is missing (bench/needs.py) is recorded as not run, with the reason. The
+Markdown table lists every figure beside its target and anchor, met or missed; with
+--readme it replaces the README's section between the bench markers. Exit status: 1 when
+a bench failed or a measurement did not happen, else 0 (a missed target is a result).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench import needs
+from bench.report import REPORT_FILE_ENV
+
+TINY_TIMEOUT_S = 90.0
+BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
+
+
+@dataclass(frozen=True)
+class Bench:
+    name: str
+    script: str
+    full: tuple[str, ...]
+    tiny: tuple[str, ...]
+    needs: Callable[[], str | None]
+    timeout_s: float  # of the full run; every tiny run gets TINY_TIMEOUT_S
+
+
+BENCHES = (
+    Bench("outbox", "outbox_bench.py", (), ("--tiny",), needs.postgres, 600),
+    Bench("contracts", "contracts_bench.py", (), ("--tiny",), lambda: None, 600),
+    Bench("simulator", "simulator_bench.py", (), ("--tiny",), needs.nats, 600),
+    Bench("planner", "planner_bench.py", (), ("--tiny",), lambda: None, 1800),
+    Bench("control", "control_bench.py", (), ("--tiny",), needs.postgres, 900),
+    Bench("floor", "floor_bench.py", (), ("--tiny",), needs.postgres, 1800),
+    Bench("slurm_resume", "slurm_resume_bench.py", (), ("--tiny",), needs.slurm, 900),
+    Bench("agent", "agent_bench.py", (), ("--tiny",), needs.nats, 900),
+    Bench("openstack", "openstack_bench.py", (), ("--tiny",), needs.testcloud, 900),
+)
+
+
+def now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def run_one(bench: Bench, tiny: bool) -> dict[str, Any]:
+    result = _run_one(bench, tiny)
+    result["run_at"] = now()
+    return result
+
+
+def _run_one(bench: Bench, tiny: bool) -> dict[str, Any]:
+    if (reason := bench.needs()) is not None:
+        return {"bench": bench.name, "status": "not run", "reason": reason}
+    timeout = TINY_TIMEOUT_S if tiny else bench.timeout_s
+    argv = [sys.executable, str(ROOT / "bench" / bench.script), *(bench.tiny if tiny else ())]
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "report.json"
+        env = {**os.environ, REPORT_FILE_ENV: str(path)}
+        try:
+            proc = subprocess.run(
+                argv,
+                cwd=ROOT,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            why = f"no result in {timeout:.0f} s"
+            return {"bench": bench.name, "status": "failed", "reason": why}
+        text = path.read_text() if path.is_file() else ""
+    wall = round(time.monotonic() - started, 1)
+    try:
+        out: dict[str, Any] = json.loads(text)
+    except json.JSONDecodeError:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return {
+            "bench": bench.name,
+            "status": "failed",
+            "reason": f"exit {proc.returncode}, no JSON report: {tail}",
+            "wall_s": wall,
+        }
+    out["status"] = "ok" if proc.returncode == 0 else "failed"
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or [""])[-1]
+        out["reason"] = f"exit {proc.returncode}: {tail}"
+    return out
+
+
+def fmt(value: float | None) -> str:
+    """Three or so significant digits: the machine's noise is larger than the rest."""
+    if value is None:
+        return "—"
+    if abs(value) >= 1000:
+        return f"{value:,.0f}"
+    if abs(value) >= 10:
+        return f"{value:.1f}".removesuffix(".0")
+    return f"{value:.3g}"
+
+
+def markdown(report: dict[str, Any]) -> str:
+    met = missed = unjudged = 0
+    rows = []
+    for b in report["benches"]:
+        if b["status"] != "ok" and not b.get("figures"):
+            rows.append(f"| {b['bench']} | — | — | — | — | **{b['status']}**: {b['reason']} |")
+            continue
+        m = b["machine"]
+        load = f"load {m['loadavg_start'][0]:g}→{m['loadavg_end'][0]:g} on {m['cpus']} CPUs"
+        for f in b["figures"]:
+            target = f"{f['comparator']} {fmt(f['target'])}" if f["target"] is not None else "—"
+            if f["value"] is None:
+                result = f"**not measured**: {f['reason']}"
+            elif f["met"] is True:
+                result, met = "met", met + 1
+            elif f["met"] is False:
+                result, missed = "**missed**", missed + 1
+            else:
+                result, unjudged = "no target", unjudged + 1
+            rows.append(
+                f"| {b['bench']} | {f['name']} | {fmt(f['value'])} {f['unit']} | {target} "
+                f"| {f['anchor']} | {result} |"
+            )
+        when = f", run {b['run_at']}" if "run_at" in b else ""
+        rows.append(f"| {b['bench']} | _machine_ | {load}, {b['wall_s']:g} s{when} | | | |")
+    head = (
+        f"Generated by bench/run_all.py{' --tiny' if report['tiny'] else ''} "
+        f"at {report['generated_at']}: {met} met, {missed} missed, {unjudged} without a "
+        f"target, {report['not_measured']} not measured; benches not run: "
+        f"{report['not_run']}.\n\n"
+        "| Bench | Figure | Value | Target | Anchor (measured from / compared with) | Result |\n"
+        "|---|---|---|---|---|---|\n"
+    )
+    notes = [f"- {b['bench']}: {n}" for b in report["benches"] for n in b.get("notes") or []]
+    tail = "\n\n" + "\n".join(notes) + "\n" if notes else "\n"
+    return head + "\n".join(rows) + tail
+
+
+def replace_section(readme: Path, table: str) -> None:
+    text = readme.read_text()
+    if BEGIN not in text or END not in text:
+        raise SystemExit(f"{readme}: markers {BEGIN} / {END} missing")
+    before, rest = text.split(BEGIN, 1)
+    _, after = rest.split(END, 1)
+    readme.write_text(f"{before}{BEGIN}\n{table}{END}{after}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tiny", action="store_true", help="each bench in seconds (CI smoke)")
+    ap.add_argument("--only", default="", help="comma-separated bench names")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    ap.add_argument("--readme", type=Path, default=None, help="rewrite this README's section")
+    args = ap.parse_args()
+    only = {n for n in args.only.split(",") if n}
+    unknown = only - {b.name for b in BENCHES}
+    if unknown:
+        raise SystemExit(f"--only: unknown bench {', '.join(sorted(unknown))}")
+    kept: dict[str, dict[str, Any]] = {}
+    earlier = args.out / "latest.json"
+    if only and earlier.is_file():
+        old = json.loads(earlier.read_text())
+        if old.get("tiny") == args.tiny:
+            # A bench from before run times were kept ran by the time its report was written.
+            kept = {b["bench"]: {"run_at": old["generated_at"], **b} for b in old["benches"]}
+    results = []
+    for bench in BENCHES:
+        if only and bench.name not in only:
+            if bench.name in kept:
+                results.append(kept[bench.name])
+            continue
+        print(f"bench {bench.name} ...", file=sys.stderr, flush=True)
+        results.append(run_one(bench, args.tiny))
+        print(f"bench {bench.name}: {results[-1]['status']}", file=sys.stderr, flush=True)
+    report = {
+        "generated_at": now(),
+        "tiny": args.tiny,
+        "benches": results,
+        "failed": sum(r["status"] == "failed" for r in results),
+        "not_run": sum(r["status"] == "not run" for r in results),
+        "not_measured": sum(r.get("missing", 0) for r in results),
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "latest.json").write_text(json.dumps(report, indent=2) + "\n")
+    table = markdown(report)
+    (args.out / "latest.md").write_text(table)
+    if args.readme is not None:
+        replace_section(args.readme, table)
+    print(table)
+    return 1 if report["failed"] or report["not_measured"] else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
