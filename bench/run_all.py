@@ -59,6 +59,7 @@ BENCHES = (
     Bench("floor", "floor_bench.py", (), ("--tiny",), needs.postgres, 1800),
     Bench("slurm_resume", "slurm_resume_bench.py", (), ("--tiny",), needs.slurm, 900),
     Bench("agent", "agent_bench.py", (), ("--tiny",), needs.nats, 900),
+    Bench("cli", "cli_bench.py", (), ("--tiny",), needs.postgres, 600),
     Bench("openstack", "openstack_bench.py", (), ("--tiny",), needs.testcloud, 900),
 )
 
