@@ -243,7 +243,7 @@ async def run_worker(settings: Settings, region: str) -> None:
     with async_stop_event() as stop:
         client = await connect(settings, region, runtime)
         async with contextlib.AsyncExitStack() as opened:
-            pool = open_pool(settings.postgres_dsn)
+            pool = open_pool(settings.postgres_dsn, timeouts=settings.fleet_db.timeouts())
             opened.callback(pool.close)
             provider = await opened.enter_async_context(open_provider(settings, region))
             # A short lock wait: the ledger consumer holds an embedded ledger in bursts,

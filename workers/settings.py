@@ -13,13 +13,22 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     TomlConfigSettingsSource,
 )
+
+from activities.fleet.db import DbTimeouts
 
 CONFIG_ENV = "SCO_CONFIG"
 DEFAULT_CONFIG_FILE = Path("sco.toml")
@@ -70,6 +79,53 @@ class OutboxSettings(BaseModel):
     idle_poll_seconds: float = Field(default=1.0, gt=0)
     # Sent rows are kept this long (for audits and re-publishing), then deleted by the relay.
     retention_hours: float = Field(default=24.0, ge=0)
+
+
+class NoticeRelaySettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    # A relay that lost a dependency (fleet state, NATS) retries at most this far apart.
+    max_backoff_seconds: float = Field(default=10.0, gt=0)
+    # Each call that tells a pool's exclusion cycle about a notice gives up after this;
+    # it is retried in the background and never holds up a notice.
+    hook_timeout_seconds: float = Field(default=5.0, gt=0)
+
+
+#: The shortest start-to-close of an activity that writes fleet state (workflows/): a
+#: database wait must give up inside it, or Temporal times the activity out while it
+#: still blocks a worker slot.
+FLEET_ACTIVITY_START_TO_CLOSE_SECONDS = 30.0
+
+
+class FleetDbSettings(BaseModel):
+    """Bounded waits on fleet state (PostgreSQL), for every process's pool."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    connect_timeout_seconds: float = Field(default=5.0, ge=2)
+    # Server-side (`-c statement_timeout`): a statement stuck on a lock or a failing
+    # primary is cancelled by the server, not left for Temporal to time out.
+    statement_timeout_seconds: float = Field(default=15.0, gt=0)
+    # How long a checkout waits for a free or new connection before PoolTimeout.
+    pool_timeout_seconds: float = Field(default=8.0, gt=0)
+
+    @model_validator(mode="after")
+    def _inside_activity_timeout(self) -> FleetDbSettings:
+        worst = self.pool_timeout_seconds + self.statement_timeout_seconds
+        if worst >= FLEET_ACTIVITY_START_TO_CLOSE_SECONDS:
+            raise ValueError(
+                f"pool_timeout_seconds + statement_timeout_seconds = {worst:g} s must be "
+                f"below the fleet activities' start-to-close "
+                f"({FLEET_ACTIVITY_START_TO_CLOSE_SECONDS:g} s)"
+            )
+        return self
+
+    def timeouts(self) -> DbTimeouts:
+        return DbTimeouts(
+            connect=self.connect_timeout_seconds,
+            statement=self.statement_timeout_seconds,
+            pool=self.pool_timeout_seconds,
+        )
 
 
 class ContractSettings(BaseModel):
@@ -258,12 +314,14 @@ class Settings(BaseSettings):
     regions_dir: Path = Path("deploy/regions")
     data_dir: Path = Path(".sco")
     postgres_dsn: str = "postgresql://postgres@127.0.0.1:5432/sco"
+    fleet_db: FleetDbSettings = FleetDbSettings()
     nats_url: str = "nats://127.0.0.1:4222"
     # Empty means "<data_dir>/ledger" on the embedded chDB backend.
     ledger_dsn: str = ""
     temporal: TemporalSettings = TemporalSettings()
     kafka: KafkaSettings = KafkaSettings()
     outbox: OutboxSettings = OutboxSettings()
+    notice_relay: NoticeRelaySettings = NoticeRelaySettings()
     provider: ProviderSettings = ProviderSettings()
     contracts: ContractSettings = ContractSettings()
     control: ControlSettings = ControlSettings()

@@ -68,7 +68,7 @@ def fleet_db(s: Settings) -> Iterator[ConnectionPool]:
     """A one-connection pool on fleet state for one command, closed after; a database
     error is a one-line error and a non-zero exit."""
     with errors_as_exit(psycopg.Error):
-        pool = open_pool(s.postgres_dsn, max_size=1)
+        pool = open_pool(s.postgres_dsn, max_size=1, timeouts=s.fleet_db.timeouts())
         try:
             yield pool
         finally:
