@@ -56,6 +56,8 @@ class KafkaSettings(BaseModel):
     bootstrap_servers: str = "127.0.0.1:19092"
     partitions: int = Field(default=6, ge=1)
     replication_factor: int = Field(default=1, ge=1)
+    # The producer refuses a bigger event (it becomes a dead letter, with the reason).
+    max_message_bytes: int = Field(default=1_000_000, ge=1000)
 
 
 class ProviderSettings(BaseModel):
@@ -79,6 +81,14 @@ class OutboxSettings(BaseModel):
     idle_poll_seconds: float = Field(default=1.0, gt=0)
     # Sent rows are kept this long (for audits and re-publishing), then deleted by the relay.
     retention_hours: float = Field(default=24.0, ge=0)
+    # A row Kafka refuses this many times is parked as a dead letter (`sco outbox
+    # dead-letters`); broker outages never count toward it.
+    max_attempts: int = Field(default=5, ge=1)
+    # A message not acknowledged in this long expires in the producer; the relay then
+    # makes a new producer (the broker may have lost its state) and sends the row again.
+    message_timeout_seconds: float = Field(default=30.0, gt=0)
+    # Prometheus metrics of the relay (sco_dead_letters_total); 0 turns them off.
+    metrics_port: int = Field(default=0, ge=0, le=65535)
 
 
 class NoticeRelaySettings(BaseModel):
