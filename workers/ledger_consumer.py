@@ -23,7 +23,12 @@ def run(settings: Settings) -> ConsumerProgress:
         store = LedgerStore(settings.effective_ledger_dsn)
         try:
             store.ensure_schema()
-            consumer = LedgerConsumer(settings.kafka.bootstrap_servers, topics, store)
+            consumer = LedgerConsumer(
+                settings.kafka.bootstrap_servers,
+                topics,
+                store,
+                dead_letter_dsn=settings.postgres_dsn,
+            )
             try:
                 log.info(
                     "ledger consumer: %s → %s", ", ".join(topics), settings.effective_ledger_dsn

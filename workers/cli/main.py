@@ -9,6 +9,7 @@ import typer
 from workers.cli import (
     contracts,
     control,
+    dead_letters,
     dev,
     exclusion,
     fleet,
@@ -31,6 +32,8 @@ app.add_typer(fleet.db_app, name="db")
 app.add_typer(fleet.pools_app, name="pools")
 app.add_typer(fleet.instances_app, name="instances")
 app.add_typer(fleet.outbox_app, name="outbox")
+fleet.outbox_app.command("dead-letters")(dead_letters.list_dead_letters)
+fleet.outbox_app.command("retry")(dead_letters.retry)
 app.command("worker")(control.worker)
 app.add_typer(control.demand_app, name="demand")
 control.demand_app.command("sources")(schedulers.demand_sources)
