@@ -82,6 +82,7 @@ def drain(relay: OutboxRelay, dsn: str, rounds: int) -> None:
             relay.publish_batch(conn)
 
 
+@pytest.mark.chaos
 def test_a_poison_event_becomes_a_dead_letter_and_goes_out_when_retried(
     outbox_db: str, kafka_bootstrap: str, tmp_path: Path
 ) -> None:
@@ -127,11 +128,19 @@ def test_a_poison_event_becomes_a_dead_letter_and_goes_out_when_retried(
         expect=1,
         keep=lambda e: str(e.event_id) == poison_payload["event_id"],
     )
-    assert len(got) == 1
     with psycopg.connect(outbox_db) as conn:
-        assert dead_letters.list_dead_letters(conn) == []
+        open_letters = dead_letters.list_dead_letters(conn)
+    counts = chaos.report(
+        "outbox_poison_event",
+        lost_events=1 - len({e.event_id for e in got}),
+        duplicated_events=len(got) - len({e.event_id for e in got}),
+        events_blocked_behind_poison=int(not sent[after]),
+        dead_letters_left_after_retry=len(open_letters),
+    )
+    assert chaos.nonzero(counts) == {}
 
 
+@pytest.mark.chaos
 def test_the_relay_recovers_from_a_broker_restart_by_itself(outbox_db: str, tmp_path: Path) -> None:
     port = services.free_port()
     bootstrap = f"127.0.0.1:{port}"
