@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import logging
 
+from prometheus_client import start_http_server
+
 from activities.events import region_topics
 from activities.ledger.consumer import ConsumerProgress, LedgerConsumer
 from activities.ledger.store import LedgerStore
@@ -19,6 +21,8 @@ def run(settings: Settings) -> ConsumerProgress:
     """Consume until stopped; return the counts. The Kafka consumer leaves its group and
     the ledger client closes, whatever ends the loop."""
     topics = [t for r in settings.regions for t in region_topics(r)]
+    if settings.ledger_metrics_port:
+        start_http_server(settings.ledger_metrics_port)
     with thread_stop_event() as stop:
         store = LedgerStore(settings.effective_ledger_dsn)
         try:

@@ -14,6 +14,7 @@ import nats
 import psycopg
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
+from prometheus_client import Gauge, start_http_server
 from temporalio.client import Client
 
 from activities.backoff import CappedBackoff
@@ -23,12 +24,19 @@ from activities.notice_relay import NoticeRelay
 from contracts.notice import ReclaimRequest, reclaim_subject
 from contracts.region import Region
 from workers.exclusion_hooks import ExclusionHookQueue
+from workers.health import serve_health
 from workers.provider_factory import open_provider
 from workers.settings import Settings
 from workers.shutdown import async_stop_event
 
 log = logging.getLogger(__name__)
 
+
+DEGRADED = Gauge(
+    "sco_notice_relay_degraded",
+    "1 while the hall's notice relay cannot reach a dependency (and retries), else 0",
+    ["region", "hall"],
+)
 
 # The faults the loop outlives: fleet state (PostgreSQL, the pool's PoolTimeout included),
 # NATS/JetStream, and the network under either.
@@ -72,6 +80,16 @@ async def run(settings: Settings, region: Region, hall: str, *, sweep_seconds: f
             await nc.subscribe(reclaim_subject(region.id, hall), cb=_request_handler(relay, hooks))
             backoff = CappedBackoff(initial=0.5, cap=settings.notice_relay.max_backoff_seconds)
             stream_ready = recovered = False
+            degraded = DEGRADED.labels(region=region.id, hall=hall)
+            if settings.notice_relay.metrics_port:
+                start_http_server(settings.notice_relay.metrics_port)
+            if settings.notice_relay.health_port:
+                health = await serve_health(
+                    "0.0.0.0",
+                    settings.notice_relay.health_port,
+                    lambda: recovered and backoff.failures == 0,
+                )
+                opened.callback(health.close)
             while not stop.is_set():
                 wait = sweep_seconds
                 try:
@@ -80,8 +98,8 @@ async def run(settings: Settings, region: Region, hall: str, *, sweep_seconds: f
                         stream_ready = True
                     if not recovered:
                         republished = await relay.recover()
-                        log.info("notice relay %s/%s: republished %d", region.id, hall, republished)
                         recovered = True
+                        log.info("notice relay %s/%s: republished %d", region.id, hall, republished)
                     for notice in await relay.poll_provider():
                         log.info(
                             "noticed %s (deadline %s)", notice.node, f"{notice.deadline:%H:%M:%S}"
@@ -91,9 +109,11 @@ async def run(settings: Settings, region: Region, hall: str, *, sweep_seconds: f
                     if backoff.failures:
                         log.info("notice relay %s/%s: dependencies back", region.id, hall)
                     backoff.reset()
+                    degraded.set(0)
                 except _DEPENDENCY_ERRORS as exc:
                     # A notice recorded but not published in the outage goes out on recovery.
                     recovered = False
+                    degraded.set(1)
                     wait = backoff.next()
                     log.warning(
                         "notice relay %s/%s degraded (%s: %s); retrying in %.1f s",

@@ -99,6 +99,10 @@ class NoticeRelaySettings(BaseModel):
     # Each call that tells a pool's exclusion cycle about a notice gives up after this;
     # it is retried in the background and never holds up a notice.
     hook_timeout_seconds: float = Field(default=5.0, gt=0)
+    # GET /healthz, /readyz (503 while a dependency is away) and Prometheus metrics
+    # (sco_notice_relay_degraded); 0 turns each off. One relay per hall: give each its own.
+    health_port: int = Field(default=0, ge=0, le=65535)
+    metrics_port: int = Field(default=0, ge=0, le=65535)
 
 
 #: The shortest start-to-close of an activity that writes fleet state (workflows/): a
@@ -328,6 +332,8 @@ class Settings(BaseSettings):
     nats_url: str = "nats://127.0.0.1:4222"
     # Empty means "<data_dir>/ledger" on the embedded chDB backend.
     ledger_dsn: str = ""
+    # Prometheus metrics of the ledger consumer (sco_dead_letters_total); 0 turns them off.
+    ledger_metrics_port: int = Field(default=0, ge=0, le=65535)
     temporal: TemporalSettings = TemporalSettings()
     kafka: KafkaSettings = KafkaSettings()
     outbox: OutboxSettings = OutboxSettings()

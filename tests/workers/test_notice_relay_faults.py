@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+import urllib.error
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -100,6 +102,17 @@ class NoticeWatch:
         }
 
 
+async def http_get(port: int, path: str) -> tuple[int, str]:
+    def get() -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
+                return resp.status, resp.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    return await asyncio.to_thread(get)
+
+
 def start_relay(env: dict[str, str], tmp_path: Path, processes: list[Process]) -> Process:
     sim = Process(env, tmp_path / "sim.log", "sim", "serve", "--region", "r1")
     processes.append(sim)
@@ -114,12 +127,16 @@ async def test_notice_relay_outlives_a_fleet_database_outage(
     env: dict[str, str], region_r1: Region, tmp_path: Path, processes: list[Process]
 ) -> None:
     # A short pool wait so a few seconds of outage are several PoolTimeouts.
+    health, metrics = services.free_port(), services.free_port()
     env = {
         **env,
         "SCO_FLEET_DB__POOL_TIMEOUT_SECONDS": "2",
         "SCO_NOTICE_RELAY__MAX_BACKOFF_SECONDS": "2",
+        "SCO_NOTICE_RELAY__HEALTH_PORT": str(health),
+        "SCO_NOTICE_RELAY__METRICS_PORT": str(metrics),
     }
     relay = start_relay(env, tmp_path, processes)
+    assert await http_get(health, "/readyz") == (200, "ready\n")
     nodes = set(await launch(env, region_r1, 3))
     outage = chaos.DatabaseOutage(env["SCO_POSTGRES_DSN"])
     async with NoticeWatch() as watch:
@@ -132,9 +149,13 @@ async def test_notice_relay_outlives_a_fleet_database_outage(
             assert code == 1 and "degraded, nothing noticed" in out, out
             assert time.monotonic() - started < 12
             await asyncio.sleep(4)  # more failed sweeps, backoff at its cap
+            assert (await http_get(health, "/readyz"))[0] == 503
+            _, exposed = await http_get(metrics, "/metrics")
+            assert 'sco_notice_relay_degraded{hall="A",region="r1"} 1.0' in exposed
         finally:
             outage.end()
         relay.wait_for("dependencies back", timeout=20)
+        assert await http_get(health, "/readyz") == (200, "ready\n")
         code, out = await services.run_sco(env, "reclaim", "--pool", POOL, cwd=REPO)
         assert code == 0 and "3 noticed" in out, out
         await watch.until(nodes, within=10)
