@@ -50,11 +50,13 @@ class ExclusionHookQueue:
         self._backoff = backoff or CappedBackoff(initial=1.0, cap=30.0)
         self._client: Client | None = None
         self._task: asyncio.Task[None] | None = None
+        self._in_flight = False
         self.counts = HookCounts()
 
     @property
     def pending(self) -> int:
-        return self._queue.qsize()
+        """Notices not told yet, the one being retried included."""
+        return self._queue.qsize() + int(self._in_flight)
 
     async def submit(self, notice: ReclaimNotice) -> None:
         """Queue `notice`; never waits (the relay's `on_notice`)."""
@@ -79,11 +81,13 @@ class ExclusionHookQueue:
     async def _run(self) -> None:
         while True:
             notice = await self._queue.get()
+            self._in_flight = True
             for attempt in itertools.count():
                 if attempt:
                     await asyncio.sleep(self._backoff.next())
                 if await self._tell(notice):
                     break
+            self._in_flight = False
             self._backoff.reset()
 
     async def _tell(self, notice: ReclaimNotice) -> bool:
@@ -112,7 +116,7 @@ class ExclusionHookQueue:
                 log.warning(
                     "exclusion cycle of %s not told yet (%d queued), retrying: %s",
                     notice.pool_id,
-                    self.pending + 1,
+                    self.pending,
                     exc or type(exc).__name__,
                 )
             return False
