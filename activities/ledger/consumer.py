@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import psycopg
-from confluent_kafka import Consumer, KafkaError, Message
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message
 from pydantic import ValidationError
 
 from activities.backoff import CappedBackoff
@@ -146,10 +146,20 @@ class LedgerConsumer:
                     raise
 
     def run(self, stop: threading.Event, poll_seconds: float = 0.2) -> None:
-        # A short poll keeps commit-to-ledger latency low; under load batches fill anyway.
+        """Consume until `stop`. A broker that is away or restarting (a failed commit or
+        fetch) is waited out with capped backoff: what was inserted but not committed is
+        committed with the next batch, or read again and deduplicated by the ledger."""
         self._stop = stop
+        backoff = CappedBackoff(initial=0.5, cap=10.0)
+        # A short poll keeps commit-to-ledger latency low; under load batches fill anyway.
         while not stop.is_set():
-            self.poll_batch(timeout=poll_seconds)
+            try:
+                self.poll_batch(timeout=poll_seconds)
+                backoff.reset()
+            except KafkaException as exc:
+                wait = backoff.next()
+                log.warning("ledger: Kafka unavailable (%s); retrying in %.1f s", exc, wait)
+                stop.wait(wait)
 
     def close(self) -> None:
         self._consumer.close()

@@ -28,7 +28,9 @@ from activities.events import (
 from activities.fleet import dead_letters
 from activities.fleet.migrate import migrate
 from activities.fleet.relay import OutboxRelay
-from activities.kafka import TopicSpec
+from activities.kafka import TopicSpec, ensure_topics
+from activities.ledger.consumer import LedgerConsumer
+from activities.ledger.store import TABLE, LedgerStore
 from tests.support import chaos, services
 from tests.support.kafka_read import read_topic
 from tests.support.paths import BASE_DSN, REPO
@@ -142,12 +144,8 @@ def test_a_poison_event_becomes_a_dead_letter_and_goes_out_when_retried(
 
 @pytest.mark.chaos
 def test_the_relay_recovers_from_a_broker_restart_by_itself(outbox_db: str, tmp_path: Path) -> None:
-    port = services.free_port()
-    bootstrap = f"127.0.0.1:{port}"
-    svc = KafkaService(
-        Settings(data_dir=tmp_path / "kafka", kafka={"bootstrap_servers": bootstrap})
-    )
-    record = svc.start()
+    broker = OwnBroker(tmp_path)
+    bootstrap = broker.bootstrap
     topics = TopicSpec(tuple(region_topics("r1") + region_topics("r2")), 3, 1)
     relay = OutboxRelay(outbox_db, bootstrap, topics=topics, message_timeout_ms=3000)
     stop = threading.Event()
@@ -156,13 +154,12 @@ def test_the_relay_recovers_from_a_broker_restart_by_itself(outbox_db: str, tmp_
     try:
         before = [enqueue_raw(outbox_db, event_payload(f"b{n}")) for n in range(20)]
         wait_sent(outbox_db, before, within=30)
-        os.killpg(record.pid, signal.SIGKILL)  # an in-memory broker: every id and topic gone
-        process.stop(record)
+        broker.kill()  # an in-memory broker: every producer id and topic gone
         during = [event_payload(f"d{n}") for n in range(50)]
         for p in during:
             enqueue_raw(outbox_db, p)
         time.sleep(4)  # past message_timeout_ms: the relay's messages expired meanwhile
-        record = svc.start()  # the same address, nothing in it
+        broker.start()  # the same address, nothing in it
         wait_sent(outbox_db, [], within=60)
         got = read_topic(
             bootstrap,
@@ -188,7 +185,94 @@ def test_the_relay_recovers_from_a_broker_restart_by_itself(outbox_db: str, tmp_
         stop.set()
         worker.join(timeout=15)
         relay.close()
-        process.stop(record)
+        broker.stop()
+
+
+class OwnBroker:
+    """A tansu broker of the test's own, killed (SIGKILL: its in-memory state, producer
+    ids, groups and topics gone) and started again on the same address."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.bootstrap = f"127.0.0.1:{services.free_port()}"
+        self._svc = KafkaService(
+            Settings(data_dir=tmp_path / "kafka", kafka={"bootstrap_servers": self.bootstrap})
+        )
+        self._record = self._svc.start()
+
+    def kill(self) -> None:
+        os.killpg(self._record.pid, signal.SIGKILL)
+        process.stop(self._record)
+
+    def start(self) -> None:
+        self._record = self._svc.start()
+
+    def stop(self) -> None:
+        process.stop(self._record)
+
+
+@pytest.mark.chaos
+def test_events_reach_the_ledger_across_a_broker_restart(outbox_db: str, tmp_path: Path) -> None:
+    """Outbox → relay → Kafka → ledger consumer, the broker killed and restarted between
+    two bursts of events: both processes carry on by themselves and the ledger gets every
+    event once."""
+    broker = OwnBroker(tmp_path)
+    topics = TopicSpec(tuple(region_topics("r1")), 3, 1)
+    ensure_topics(broker.bootstrap, topics.names, **topics.layout())
+    stop = threading.Event()
+    relay = OutboxRelay(outbox_db, broker.bootstrap, topics=topics, message_timeout_ms=3000)
+    store = LedgerStore(f"chdb://{tmp_path / 'ledger'}")
+    store.ensure_schema()
+    consumer = LedgerConsumer(
+        broker.bootstrap, topics.names, store, group_id="chaos", dead_letter_dsn=outbox_db
+    )
+    threads = [
+        threading.Thread(target=relay.run, args=(stop,), daemon=True),
+        threading.Thread(target=consumer.run, args=(stop,), daemon=True),
+    ]
+    for t in threads:
+        t.start()
+    try:
+        first = [event_payload(f"l1-{n}") for n in range(20)]
+        for p in first:
+            enqueue_raw(outbox_db, p)
+        wait_in_ledger(store, {str(p["event_id"]) for p in first}, within=60)
+        broker.kill()
+        second = [event_payload(f"l2-{n}") for n in range(20)]
+        for p in second:
+            enqueue_raw(outbox_db, p)
+        time.sleep(4)  # past message_timeout_ms
+        broker.start()
+        expected = {str(p["event_id"]) for p in first + second}
+        ledger = wait_in_ledger(store, expected, within=90)
+        counts = chaos.report(
+            "outbox_to_ledger_broker_restart",
+            lost_events=len(expected - set(ledger)),
+            duplicated_events=len(ledger) - len(set(ledger)),
+            processes_dead_after_recovery=sum(1 for t in threads if not t.is_alive()),
+        )
+        assert chaos.nonzero(counts) == {}
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=15)
+        relay.close()
+        consumer.close()
+        store.close()
+        broker.stop()
+
+
+def wait_in_ledger(store: LedgerStore, ids: set[str], *, within: float) -> list[str]:
+    """The ledger's event ids (deduplicated as the ledger reads: FINAL) once all `ids` are
+    there; fails past `within` seconds."""
+    deadline = time.monotonic() + within
+    while True:
+        with store.session() as client:
+            rows = client.query(f"SELECT toString(event_id) FROM {TABLE} FINAL").result_rows
+        found = [str(r[0]) for r in rows if str(r[0]) in ids]
+        if ids <= set(found):
+            return found
+        assert time.monotonic() < deadline, f"{len(ids - set(found))} events not in the ledger"
+        time.sleep(0.5)
 
 
 def wait_sent(dsn: str, ids: list[int], *, within: float) -> None:
