@@ -21,7 +21,7 @@ export SCO_PROVIDER__IMAGE := sco-image
 export OS_CLIENT_CONFIG_FILE := $(CURDIR)/.sco/testcloud/clouds.yaml
 endif
 
-.PHONY: up down status deps test lint unit bench clean testcloud-up testcloud-down testcloud-test
+.PHONY: up down status deps test lint unit bench chaos clean testcloud-up testcloud-down testcloud-test
 
 # pipefail: the install's progress goes through a filter, its exit status must not.
 SHELL := /bin/bash
@@ -73,6 +73,14 @@ test: deps lint $(TEST_CLOUD)
 	$(BIN)/pytest -q -p no:cacheprovider; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; \
 	exit $$rc
+
+## Fault-injection cases on the real services (fleet-DB outage and Temporal unreachable
+## under the notice relay, broker killed and restarted under the outbox relay, poison
+## events): each prints its counts as JSON, every count must be 0. They also run in `make test`.
+chaos: deps
+	rm -f .sco/chaos.jsonl; mkdir -p .sco
+	SCO_CHAOS_REPORT=$(CURDIR)/.sco/chaos.jsonl $(BIN)/pytest -q -p no:cacheprovider -m chaos; \
+	rc=$$?; cat .sco/chaos.jsonl 2>/dev/null; exit $$rc
 
 ## Every benchmark, one after another, into one report: bench/results/latest.{json,md},
 ## and the README's performance table between its bench markers. Non-zero when a bench

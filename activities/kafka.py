@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import KafkaException
@@ -13,18 +14,33 @@ class KafkaUnavailable(RuntimeError):
     pass
 
 
-def producer_config(bootstrap: str) -> dict[str, Any]:
+@dataclass(frozen=True)
+class TopicSpec:
+    """The topics a producer keeps, and how they are laid out when it has to create them."""
+
+    names: tuple[str, ...]
+    partitions: int
+    replication_factor: int
+
+    def layout(self) -> dict[str, int]:
+        return {"partitions": self.partitions, "replication_factor": self.replication_factor}
+
+
+def producer_config(
+    bootstrap: str, *, message_timeout_ms: int = 30_000, max_message_bytes: int = 1_000_000
+) -> dict[str, Any]:
     """Idempotent producer: acks=all, no duplicates or reordering from internal retries.
 
-    message.timeout.ms=0 means a message never expires inside the producer: while the
-    broker is down the relay waits, rather than failing messages and having to reason
-    about gaps in a key's order.
+    Messages expire after `message_timeout_ms` (never 0, "forever"): a broker that lost
+    its state would otherwise be retried without end. An expired message is not lost: its
+    outbox row stays unsent, and the relay sends it again with a new producer, in order.
     """
     return {
         "bootstrap.servers": bootstrap,
         "enable.idempotence": True,
         "acks": "all",
-        "message.timeout.ms": 0,
+        "message.timeout.ms": message_timeout_ms,
+        "message.max.bytes": max_message_bytes,
         "linger.ms": 5,
         "batch.num.messages": 10000,
         "queue.buffering.max.messages": 200000,

@@ -18,6 +18,7 @@ from datetime import UTC, datetime, timedelta
 
 from nacl.signing import SigningKey
 from nats.js.client import JetStreamContext
+from nats.js.errors import NotFoundError
 
 from activities.events import EventKind, InstanceState
 from activities.fleet.repository import FleetRepository, InstanceRow
@@ -53,15 +54,30 @@ class NoticeRelay:
         # effort: a failure here is logged and never holds up a notice.
         self._on_notice = on_notice
 
+    @property
+    def duplicate_window(self) -> float:
+        """Seconds JetStream drops a republished notice id for: twice the lead (never under
+        NATS's 2 min default). A notice is only republished while its instance is pending,
+        i.e. before its deadline, so every republish falls inside the window."""
+        return max(120.0, 2 * self.lead.total_seconds())
+
     async def ensure_stream(self) -> None:
-        """The region's notice stream; notices are kept one day (far past any deadline)."""
+        """The region's notice stream; notices are kept one day (far past any deadline).
+        An existing stream whose duplicate window is shorter is widened."""
         name = notice_stream(self.region)
         try:
-            await self._js.stream_info(name)
-        except Exception:  # nats-py raises NotFoundError; any failure here means "create"
+            info = await self._js.stream_info(name)
+        except NotFoundError:
             await self._js.add_stream(
-                name=name, subjects=[f"sco.{self.region}.notice.>"], max_age=86400
+                name=name,
+                subjects=[f"sco.{self.region}.notice.>"],
+                max_age=86400,
+                duplicate_window=self.duplicate_window,
             )
+            return
+        if (info.config.duplicate_window or 0) < self.duplicate_window:
+            info.config.duplicate_window = self.duplicate_window
+            await self._js.update_stream(info.config)
 
     def notice_for(self, row: InstanceRow) -> ReclaimNotice:
         noticed_at = row.state_changed_at
@@ -135,9 +151,16 @@ class NoticeRelay:
             notices += await self.reclaim([row.instance_id], decision.reason)
         return notices
 
-    async def recover(self) -> int:
-        """After a restart: republish the notices of this hall's noticed instances."""
-        rows = self._repo.list_instances(self.region, _PENDING, hall=self.hall)
+    async def recover(self, now: datetime | None = None) -> int:
+        """After a restart: republish the notices of this hall's noticed instances whose
+        deadline is still ahead (the sweep deletes the others; a republish past the
+        deadline would also fall outside the stream's duplicate window)."""
+        now = now or datetime.now(UTC)
+        rows = [
+            row
+            for row in self._repo.list_instances(self.region, _PENDING, hall=self.hall)
+            if self.notice_for(row).deadline > now
+        ]
         for row in rows:
             await self._publish(self.notice_for(row))
         return len(rows)

@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 DEFAULT_ACTION = DrainAction.REQUEUE
 DEFAULT_GRACE_SECONDS = 30
 _POLL_GONE_SECONDS = 0.5
+# How often a refused eviction (a PodDisruptionBudget answering 429) is asked again.
+_RETRY_REQUEUE_SECONDS = 1.0
 
 
 @dataclass
@@ -164,7 +166,7 @@ class DrainEngine:
         try:
             if action is DrainAction.REQUEUE and not _exists(sock):
                 outcome.told_ms = ms()
-                await self._requeue(workload, grace, outcome)
+                await self._requeue(notice, workload, grace, outcome, until)
                 return
             op = "decommission" if action is DrainAction.DECOMMISSION else "checkpoint"
             answered = await self._tell(notice, sock, op, bound, outcome, ms)
@@ -178,7 +180,7 @@ class DrainEngine:
                 outcome.detail = "still on the node after the grace period"
                 answered = False
             if answered or action is DrainAction.REQUEUE:
-                await self._requeue(workload, grace, outcome)
+                await self._requeue(notice, workload, grace, outcome, until)
                 if answered and outcome.result == "requeued" and action is DrainAction.CHECKPOINT:
                     outcome.result = "checkpointed"
                 return
@@ -235,17 +237,47 @@ class DrainEngine:
                 return False
             await asyncio.sleep(min(_POLL_GONE_SECONDS, max(0.0, until - time.monotonic())))
 
-    async def _requeue(self, workload: Workload, grace: int, outcome: WorkloadOutcome) -> None:
-        try:
-            await self._scheduler.requeue(workload, grace)
-            outcome.result = "dry-run" if self._dry_run else "requeued"
-        except SchedulerError as exc:
-            if exc.not_found:
-                outcome.result = "gone"
+    async def _requeue(
+        self,
+        notice: Notice,
+        workload: Workload,
+        grace: int,
+        outcome: WorkloadOutcome,
+        until: float,
+    ) -> None:
+        """Evict/requeue with the grace the deadline leaves. A refusal worth retrying (a
+        PodDisruptionBudget's 429, a conflict, a 5xx) is retried until `until` (the
+        workload's grace, bounded by the notice deadline less the margin); only then is
+        the workload forced, as the node goes at the deadline either way."""
+        blocked_since: float | None = None
+        while True:
+            bounded_grace = max(1, int(self.bound(grace, notice.deadline)))
+            try:
+                await self._scheduler.requeue(workload, bounded_grace)
+                outcome.result = "dry-run" if self._dry_run else "requeued"
+                if blocked_since is not None:
+                    outcome.detail = (
+                        f"eviction refused for {time.monotonic() - blocked_since:.1f}s "
+                        "(disruption budget), then allowed"
+                    )
                 return
-            log.warning("requeue of %s failed (%s); forcing", workload.id, exc)
-            outcome.detail = f"requeue failed: {exc}"
-            await self._force(workload, outcome)
+            except SchedulerError as exc:
+                if exc.not_found:
+                    outcome.result = "gone"
+                    return
+                left = until - time.monotonic()
+                if not exc.retryable or left <= 0:
+                    blocked = "" if blocked_since is None else " after retrying until the bound"
+                    log.warning("requeue of %s failed%s (%s); forcing", workload.id, blocked, exc)
+                    outcome.detail = f"requeue failed{blocked}: {exc}"
+                    await self._force(workload, outcome)
+                    return
+                if blocked_since is None:
+                    blocked_since = time.monotonic()
+                    log.info(
+                        "requeue of %s refused (%s); retrying for %.1fs", workload.id, exc, left
+                    )
+                await asyncio.sleep(min(_RETRY_REQUEUE_SECONDS, left))
 
     async def _force(self, workload: Workload, outcome: WorkloadOutcome) -> None:
         await self._scheduler.force(workload)

@@ -1,5 +1,6 @@
-"""A tiny HTTP health endpoint for the worker: `/healthz` (the process serves) and
-`/readyz` (the Temporal worker is polling). Kubernetes probes call these."""
+"""A tiny HTTP health endpoint for a long-running process: `/healthz` (the process serves)
+and `/readyz` (it does its job: the Temporal worker is polling, the notice relay reaches
+its dependencies). Kubernetes probes call these."""
 
 from __future__ import annotations
 

@@ -11,21 +11,38 @@ from collections.abc import Awaitable, Callable
 from datetime import timedelta
 
 import nats
+import psycopg
 from nacl.signing import SigningKey
+from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
+from prometheus_client import Gauge, start_http_server
 from temporalio.client import Client
 
+from activities.backoff import CappedBackoff
 from activities.fleet.db import open_pool
 from activities.fleet.repository import FleetRepository
 from activities.notice_relay import NoticeRelay
-from contracts.notice import ReclaimNotice, ReclaimRequest, reclaim_subject
+from contracts.notice import ReclaimRequest, reclaim_subject
 from contracts.region import Region
 from workers.client_security import nats_options, postgres_conninfo
+from workers.exclusion_hooks import ExclusionHookQueue
+from workers.health import serve_health
 from workers.provider_factory import open_provider
 from workers.settings import Settings
 from workers.shutdown import async_stop_event
 
 log = logging.getLogger(__name__)
+
+
+DEGRADED = Gauge(
+    "sco_notice_relay_degraded",
+    "1 while the hall's notice relay cannot reach a dependency (and retries), else 0",
+    ["region", "hall"],
+)
+
+# The faults the loop outlives: fleet state (PostgreSQL, the pool's PoolTimeout included),
+# NATS/JetStream, and the network under either.
+_DEPENDENCY_ERRORS = (psycopg.Error, nats.errors.Error, OSError, TimeoutError)
 
 
 async def run(
@@ -37,13 +54,32 @@ async def run(
     sweep_seconds: float = 1.0,
 ) -> None:
     """Relay `hall`'s notices until stopped; NATS, the fleet-state pool and the provider
-    are closed after, whatever ends the loop."""
+    are closed after, whatever ends the loop.
+
+    No dependency's outage ends it: a failed step is retried with capped backoff
+    (`notice_relay.max_backoff_seconds`), and after any failure the hall's pending
+    notices are republished (same ids, so nodes act once) before the loop goes on."""
     with async_stop_event() as stop:
         async with contextlib.AsyncExitStack() as opened:
-            nc = await nats.connect(settings.nats_url, **nats_options(settings))
+            nc = await _connect_nats(settings, stop)
+            if nc is None:
+                return
             opened.push_async_callback(nc.close)
-            pool = open_pool(postgres_conninfo(settings), max_size=2)
+            pool = open_pool(
+                postgres_conninfo(settings),
+                max_size=2,
+                wait=False,
+                timeouts=settings.fleet_db.timeouts(),
+            )
             opened.callback(pool.close)
+            hooks = ExclusionHookQueue(
+                lambda: _temporal(settings, region.id),
+                region.id,
+                settings.temporal.task_queue(region.id),
+                call_timeout=settings.notice_relay.hook_timeout_seconds,
+            )
+            hooks.start()
+            opened.push_async_callback(hooks.close)
             relay = NoticeRelay(
                 region=region.id,
                 hall=hall,
@@ -52,58 +88,109 @@ async def run(
                 provider=await opened.enter_async_context(open_provider(settings, region.id)),
                 js=nc.jetstream(),
                 signing_key=signing_key,
-                on_notice=_exclusion_notifier(settings, region.id),
+                on_notice=hooks.submit,
             )
-            await relay.ensure_stream()
-            log.info("notice relay %s/%s: republished %d", region.id, hall, await relay.recover())
-            await nc.subscribe(reclaim_subject(region.id, hall), cb=_request_handler(relay))
+            await nc.subscribe(reclaim_subject(region.id, hall), cb=_request_handler(relay, hooks))
+            backoff = CappedBackoff(initial=0.5, cap=settings.notice_relay.max_backoff_seconds)
+            stream_ready = recovered = False
+            degraded = DEGRADED.labels(region=region.id, hall=hall)
+            if settings.notice_relay.metrics_port:
+                start_http_server(settings.notice_relay.metrics_port)
+            if settings.notice_relay.health_port:
+                health = await serve_health(
+                    "0.0.0.0",
+                    settings.notice_relay.health_port,
+                    lambda: recovered and backoff.failures == 0,
+                )
+                opened.callback(health.close)
             while not stop.is_set():
-                for notice in await relay.poll_provider():
-                    log.info("noticed %s (deadline %s)", notice.node, f"{notice.deadline:%H:%M:%S}")
-                for iid in await relay.sweep():
-                    log.info("deadline passed: deleted %s", iid)
+                wait = sweep_seconds
+                try:
+                    if not stream_ready:
+                        await relay.ensure_stream()
+                        stream_ready = True
+                    if not recovered:
+                        republished = await relay.recover()
+                        recovered = True
+                        log.info("notice relay %s/%s: republished %d", region.id, hall, republished)
+                    for notice in await relay.poll_provider():
+                        log.info(
+                            "noticed %s (deadline %s)", notice.node, f"{notice.deadline:%H:%M:%S}"
+                        )
+                    for iid in await relay.sweep():
+                        log.info("deadline passed: deleted %s", iid)
+                    if backoff.failures:
+                        log.info("notice relay %s/%s: dependencies back", region.id, hall)
+                    backoff.reset()
+                    degraded.set(0)
+                except _DEPENDENCY_ERRORS as exc:
+                    # A notice recorded but not published in the outage goes out on recovery.
+                    recovered = False
+                    degraded.set(1)
+                    wait = backoff.next()
+                    log.warning(
+                        "notice relay %s/%s degraded (%s: %s); retrying in %.1f s",
+                        region.id,
+                        hall,
+                        type(exc).__name__,
+                        exc,
+                        wait,
+                    )
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), sweep_seconds)
+                    await asyncio.wait_for(stop.wait(), wait)
             # A request being answered finishes before the pool under it closes.
             with contextlib.suppress(nats.errors.ConnectionClosedError):
                 await nc.drain()
     log.info("notice relay %s/%s stopped", region.id, hall)
 
 
-def _request_handler(relay: NoticeRelay) -> Callable[[Msg], Awaitable[None]]:
-    """Answers `sco reclaim`: how many instances were noticed, or why none could be."""
+async def _temporal(settings: Settings, region: str) -> Client:
+    from workers.temporal_connect import connect
+
+    return await connect(settings, region)
+
+
+async def _connect_nats(settings: Settings, stop: asyncio.Event) -> NATS | None:
+    """NATS, retried until it answers (None when stopped first). Once connected the
+    client reconnects by itself, without limit."""
+    backoff = CappedBackoff(initial=0.5, cap=settings.notice_relay.max_backoff_seconds)
+    while not stop.is_set():
+        try:
+            return await nats.connect(
+                settings.nats_url,
+                max_reconnect_attempts=-1,
+                allow_reconnect=True,
+                **nats_options(settings),
+            )
+        except (nats.errors.Error, OSError) as exc:
+            wait = backoff.next()
+            log.warning(
+                "NATS at %s unavailable (%s); retrying in %.1f s", settings.nats_url, exc, wait
+            )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), wait)
+    return None
+
+
+def _request_handler(
+    relay: NoticeRelay, hooks: ExclusionHookQueue
+) -> Callable[[Msg], Awaitable[None]]:
+    """Answers `sco reclaim` at once: which instances were noticed, or why none could be.
+    Telling the exclusion cycle is queued (never waited on); the answer says how many
+    such hooks are still to go."""
 
     async def answer(msg: Msg) -> None:
         try:
             notices = await relay.handle_request(ReclaimRequest.model_validate_json(msg.data))
             reply = f"{len(notices)} noticed: {', '.join(n.node for n in notices)}"
+            if hooks.pending:
+                reply += f" (exclusion cycle: {hooks.pending} notices queued to tell it)"
         except ValueError as exc:
             reply = f"error: {exc}"
+        except _DEPENDENCY_ERRORS as exc:
+            reply = f"error: notice relay degraded, nothing noticed: {type(exc).__name__}: {exc}"
         if msg.reply:
-            await msg.respond(reply.encode())
+            with contextlib.suppress(*_DEPENDENCY_ERRORS):
+                await msg.respond(reply.encode())
 
     return answer
-
-
-def _exclusion_notifier(s: Settings, region: str) -> Callable[[ReclaimNotice], Awaitable[None]]:
-    """Tell the pool's exclusion cycle about each notice (signal-with-start). Temporal
-    being down costs nothing here: the cycle's own periodic count catches up."""
-    from workers.temporal_connect import connect
-    from workflows.exclusion.client import notify_reclaim
-
-    client: Client | None = None
-
-    async def notify(notice: ReclaimNotice) -> None:
-        nonlocal client
-        if client is None:
-            client = await connect(s, region)
-        await notify_reclaim(
-            client,
-            region,
-            s.temporal.task_queue(region),
-            notice.pool_id,
-            notice.node,
-            notice.issued_at,
-        )
-
-    return notify

@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import logging
 
+from prometheus_client import start_http_server
+
+from activities.events import region_topics
 from activities.fleet.relay import OutboxRelay, RelayProgress
+from activities.kafka import TopicSpec
 from workers.client_security import kafka_config, postgres_conninfo
 from workers.settings import Settings
 from workers.shutdown import thread_stop_event
@@ -25,6 +29,8 @@ def run(settings: Settings) -> RelayProgress:
         if p.batches % _REPORT_EVERY == 1:
             log.info("relay: %d events published in %d batches", p.published, p.batches)
 
+    if settings.outbox.metrics_port:
+        start_http_server(settings.outbox.metrics_port)
     with thread_stop_event() as stop:
         relay = OutboxRelay(
             postgres_conninfo(settings),
@@ -34,6 +40,15 @@ def run(settings: Settings) -> RelayProgress:
             idle_poll_seconds=settings.outbox.idle_poll_seconds,
             retention_hours=settings.outbox.retention_hours,
             on_batch=report,
+            # Every region's topics: a broker that lost them gets all of them back.
+            topics=TopicSpec(
+                tuple(t for r in settings.regions for t in region_topics(r)),
+                partitions=settings.kafka.partitions,
+                replication_factor=settings.kafka.replication_factor,
+            ),
+            max_attempts=settings.outbox.max_attempts,
+            message_timeout_ms=round(settings.outbox.message_timeout_seconds * 1000),
+            max_message_bytes=settings.kafka.max_message_bytes,
         )
         try:
             relay.run(stop)

@@ -251,7 +251,7 @@ async def run_worker(settings: Settings, region: str) -> None:
     with async_stop_event() as stop:
         client = await connect(settings, region, runtime)
         async with contextlib.AsyncExitStack() as opened:
-            pool = open_pool(postgres_conninfo(settings))
+            pool = open_pool(postgres_conninfo(settings), timeouts=settings.fleet_db.timeouts())
             opened.callback(pool.close)
             provider = await opened.enter_async_context(open_provider(settings, region))
             # A short lock wait: the ledger consumer holds an embedded ledger in bursts,

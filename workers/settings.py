@@ -30,6 +30,8 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from activities.fleet.db import DbTimeouts
+
 CONFIG_ENV = "SCO_CONFIG"
 DEFAULT_CONFIG_FILE = Path("sco.toml")
 
@@ -86,6 +88,8 @@ class KafkaSettings(BaseModel):
     sasl_password_file: Path | None = None
     partitions: int = Field(default=6, ge=1)
     replication_factor: int = Field(default=1, ge=1)
+    # The producer refuses a bigger event (it becomes a dead letter, with the reason).
+    max_message_bytes: int = Field(default=1_000_000, ge=1000)
 
 
 class ProviderSettings(BaseModel):
@@ -109,6 +113,65 @@ class OutboxSettings(BaseModel):
     idle_poll_seconds: float = Field(default=1.0, gt=0)
     # Sent rows are kept this long (for audits and re-publishing), then deleted by the relay.
     retention_hours: float = Field(default=24.0, ge=0)
+    # A row Kafka refuses this many times is parked as a dead letter (`sco outbox
+    # dead-letters`); broker outages never count toward it.
+    max_attempts: int = Field(default=5, ge=1)
+    # A message not acknowledged in this long expires in the producer; the relay then
+    # makes a new producer (the broker may have lost its state) and sends the row again.
+    message_timeout_seconds: float = Field(default=30.0, gt=0)
+    # Prometheus metrics of the relay (sco_dead_letters_total); 0 turns them off.
+    metrics_port: int = Field(default=0, ge=0, le=65535)
+
+
+class NoticeRelaySettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    # A relay that lost a dependency (fleet state, NATS) retries at most this far apart.
+    max_backoff_seconds: float = Field(default=10.0, gt=0)
+    # Each call that tells a pool's exclusion cycle about a notice gives up after this;
+    # it is retried in the background and never holds up a notice.
+    hook_timeout_seconds: float = Field(default=5.0, gt=0)
+    # GET /healthz, /readyz (503 while a dependency is away) and Prometheus metrics
+    # (sco_notice_relay_degraded); 0 turns each off. One relay per hall: give each its own.
+    health_port: int = Field(default=0, ge=0, le=65535)
+    metrics_port: int = Field(default=0, ge=0, le=65535)
+
+
+#: The shortest start-to-close of an activity that writes fleet state (workflows/): a
+#: database wait must give up inside it, or Temporal times the activity out while it
+#: still blocks a worker slot.
+FLEET_ACTIVITY_START_TO_CLOSE_SECONDS = 30.0
+
+
+class FleetDbSettings(BaseModel):
+    """Bounded waits on fleet state (PostgreSQL), for every process's pool."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    connect_timeout_seconds: float = Field(default=5.0, ge=2)
+    # Server-side (`-c statement_timeout`): a statement stuck on a lock or a failing
+    # primary is cancelled by the server, not left for Temporal to time out.
+    statement_timeout_seconds: float = Field(default=15.0, gt=0)
+    # How long a checkout waits for a free or new connection before PoolTimeout.
+    pool_timeout_seconds: float = Field(default=8.0, gt=0)
+
+    @model_validator(mode="after")
+    def _inside_activity_timeout(self) -> FleetDbSettings:
+        worst = self.pool_timeout_seconds + self.statement_timeout_seconds
+        if worst >= FLEET_ACTIVITY_START_TO_CLOSE_SECONDS:
+            raise ValueError(
+                f"pool_timeout_seconds + statement_timeout_seconds = {worst:g} s must be "
+                f"below the fleet activities' start-to-close "
+                f"({FLEET_ACTIVITY_START_TO_CLOSE_SECONDS:g} s)"
+            )
+        return self
+
+    def timeouts(self) -> DbTimeouts:
+        return DbTimeouts(
+            connect=self.connect_timeout_seconds,
+            statement=self.statement_timeout_seconds,
+            pool=self.pool_timeout_seconds,
+        )
 
 
 class PostgresSettings(BaseModel):
@@ -329,15 +392,19 @@ class Settings(BaseSettings):
     regions_dir: Path = Path("deploy/regions")
     data_dir: Path = Path(".sco")
     postgres_dsn: str = "postgresql://postgres@127.0.0.1:5432/sco"
+    fleet_db: FleetDbSettings = FleetDbSettings()
     nats_url: str = "nats://127.0.0.1:4222"
     nats_tls: TLSSettings = TLSSettings()
     postgres: PostgresSettings = PostgresSettings()
     # Empty means "<data_dir>/ledger" on the embedded chDB backend.
     ledger_dsn: str = ""
     ledger: LedgerSettings = LedgerSettings()
+    # Prometheus metrics of the ledger consumer (sco_dead_letters_total); 0 turns them off.
+    ledger_metrics_port: int = Field(default=0, ge=0, le=65535)
     temporal: TemporalSettings = TemporalSettings()
     kafka: KafkaSettings = KafkaSettings()
     outbox: OutboxSettings = OutboxSettings()
+    notice_relay: NoticeRelaySettings = NoticeRelaySettings()
     provider: ProviderSettings = ProviderSettings()
     contracts: ContractSettings = ContractSettings()
     notices: NoticeSettings = NoticeSettings()

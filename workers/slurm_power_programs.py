@@ -282,7 +282,7 @@ def _fleet_rows(s: Settings, nodes: list[str]) -> tuple[list[InstanceRow], set[s
     from activities.fleet.db import open_pool
     from activities.fleet.repository import FleetRepository
 
-    pool = open_pool(postgres_conninfo(s), min_size=1, max_size=2)
+    pool = open_pool(postgres_conninfo(s), min_size=1, max_size=2, timeouts=s.fleet_db.timeouts())
     try:
         rows = FleetRepository(pool).live_by_hostname(s.region, nodes)
         control = ControlRepository(pool)

@@ -37,7 +37,7 @@ def pending(conn: psycopg.Connection[Any]) -> tuple[int, float]:
     """Unsent events and the age in seconds of the oldest one (0 when none)."""
     row = conn.execute(
         "SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0) "
-        "FROM outbox WHERE sent_at IS NULL"
+        "FROM outbox WHERE sent_at IS NULL AND dead_lettered_at IS NULL"
     ).fetchone()
     assert row is not None
     return int(row[0]), float(row[1])

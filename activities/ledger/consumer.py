@@ -3,6 +3,9 @@
 At-least-once: offsets are committed only after the batch is in the ledger. The ledger
 table dedupes by event id, so a replayed topic or a crash between insert and commit
 never double-counts spend.
+
+A message that does not parse is parked as a dead letter in fleet state (with where it
+was read and why), before its offset is committed: nothing is dropped silently.
 """
 
 from __future__ import annotations
@@ -13,11 +16,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError
+import psycopg
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message
 from pydantic import ValidationError
 
+from activities.backoff import CappedBackoff
 from activities.decisions import Decision
 from activities.events import LifecycleEvent
+from activities.fleet import dead_letters
 from activities.ledger.store import LedgerStore
 
 log = logging.getLogger(__name__)
@@ -28,6 +34,7 @@ class ConsumerProgress:
     consumed: int = 0
     inserted: int = 0
     malformed: int = 0
+    dead_lettered: int = 0
 
 
 class LedgerConsumer:
@@ -41,6 +48,7 @@ class LedgerConsumer:
         batch_size: int = 5000,
         from_beginning: bool = True,
         kafka_security: Mapping[str, Any] | None = None,
+        dead_letter_dsn: str | None = None,
     ) -> None:
         """`kafka_security`: librdkafka TLS/SASL settings added to the consumer's."""
         self._consumer = Consumer(
@@ -63,6 +71,8 @@ class LedgerConsumer:
         self._consumer.subscribe(list(topics))
         self._store = store
         self._batch_size = batch_size
+        self._dead_letter_dsn = dead_letter_dsn
+        self._stop = threading.Event()
         self.progress = ConsumerProgress()
 
     def poll_batch(self, timeout: float = 1.0) -> int:
@@ -75,6 +85,7 @@ class LedgerConsumer:
         messages = [first, *self._consumer.consume(self._batch_size - 1, timeout=0)]
         events: list[LifecycleEvent] = []
         decisions: list[Decision] = []
+        malformed: list[tuple[Message, str]] = []
         for msg in messages:
             err = msg.error()
             if err is not None:
@@ -89,10 +100,11 @@ class LedgerConsumer:
                 else:
                     events.append(LifecycleEvent.model_validate_json(msg.value() or b""))
             except ValidationError as exc:
-                # A malformed event must not wedge the ledger; it is counted and logged.
+                # A malformed event must not wedge the ledger: it is parked, counted, logged.
                 self.progress.malformed += 1
+                malformed.append((msg, str(exc).splitlines()[0] if str(exc) else repr(exc)))
                 log.error(
-                    "ledger: skipping malformed event at %s[%s]@%s: %s",
+                    "ledger: malformed event at %s[%s]@%s: %s",
                     msg.topic(),
                     msg.partition(),
                     msg.offset(),
@@ -104,14 +116,54 @@ class LedgerConsumer:
         if decisions:
             self._store.insert_decisions(decisions)
             self.progress.inserted += len(decisions)
+        if malformed:
+            self._park(malformed)
         if any(msg.error() is None for msg in messages):
             self._consumer.commit(asynchronous=False)
         return len(events) + len(decisions)
 
+    def _park(self, malformed: list[tuple[Message, str]]) -> None:
+        """Dead-letter `malformed`; while fleet state is down, wait (the offsets are not
+        committed until they are parked, so a stop meanwhile reads them again)."""
+        if self._dead_letter_dsn is None:
+            return
+        backoff = CappedBackoff(initial=0.5, cap=10.0)
+        while True:
+            try:
+                with psycopg.connect(self._dead_letter_dsn, connect_timeout=5) as conn:
+                    for msg, reason in malformed:
+                        dead_letters.record(
+                            conn,
+                            source="ledger",
+                            topic=msg.topic() or "",
+                            key=(msg.key() or b"").decode(errors="replace"),
+                            value=msg.value() or b"",
+                            reason=f"unparsable: {reason}",
+                            location=f"{msg.topic()}[{msg.partition()}]@{msg.offset()}",
+                        )
+                self.progress.dead_lettered += len(malformed)
+                return
+            except psycopg.Error as exc:
+                wait = backoff.next()
+                log.warning("ledger: cannot park dead letters (%s); retrying in %.1f s", exc, wait)
+                if self._stop.wait(wait):
+                    raise
+
     def run(self, stop: threading.Event, poll_seconds: float = 0.2) -> None:
+        """Consume until `stop`. A broker that is away or restarting (a failed commit or
+        fetch) is waited out with capped backoff: what was inserted but not committed is
+        committed with the next batch, or read again and deduplicated by the ledger."""
+        self._stop = stop
+        backoff = CappedBackoff(initial=0.5, cap=10.0)
         # A short poll keeps commit-to-ledger latency low; under load batches fill anyway.
         while not stop.is_set():
-            self.poll_batch(timeout=poll_seconds)
+            try:
+                self.poll_batch(timeout=poll_seconds)
+                backoff.reset()
+            except KafkaException as exc:
+                wait = backoff.next()
+                log.warning("ledger: Kafka unavailable (%s); retrying in %.1f s", exc, wait)
+                stop.wait(wait)
 
     def close(self) -> None:
         self._consumer.close()

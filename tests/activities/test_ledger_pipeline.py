@@ -13,6 +13,7 @@ import psycopg
 import pytest
 
 from activities.events import CapacityType, EventKind, lifecycle_topic, region_topics
+from activities.fleet import dead_letters
 from activities.fleet.relay import OutboxRelay
 from activities.fleet.repository import FleetRepository, InstanceSpec
 from activities.ledger import LedgerStore, reclaims_per_pool, spend
@@ -97,17 +98,20 @@ def test_replaying_the_topic_gives_the_same_spend(
 
 
 @pytest.mark.parametrize("payload", [b"not json", b'{"kind": "ready"}'])
-def test_a_malformed_event_is_skipped_not_fatal(
-    kafka_bootstrap: str, tmp_path: Path, payload: bytes
+def test_a_malformed_event_is_a_dead_letter_not_fatal(
+    kafka_bootstrap: str, tmp_path: Path, payload: bytes, pg_dsn: str
 ) -> None:
     from confluent_kafka import Producer
 
     topic = lifecycle_topic("r3")
     producer = Producer({"bootstrap.servers": kafka_bootstrap})
-    producer.produce(topic, key=b"x", value=payload)
+    key = uuid.uuid4().hex.encode()
+    producer.produce(topic, key=key, value=payload)
     producer.flush(10)
     store = LedgerStore(f"chdb://{tmp_path / 'ledger'}")
-    consumer = LedgerConsumer(kafka_bootstrap, [topic], store, group_id=uuid.uuid4().hex)
+    consumer = LedgerConsumer(
+        kafka_bootstrap, [topic], store, group_id=uuid.uuid4().hex, dead_letter_dsn=pg_dsn
+    )
     deadline = time.monotonic() + 30
     try:
         while consumer.progress.malformed == 0 and time.monotonic() < deadline:
@@ -116,6 +120,11 @@ def test_a_malformed_event_is_skipped_not_fatal(
         consumer.close()
         store.close()
     assert consumer.progress.malformed >= 1
+    assert consumer.progress.dead_lettered == consumer.progress.malformed
+    with psycopg.connect(pg_dsn) as conn:
+        ours = [d for d in dead_letters.list_dead_letters(conn) if d.key == key.decode()]
+    assert [(d.source, d.topic, d.value) for d in ours] == [("ledger", topic, payload)]
+    assert ours[0].reason.startswith("unparsable: ") and ours[0].location.startswith(topic)
 
 
 def test_a_decision_reaches_the_ledger_through_the_outbox(

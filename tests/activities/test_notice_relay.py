@@ -19,7 +19,7 @@ from activities.provider.errors import NotFound
 from activities.provider.interface import CreateRequest
 from activities.provider.simulator import ReclaimModel, SimulatedCloud
 from contracts.keys import key_id
-from contracts.notice import ReclaimNotice, ReclaimRequest, hall_notice_subjects
+from contracts.notice import ReclaimNotice, ReclaimRequest, hall_notice_subjects, notice_stream
 from contracts.region import Region
 
 NATS_URL = "nats://127.0.0.1:4222"
@@ -148,5 +148,64 @@ async def test_provider_reclaim_decisions_become_notices(
         assert await relay.poll_provider() == []  # each decision is acted on once
         row = fleet_repo.get_instance(node)
         assert row is not None and row.state is InstanceState.NOTICED
+    finally:
+        await nc.close()
+
+
+async def test_the_notice_streams_duplicate_window_covers_the_lead(
+    fleet_repo: FleetRepository, region_r1: Region
+) -> None:
+    region = f"dw{uuid.uuid4().hex[:8]}"
+    nc = await nats.connect(NATS_URL)
+    js = nc.jetstream()
+    try:
+        # A stream made before this rule, with a window shorter than a notice's life.
+        await js.add_stream(
+            name=notice_stream(region), subjects=[f"sco.{region}.notice.>"], duplicate_window=60
+        )
+        relay = NoticeRelay(
+            region=region,
+            hall="A",
+            lead=timedelta(seconds=300),
+            repo=fleet_repo,
+            provider=SimulatedCloud(region_r1, clock=lambda: 0.0),
+            js=js,
+            signing_key=KEY,
+        )
+        await relay.ensure_stream()
+        info = await js.stream_info(notice_stream(region))
+        assert info.config.duplicate_window == 600
+        subject = f"sco.{region}.notice.A.n1"
+        first = await js.publish(subject, b"{}", headers={"Nats-Msg-Id": "same"})
+        again = await js.publish(subject, b"{}", headers={"Nats-Msg-Id": "same"})
+        assert not first.duplicate and again.duplicate
+    finally:
+        await js.delete_stream(notice_stream(region))
+        await nc.close()
+
+
+async def test_a_relay_down_past_the_deadline_republishes_nothing_stale(
+    fleet_repo: FleetRepository, region_r1: Region
+) -> None:
+    cloud = SimulatedCloud(region_r1, clock=lambda: 0.0)
+    nc = await nats.connect(NATS_URL)
+    try:
+        relay = NoticeRelay(
+            region="r1",
+            hall="C",
+            lead=timedelta(seconds=120),
+            repo=fleet_repo,
+            provider=cloud,
+            js=nc.jetstream(),
+            signing_key=KEY,
+        )
+        await relay.ensure_stream()
+        node = await launch(cloud, fleet_repo, region_r1, "r1.C.cpu.l")
+        [notice] = await relay.reclaim([node], "test")
+        assert await relay.recover(now=notice.issued_at) >= 1
+        # Back after the deadline: outside any duplicate window, so the sweep deletes it
+        # instead of a second copy reaching the node.
+        assert await relay.recover(now=notice.deadline + timedelta(days=365)) == 0
+        assert node in await relay.sweep(now=notice.deadline + timedelta(seconds=1))
     finally:
         await nc.close()

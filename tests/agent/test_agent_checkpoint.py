@@ -125,6 +125,8 @@ def test_the_bound_is_the_grace_or_the_deadline_less_the_margin() -> None:
 class _FakeApiServer(BaseHTTPRequestHandler):
     requests: ClassVar[list[tuple[str, str, Any]]] = []
     pods: ClassVar[dict[str, Any]] = {}
+    # Evictions of a "budget" pod a PodDisruptionBudget refuses (429) before allowing one.
+    budget_refusals: ClassVar[int] = 0
 
     def _reply(self, code: int, body: Any) -> None:
         data = json.dumps(body).encode()
@@ -156,6 +158,9 @@ class _FakeApiServer(BaseHTTPRequestHandler):
             self._reply(404, {"reason": "NotFound"})
         elif "blocked" in self.path:
             self._reply(429, {"reason": "TooManyRequests"})
+        elif "budget" in self.path and type(self).budget_refusals > 0:
+            type(self).budget_refusals -= 1
+            self._reply(429, {"reason": "TooManyRequests", "message": "disruption budget"})
         else:
             self._reply(201, {})
 
@@ -259,3 +264,48 @@ async def test_a_spark_executor_decommissions_and_leaves_without_being_forced(
         "decommissioned",
     )
     assert scheduler.ops() == [("cordon", "s1")]  # nothing forced
+
+
+async def test_a_disruption_budget_is_retried_within_the_deadline_then_forced(
+    tmp_path: Path,
+) -> None:
+    """A PDB's 429 is asked again until the deadline-bounded grace, never forced at once;
+    one that keeps refusing is forced before the notice deadline, not after it."""
+    _FakeApiServer.requests = []
+    _FakeApiServer.budget_refusals = 2
+    _FakeApiServer.pods = {
+        "items": [
+            _pod("ci", "budget-1", {CONTRACT_LABEL: "ci-runners"}),
+            _pod("ci", "blocked-build", {CONTRACT_LABEL: "ci-runners"}),
+        ]
+    }
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _FakeApiServer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        k8s = KubernetesScheduler(f"http://127.0.0.1:{server.server_port}", dry_run=False)
+        agent, _ = training_agent(tmp_path, "unused", scheduler="kubernetes")
+        agent.engine = DrainEngine(
+            k8s, tmp_path / "sockets", dry_run=False, safety_margin_seconds=1
+        )
+        deadline = datetime.now(UTC) + timedelta(seconds=6)
+        await agent.submit(Notice("k2", "g1", deadline, "reclaim", "test"))
+        await agent._drain(agent.queue.get_nowait())
+        finished = datetime.now(UTC)
+    finally:
+        server.shutdown()
+    outcomes = {w.workload: w for w in agent.reports[0].workloads}
+    assert outcomes["ci/budget-1"].result == "requeued"
+    assert "disruption budget" in outcomes["ci/budget-1"].detail
+    assert outcomes["ci/blocked-build"].result == "forced"
+    assert "after retrying until the bound" in outcomes["ci/blocked-build"].detail
+    assert finished < deadline  # never waits past the notice deadline
+    calls = [(m, p) for m, p, _ in _FakeApiServer.requests]
+    assert calls.count(("POST", "/api/v1/namespaces/ci/pods/budget-1/eviction")) == 3
+    assert calls.count(("POST", "/api/v1/namespaces/ci/pods/blocked-build/eviction")) >= 3
+    # The pod's grace is what the deadline leaves, not the contract's full grace.
+    graces = [
+        r[2]["body"]["deleteOptions"]["gracePeriodSeconds"]
+        for r in _FakeApiServer.requests
+        if r[1].endswith("eviction")
+    ]
+    assert max(graces) <= 5

@@ -311,3 +311,22 @@ async def test_fallback_declines_at_the_deadline(
         ("declined", "deadline"),
         ("declined", "sco"),
     ]
+
+
+@pytest.mark.parametrize("harness", [1.0], indirect=True)
+async def test_a_second_cancel_of_a_cancelling_acquisition_answers_ok(harness: Harness) -> None:
+    inp = AcquisitionInput(
+        region="r1", contract=contract(), tier=2, items=[item("r1.B.gp.l", 6)], max_parallel=1
+    )
+    handle = await start(harness, inp)
+    await poll_until(lambda: _progress(handle, lambda p: p.active >= 1))
+    first = await handle.execute_update(
+        AcquisitionWorkflow.cancel, OperatorInput(operator="carol", reason="wrong pool")
+    )
+    again = await handle.execute_update(
+        AcquisitionWorkflow.cancel, OperatorInput(operator="dave", reason="retry")
+    )
+    assert first.state is again.state is AcquisitionState.CANCELLING
+    assert again.message == "already cancelling (by carol)"
+    result = await handle.result()
+    assert result.progress.state is AcquisitionState.CANCELLED

@@ -100,7 +100,7 @@ def fleet_db(s: Settings) -> Iterator[ConnectionPool]:
         cause = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
         fail(f"PostgreSQL at {where} does not answer: {cause}")
     with errors_as_exit(psycopg.Error):
-        pool = open_pool(conninfo, max_size=1)
+        pool = open_pool(conninfo, max_size=1, timeouts=s.fleet_db.timeouts())
         try:
             yield pool
         finally:

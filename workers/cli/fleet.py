@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from activities.events import InstanceState
+from workers.cli import dead_letters
 from workers.cli.common import (
     close_temporal,
     console,
@@ -31,6 +32,8 @@ db_app = typer.Typer(help="Fleet-state database.", no_args_is_help=True)
 pools_app = typer.Typer(help="Pools (hall x SKU x size) in fleet state.", no_args_is_help=True)
 instances_app = typer.Typer(help="SCO-owned instances in fleet state.", no_args_is_help=True)
 outbox_app = typer.Typer(help="The lifecycle-event outbox.", no_args_is_help=True)
+outbox_app.command("dead-letters")(dead_letters.list_dead_letters)
+outbox_app.command("retry")(dead_letters.retry)
 
 
 @contextmanager

@@ -53,7 +53,7 @@ COMMANDS: dict[str, Lazy] = {
     "notice-relay": Lazy("workers.cli.notices:notice_relay", "Run the hall's notice relay"),
     "reclaim": Lazy(
         "workers.cli.notices:reclaim",
-        "Ask the hall's notice relay to reclaim an instance or a whole pool.",
+        "Ask the hall's notice relay to reclaim an instance or a whole pool (recorded).",
     ),
     "nats-users": Lazy(
         "workers.cli.notices:nats_users",

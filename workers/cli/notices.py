@@ -90,16 +90,25 @@ def reclaim(
                 reclaim_subject(region_id, hall), req.model_dump_json().encode(), timeout=15
             )
             return msg.data.decode()
-        except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
+        except nats.errors.NoRespondersError:
             fail(
-                f"no notice relay answers for {region_id}/{hall}; start "
+                f"no notice relay runs for {region_id}/{hall}; start "
                 f"`sco notice-relay --region {region_id} --hall {hall}`"
+            )
+        except nats.errors.TimeoutError:
+            fail(
+                f"the notice relay for {region_id}/{hall} did not answer within 15 s; it may "
+                f"still act on the request: `sco instances list --region {region_id}` shows "
+                "which instances are noticed"
             )
         finally:
             await nc.close()
 
     with errors_as_exit(nats.errors.Error, OSError):
         answer = asyncio.run(ask())
+    # The relay answers "error: ..." when it noticed nothing (bad request, or degraded).
+    if answer.startswith("error: "):
+        fail(f"{region_id}/{hall}: {answer.removeprefix('error: ')}")
     audit.record(s, decision.model_copy(update={"reason": f"{reason} ({answer})"}))
     console.print(answer)
 

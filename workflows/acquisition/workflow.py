@@ -190,6 +190,13 @@ class AcquisitionWorkflow:
 
     @workflow.update
     async def cancel(self, inp: OperatorInput) -> ControlAck:
+        if self._cancel is not None:
+            # Idempotent: a second cancel (a retried CLI call, a second operator) is told
+            # what is under way; the first one's operator stays on the record.
+            return ControlAck(
+                state=AcquisitionState.CANCELLING,
+                message=f"already cancelling (by {self._cancel.operator})",
+            )
         self._cancel = inp
         self._paused = False
         return ControlAck(
@@ -199,7 +206,8 @@ class AcquisitionWorkflow:
 
     @cancel.validator
     def _validate_cancel(self, inp: OperatorInput) -> None:
-        if self._progress.state in FINISHED or self._cancel is not None:
+        # A cancel already under way is accepted again (the handler answers "already").
+        if self._progress.state in FINISHED:
             raise ApplicationError(
                 f"acquisition is {self._progress.state.value}", type="InvalidState"
             )
