@@ -57,6 +57,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/contracts_bench.py
 	$(BIN)/python bench/simulator_bench.py
 	$(BIN)/python bench/planner_bench.py
+	$(BIN)/python bench/estate_bench.py
 	$(BIN)/python bench/control_bench.py
 	$(BIN)/python bench/floor_bench.py
 	$(BIN)/python bench/slurm_resume_bench.py

@@ -11,6 +11,7 @@ from workers.cli import (
     contracts,
     control,
     dev,
+    estate,
     exclusion,
     fleet,
     floor,
@@ -45,6 +46,7 @@ app.add_typer(exclusion.pool_app, name="pool")
 app.add_typer(ledger.app, name="ledger")
 app.add_typer(contracts.app, name="contracts")
 app.add_typer(cloud.sim_app, name="sim")
+cloud.sim_app.command("estate")(estate.sim_estate)
 app.command("notice-relay")(cloud.notice_relay)
 app.command("reclaim")(cloud.reclaim)
 
