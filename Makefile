@@ -13,7 +13,7 @@ export SCO_PROVIDER__IMAGE := sco-image
 export OS_CLIENT_CONFIG_FILE := $(CURDIR)/.sco/testcloud/clouds.yaml
 endif
 
-.PHONY: up down status test lint unit bench clean testcloud-up testcloud-down testcloud-test
+.PHONY: up down status test lint unit bench estate-readme clean testcloud-up testcloud-down testcloud-test
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -61,6 +61,10 @@ bench: $(STAMP)
 	$(BIN)/python bench/control_bench.py
 	$(BIN)/python bench/floor_bench.py
 	$(BIN)/python bench/slurm_resume_bench.py
+
+## The estate simulation's table and figures in README.md and docs/estate/ (30 days, seed 1).
+estate-readme: $(STAMP)
+	$(BIN)/sco sim estate --days 30 --seed 1 --out docs/estate --readme README.md
 
 ## The real OpenStack test cloud (deploy/testcloud/README.md): ~3.5 min on a fresh machine
 ## (pip ~1.5 min of it), ~35 s after testcloud-down, ~5 s when up; ~3.3 GiB while up.

@@ -32,6 +32,9 @@ def sim_estate(
     contracts_dir: Path = typer.Option(
         Path("contracts/examples"), help="Directory of contract files."
     ),
+    exclusion_threshold: int = typer.Option(
+        3, help="Notices in the exclusion window that exclude a pool (the workflow's default: 3)."
+    ),
     plots: bool = typer.Option(True, help="Write PNG figures (needs matplotlib)."),
     readme: Path | None = typer.Option(
         None, help="Rewrite this file's estate section (between the estate markers)."
@@ -51,7 +54,12 @@ def sim_estate(
         fail(f"--policy: unknown {', '.join(unknown)}; known: {', '.join(POLICIES)}")
     try:
         cfg = EstateConfig(
-            days=days, seed=seed, regions=tuple(region), tenants=tenants, tick_minutes=tick_minutes
+            days=days,
+            seed=seed,
+            regions=tuple(region),
+            tenants=tenants,
+            tick_minutes=tick_minutes,
+            exclusion_threshold=exclusion_threshold,
         )
         result = simulate(
             [regions[r] for r in sorted(regions)],
