@@ -308,10 +308,13 @@ def summarise(name: str, runs: Sequence[RegionRun], cfg: EstateConfig) -> Policy
         default=0.0,
     )
     excl = [r.exclusion for r in runs if r.exclusion]
-    wrong = None
+    wrong = good_time = None
     if excl:
         exposed = sum(e.exposed_good_pools for e in excl)
         wrong = round(sum(len(e.good_excluded) for e in excl) / exposed, 4) if exposed else 0.0
+        good = sum(e.excluded_minutes[p] for e in excl for p in e.good_excluded)
+        every = sum(sum(e.excluded_minutes.values()) for e in excl)
+        good_time = round(good / every, 4) if every else 0.0
     return PolicySummary(
         policy=name,
         cost=round(sum(r.cost for r in runs), 2),
@@ -336,6 +339,7 @@ def summarise(name: str, runs: Sequence[RegionRun], cfg: EstateConfig) -> Policy
         fallback_minutes_over=sum(f.minutes_over for f in fallback),
         fallback_max_share_of_authority=round(share, 4),
         wrongly_excluded_share=wrong,
+        good_excluded_time_share=good_time,
     )
 
 

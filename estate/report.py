@@ -14,10 +14,12 @@ def _pct_fewer(p: PolicySummary, base: PolicySummary) -> str:
 def table(result: EstateResult) -> str:
     base = next((p for p in result.policies if p.policy == "price-only"), None)
     head = (
-        "| policy | cost | reclaims / 1,000 inst-h (vs price-only) | CI min lost / reclaim | "
+        "| policy | cost | unserved unit-h | reclaims / 1,000 inst-h (vs price-only) | "
+        "CI min lost / reclaim | "
         "Spark min lost / reclaim | training steps lost / reclaim (on notice / periodic) | "
         "tier-1 floor availability (unexplained gap min) | fallback max / authority | "
-        "wrongly excluded |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "good pools excluded (share of excluded time) |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     )
     rows = [head]
     for p in result.policies:
@@ -28,9 +30,14 @@ def table(result: EstateResult) -> str:
             if p.policy == "sco"
             else "n/a"
         )
-        wrong = "n/a" if p.wrongly_excluded_share is None else f"{p.wrongly_excluded_share:.1%}"
+        wrong = (
+            "n/a"
+            if p.wrongly_excluded_share is None
+            else f"{p.wrongly_excluded_share:.1%} ({p.good_excluded_time_share or 0.0:.1%})"
+        )
         rows.append(
-            f"| {p.policy} | {p.cost:,.0f} | {p.reclaims_per_1000h:.2f}{vs} | "
+            f"| {p.policy} | {p.cost:,.0f} | {p.short_unit_hours:,.0f} | "
+            f"{p.reclaims_per_1000h:.2f}{vs} | "
             f"{lost['ci']:.1f} | {lost['spark']:.2f} | "
             f"{p.training_steps_per_reclaim:,.0f} / {p.training_steps_per_reclaim_periodic:,.0f} | "
             f"{p.floor_availability:.4%} ({p.floor_unexplained_gap_minutes}) | "

@@ -93,6 +93,7 @@ class PolicySummary(BaseModel):
     fallback_minutes_over: int
     fallback_max_share_of_authority: float
     wrongly_excluded_share: float | None = None  # good pools excluded / exposed good pools
+    good_excluded_time_share: float | None = None  # of all excluded pool-minutes
 
 
 class EstateResult(BaseModel):
