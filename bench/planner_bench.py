@@ -30,6 +30,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from activities.control.exact_plan import ExactPlanInput, exact_plan
 from contracts.region import load_region
 from planning.planner import (
     RESTART_COST_HOURS,
@@ -45,6 +46,7 @@ from tests.support.planner_reference import (
     gap_pct,
     milp_reference,
 )
+from workflows.controller.models import ControllerConfig
 
 R1 = ROOT / "deploy" / "regions" / "r1.toml"
 HALLS = ["A", "B", "C", "D"]
@@ -177,12 +179,36 @@ def shortfall(inp: PlanInput) -> tuple[int, float, float]:
     return sum(o.shortfall_units for o in out.outcomes), out.cost_per_hour, ms
 
 
-def compare(instances: list[PlanInput]) -> dict[str, Any]:
+def exact(inp: PlanInput, budget: float) -> tuple[int, float, float, str]:
+    """(shortfall, cost, seconds, source) of the controller's exact planner (the activity:
+    HiGHS under ``budget`` seconds, the greedy plan as cut-off and fallback), checked."""
+    greedy = plan(inp)
+    with stdout_to_stderr():
+        res = exact_plan(ExactPlanInput(problem=inp, greedy=greedy, time_budget_seconds=budget))
+    check_plan(inp, res.plan)
+    short = sum(o.shortfall_units for o in res.plan.outcomes)
+    return short, res.plan.cost_per_hour, res.seconds, res.source
+
+
+def p99(values: list[float]) -> float:
+    return round(statistics.quantiles(values, n=100)[98], 3) if len(values) > 1 else values[0]
+
+
+def compare(instances: list[PlanInput], budget: float) -> dict[str, Any]:
     gaps, times, unequal = [], [], 0
+    exact_gaps, exact_s, exact_short_worse = [], [], 0
+    sources: dict[str, int] = {}
     for inp in instances:
         short, cost, ms = shortfall(inp)
         least, cheapest = optimum(inp)
         times.append(ms)
+        e_short, e_cost, e_s, source = exact(inp, budget)
+        sources[source] = sources.get(source, 0) + 1
+        exact_s.append(e_s)
+        if e_short != least:
+            exact_short_worse += 1
+        else:
+            exact_gaps.append(gap_pct(e_cost, cheapest))
         if short != least:
             unequal += 1
             continue  # a cost gap at a different shortfall means nothing
@@ -192,13 +218,24 @@ def compare(instances: list[PlanInput]) -> dict[str, Any]:
         "shortfall_equal": len(instances) - unequal,
         "mean_gap_pct": round(statistics.fmean(gaps), 3),
         "p95_gap_pct": round(statistics.quantiles(gaps, n=20)[18], 3),
+        "p99_gap_pct": p99(gaps),
         "max_gap_pct": round(max(gaps), 3),
         "over_1pct": sum(g > 1.0 for g in gaps),
         "plan_ms_max": round(max(times), 2),
+        "exact_plan": {
+            "time_budget_s": budget,
+            "shortfall_above_optimum": exact_short_worse,
+            "p99_gap_pct": p99(exact_gaps),
+            "max_gap_pct": round(max(exact_gaps), 3),
+            "over_1pct": sum(g > 1.0 for g in exact_gaps),
+            "seconds_p50": round(statistics.median(exact_s), 3),
+            "seconds_max": round(max(exact_s), 3),
+            "source": sources,
+        },
     }
 
 
-def headline(runs: int) -> dict[str, Any]:
+def headline(runs: int, budget: float) -> dict[str, Any]:
     inp = headline_instance()
     times = []
     out = plan(inp)
@@ -212,6 +249,7 @@ def headline(runs: int) -> dict[str, Any]:
     t = time.perf_counter()
     least, cheapest = optimum(inp, time_limit=300)
     milp_s = time.perf_counter() - t
+    e_short, e_cost, e_s, source = exact(inp, budget)
     quantiles = statistics.quantiles(times, n=20)
     return {
         "pools": len(inp.pools),
@@ -229,6 +267,13 @@ def headline(runs: int) -> dict[str, Any]:
         "optimum_shortfall_units": least,
         "shortfall_equal": short == least,
         "milp_s": round(milp_s, 2),
+        "exact_plan": {
+            "time_budget_s": budget,
+            "gap_pct": round(gap_pct(e_cost, cheapest), 3),
+            "shortfall_equal": e_short == least,
+            "seconds": e_s,
+            "source": source,
+        },
     }
 
 
@@ -237,15 +282,17 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=30)
     ap.add_argument("--random", type=int, default=20)
     ap.add_argument("--small", type=int, default=300)
+    ap.add_argument("--exact-budget", type=float, default=ControllerConfig().exact_plan_seconds)
     args = ap.parse_args()
+    budget = args.exact_budget
     # The tests assert on the first 30 of these; the bench shows the tail of many more.
     small = [contended_instance(seed) for seed in range(args.small)]
     tight = [inp.model_copy(update={"spread_max_pool_fraction": 0.1}) for inp in small]
     result = {
-        "headline_r1_10000_units": headline(args.runs),
-        "random_r1": compare([random_r1_instance(seed) for seed in range(args.random)]),
-        "small_contended": compare(small),
-        "small_contended_tight_spread_0.1": compare(tight),
+        "headline_r1_10000_units": headline(args.runs, budget),
+        "random_r1": compare([random_r1_instance(seed) for seed in range(args.random)], budget),
+        "small_contended": compare(small, budget),
+        "small_contended_tight_spread_0.1": compare(tight, budget),
     }
     print(json.dumps(result, indent=2))
 

@@ -188,6 +188,7 @@ def build_activities(settings: Settings, region: str, client: Client) -> tuple[l
         fleet.record_event,
         *all_activities(cloud),
         control.snapshot,
+        control.exact_plan,
         control.record_acquisition,
         control.record_decision,
         control.mark_surplus,

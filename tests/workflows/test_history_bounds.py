@@ -140,6 +140,15 @@ async def test_controller_history_is_bounded_by_continue_as_new(
     status = await handle.query(RegionControllerWorkflow.status)
     # The counters survive continue-as-new: two whole runs behind this one.
     assert status.ticks >= 2 * per_run
+    # The first tick had something to plan: the exact planner ran as an activity.
+    first = await harness.client.get_workflow_handle(wid, run_id=runs[0]).fetch_history()
+    scheduled = [
+        e.activity_task_scheduled_event_attributes.activity_type.name
+        for e in first.events
+        if e.HasField("activity_task_scheduled_event_attributes")
+    ]
+    assert "control.exact_plan" in scheduled
+    assert any(e.HasField("activity_task_completed_event_attributes") for e in first.events)
     sizes = [await history_size(harness.client, wid, run) for run in runs[:2]]
     print(f"controller runs of {per_run} ticks: {sizes}")
     for events, nbytes in sizes:
