@@ -191,7 +191,9 @@ def exact(inp: PlanInput, budget: float) -> tuple[int, float, float, str]:
 
 
 def p99(values: list[float]) -> float:
-    return round(statistics.quantiles(values, n=100)[98], 3) if len(values) > 1 else values[0]
+    if len(values) < 2:
+        return round(values[0], 3)
+    return round(statistics.quantiles(values, n=100, method="inclusive")[98], 3)
 
 
 def compare(instances: list[PlanInput], budget: float) -> dict[str, Any]:
