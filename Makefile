@@ -21,7 +21,7 @@ export SCO_PROVIDER__IMAGE := sco-image
 export OS_CLIENT_CONFIG_FILE := $(CURDIR)/.sco/testcloud/clouds.yaml
 endif
 
-.PHONY: up down status deps test lint unit bench chaos clean testcloud-up testcloud-down testcloud-test
+.PHONY: up down status deps test lint unit bench chaos estate-readme clean testcloud-up testcloud-down testcloud-test
 
 # pipefail: the install's progress goes through a filter, its exit status must not.
 SHELL := /bin/bash
@@ -87,6 +87,10 @@ chaos: deps
 ## failed or a measurement did not happen (a missed target is a result, shown as missed).
 bench: deps
 	$(BIN)/python bench/run_all.py --readme README.md
+
+## The estate simulation's table and figures in README.md and docs/estate/ (30 days, seed 1).
+estate-readme: $(STAMP)
+	$(BIN)/sco sim estate --days 30 --seed 1 --out docs/estate --readme README.md
 
 ## The real OpenStack test cloud (deploy/testcloud/README.md): ~3.5 min on a fresh machine
 ## (pip ~1.5 min of it), ~35 s after testcloud-down, ~5 s when up; ~3.3 GiB while up.

@@ -29,6 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from activities.control.exact_plan import ExactPlanInput, exact_plan
 from bench.report import Report
 from contracts.region import load_region
 from planning.planner import (
@@ -45,6 +46,7 @@ from tests.support.planner_reference import (
     gap_pct,
     milp_reference,
 )
+from workflows.controller.models import ControllerConfig
 
 R1 = ROOT / "deploy" / "regions" / "r1.toml"
 HALLS = ["A", "B", "C", "D"]
@@ -168,6 +170,17 @@ def optimum(inp: PlanInput, time_limit: float = 60.0) -> tuple[int, float]:
         return milp_reference(inp, time_limit)
 
 
+def exact(inp: PlanInput, budget: float) -> tuple[int, float, float, str]:
+    """(shortfall, cost, seconds, source) of the controller's exact planner (the activity:
+    HiGHS under ``budget`` seconds, the greedy plan as cut-off and fallback), checked."""
+    greedy = plan(inp)
+    with stdout_to_stderr():
+        res = exact_plan(ExactPlanInput(problem=inp, greedy=greedy, time_budget_seconds=budget))
+    check_plan(inp, res.plan)
+    short = sum(o.shortfall_units for o in res.plan.outcomes)
+    return short, res.plan.cost_per_hour, res.seconds, res.source
+
+
 def shortfall(inp: PlanInput) -> tuple[int, float, float]:
     """(shortfall, cost, plan time in ms) of one planner run, checked."""
     t = time.perf_counter()
@@ -181,13 +194,29 @@ TARGET_MS = 50.0
 TARGET_GAP_PCT = 1.0
 
 
-def compare(report: Report, label: str, instances: list[PlanInput]) -> None:
-    """Planner against the MILP on each instance: shortfall equal, cost gap, plan time."""
+def p99(values: list[float]) -> float:
+    if len(values) < 2:
+        return round(values[0], 3)
+    return round(statistics.quantiles(values, n=100, method="inclusive")[98], 3)
+
+
+def compare(report: Report, label: str, instances: list[PlanInput], budget: float) -> None:
+    """Planner against the MILP on each instance: shortfall equal, cost gap, plan time; and
+    the controller's exact planner (the greedy plan as cut-off and fallback) the same way."""
     gaps, times, unequal = [], [], 0
+    exact_gaps, exact_s, exact_short_worse = [], [], 0
+    sources: dict[str, int] = {}
     for inp in instances:
         short, cost, ms = shortfall(inp)
         least, cheapest = optimum(inp)
         times.append(ms)
+        e_short, e_cost, e_s, source = exact(inp, budget)
+        sources[source] = sources.get(source, 0) + 1
+        exact_s.append(e_s)
+        if e_short != least:
+            exact_short_worse += 1
+        else:
+            exact_gaps.append(gap_pct(e_cost, cheapest))
         if short != least:
             unequal += 1
             continue  # a cost gap at a different shortfall means nothing
@@ -227,7 +256,36 @@ def compare(report: Report, label: str, instances: list[PlanInput]) -> None:
         target=TARGET_MS,
         comparator="<=",
     )
+    exact_anchor = (
+        f"HiGHS MILP optimum; the exact planner under {budget:g} s, {len(instances)} instances"
+    )
+    report.figure(
+        f"{label}_exact_shortfall_above_optimum",
+        exact_short_worse,
+        "instances",
+        anchor=exact_anchor,
+        target=0,
+        comparator="==",
+    )
+    if exact_gaps:
+        report.figure(
+            f"{label}_exact_p99_gap",
+            p99(exact_gaps),
+            "%",
+            anchor=exact_anchor,
+            target=TARGET_GAP_PCT,
+            comparator="<=",
+        )
+    report.figure(
+        f"{label}_exact_seconds_max",
+        round(max(exact_s), 3),
+        "s",
+        anchor=exact_anchor,
+        target=budget,
+        comparator="<=",
+    )
     report.details[label] = {
+        "exact_plan_sources": sources,
         "instances": len(instances),
         "shortfall_equal": len(instances) - unequal,
         "mean_gap_pct": round(statistics.fmean(gaps), 3) if gaps else None,
@@ -236,7 +294,7 @@ def compare(report: Report, label: str, instances: list[PlanInput]) -> None:
     }
 
 
-def headline(report: Report, runs: int) -> None:
+def headline(report: Report, runs: int, budget: float) -> None:
     inp = headline_instance()
     times = []
     out = plan(inp)
@@ -250,6 +308,7 @@ def headline(report: Report, runs: int) -> None:
     t = time.perf_counter()
     least, cheapest = optimum(inp, time_limit=300)
     milp_s = time.perf_counter() - t
+    e_short, e_cost, e_s, source = exact(inp, budget)
     p95 = statistics.quantiles(times, n=20)[18] if len(times) > 1 else times[0]
     what = f"r1: {len(inp.pools)} pools, {len(inp.contracts)} contracts, 10,000 units"
     report.figure(
@@ -283,7 +342,23 @@ def headline(report: Report, runs: int) -> None:
         "shortfall_units": short,
         "optimum_shortfall_units": least,
         "milp_s": round(milp_s, 2),
+        "exact_plan": {
+            "time_budget_s": budget,
+            "gap_pct": round(gap_pct(e_cost, cheapest), 3),
+            "shortfall_equal": e_short == least,
+            "seconds": e_s,
+            "source": source,
+        },
     }
+    report.figure(
+        "headline_exact_gap",
+        round(gap_pct(e_cost, cheapest), 3) if e_short == least else None,
+        "%",
+        anchor=f"{what}; HiGHS MILP optimum's cost; the exact planner under {budget:g} s",
+        target=TARGET_GAP_PCT,
+        comparator="<=",
+        reason="" if e_short == least else "the exact plan's shortfall differs from the optimum's",
+    )
 
 
 def main() -> int:
@@ -292,17 +367,19 @@ def main() -> int:
     ap.add_argument("--random", type=int, default=20)
     ap.add_argument("--small", type=int, default=300)
     ap.add_argument("--tiny", action="store_true", help="3 runs, 1 random, 5 small (CI smoke)")
+    ap.add_argument("--exact-budget", type=float, default=ControllerConfig().exact_plan_seconds)
     args = ap.parse_args()
+    budget = args.exact_budget
     if args.tiny:
         args.runs, args.random, args.small = 3, 1, 5
     report = Report("planner", {"runs": args.runs, "random": args.random, "small": args.small})
-    headline(report, args.runs)
-    compare(report, "random_r1", [random_r1_instance(seed) for seed in range(args.random)])
+    headline(report, args.runs, budget)
+    compare(report, "random_r1", [random_r1_instance(seed) for seed in range(args.random)], budget)
     # The tests assert on the first 30 of these; the bench shows the tail of many more.
     small = [contended_instance(seed) for seed in range(args.small)]
-    compare(report, "small_contended", small)
+    compare(report, "small_contended", small, budget)
     tight = [inp.model_copy(update={"spread_max_pool_fraction": 0.1}) for inp in small]
-    compare(report, "small_tight_spread", tight)
+    compare(report, "small_tight_spread", tight, budget)
     return report.emit()
 
 

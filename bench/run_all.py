@@ -55,6 +55,7 @@ BENCHES = (
     Bench("contracts", "contracts_bench.py", (), ("--tiny",), lambda: None, 600),
     Bench("simulator", "simulator_bench.py", (), ("--tiny",), needs.nats, 600),
     Bench("planner", "planner_bench.py", (), ("--tiny",), lambda: None, 1800),
+    Bench("estate", "estate_bench.py", (), ("--days", "2", "--tenants", "1"), lambda: None, 1200),
     Bench("control", "control_bench.py", (), ("--tiny",), needs.postgres, 900),
     Bench("floor", "floor_bench.py", (), ("--tiny",), needs.postgres, 1800),
     Bench("slurm_resume", "slurm_resume_bench.py", (), ("--tiny",), needs.slurm, 900),

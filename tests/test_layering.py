@@ -20,6 +20,8 @@ FORBIDDEN: dict[str, frozenset[str]] = {
     "agent": frozenset({"workflows", "activities", "workers", "planning", "temporalio"}),
     "contracts": frozenset({"workflows", "activities", "workers", "planning", "temporalio"}),
     "planning": frozenset({"workflows", "activities", "workers", "agent", "temporalio"}),
+    # The estate simulator drives the pure policy code only, like planning is.
+    "estate": frozenset({"workflows", "activities", "workers", "agent", "temporalio"}),
     "activities": frozenset({"workflows", "workers"}),
     "workflows": frozenset({"workers"}),
 }
@@ -67,6 +69,7 @@ PROBES = {
     "agent": "import temporalio.client\nfrom workflows import search_attributes\n",
     "contracts": "from temporalio import workflow\nimport activities.fleet\n",
     "planning": "from activities.events import InstanceState\nimport temporalio\n",
+    "estate": "from workflows.floor.plan import plan_floor\nimport temporalio.workflow\n",
     "activities": "from workflows.exclusion.models import ExclusionInput\n"
     "import importlib\nimportlib.import_module('workers.cli')\n",
     "workflows": "from workers.settings import Settings\n__import__('workers.region_worker')\n",

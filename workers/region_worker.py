@@ -202,6 +202,7 @@ def build_activities(
         fleet.record_event,
         *all_activities(cloud),
         control.snapshot,
+        control.exact_plan,
         control.record_acquisition,
         control.record_decision,
         control.mark_surplus,

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from temporalio import activity
 
+from activities.control.exact_plan import ExactPlanInput, ExactPlanResult, exact_plan
 from activities.control.models import (
     ACQUISITION_PREFIX,
     ContractView,
@@ -93,6 +94,11 @@ class ControlActivities:
         return MarkSurplusOutput(since=since)
 
     # -- the controller's view -----------------------------------------------------------
+
+    @activity.defn(name="control.exact_plan")
+    def exact_plan(self, inp: ExactPlanInput) -> ExactPlanResult:
+        """The exact plan within the input's time budget, or the greedy plan it carries."""
+        return exact_plan(inp)
 
     @activity.defn(name="control.snapshot")
     async def snapshot(self, inp: SnapshotInput) -> ControllerSnapshot:

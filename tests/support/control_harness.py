@@ -112,6 +112,7 @@ async def region_worker(
                 fleet_acts.record_event,
                 *all_activities(cloud_acts),
                 control_acts.snapshot,
+                control_acts.exact_plan,
                 control_acts.record_acquisition,
                 control_acts.record_decision,
                 control_acts.mark_surplus,

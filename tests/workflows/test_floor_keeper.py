@@ -41,6 +41,7 @@ from contracts import keys
 from contracts.cache import BundleCache
 from contracts.compiler import compile_and_sign
 from contracts.region import Region
+from planning.floor_spread import spread
 from tests.support import histories, services
 from tests.support.control_harness import (
     install_example_bundle,
@@ -51,7 +52,7 @@ from tests.support.control_harness import (
 from tests.support.paths import BASE_DSN, REGIONS_DIR, REPO
 from workflows.acquisition.workflow import AcquisitionWorkflow
 from workflows.floor.models import FloorConfig, FloorInput, FloorState, HallEvent, HallLoss
-from workflows.floor.plan import choose_shape, judge, plan_floor, spread, to_release
+from workflows.floor.plan import choose_shape, judge, plan_floor, to_release
 from workflows.floor.workflow import FloorKeeperWorkflow
 
 CONTRACT = "llm-train"  # floor r1: 10 units of 8 vCPU / 96 GiB / 1 GPU: gpu-a.l holds one

@@ -32,12 +32,12 @@ from activities.fleet.control_state import ControlRepository
 from activities.fleet.repository import FleetRepository, InstanceSpec
 from activities.provider.simulator import Latency, SimulatedCloud
 from contracts.region import Region
+from planning import exclusion_policy as policy
 from tests.support import histories
 from tests.support.control_harness import poll_until, region_worker
 from workflows import search_attributes as sa
 from workflows.acquisition.workflow import AcquisitionWorkflow
 from workflows.budget.workflow import TokenBudgetWorkflow
-from workflows.exclusion import policy
 from workflows.exclusion.client import ensure_exclusion, notify_reclaim
 from workflows.exclusion.models import (
     ExclusionConfig,

@@ -7,11 +7,15 @@ import asyncio
 import nats
 import typer
 
+from workers.cli import estate
 from workers.cli.common import errors_as_exit, region_or_exit, settings
 
 sim_app = typer.Typer(
     help="The simulated cloud (the embedded default provider).", no_args_is_help=True
 )
+
+
+sim_app.command("estate")(estate.sim_estate)
 
 
 @sim_app.command("serve")

@@ -20,6 +20,9 @@ class ControllerConfig(BaseModel):
     max_instances_per_acquisition: int = 200
     reclaim_window_hours: float = 168.0
     partitions: int = 4
+    # Seconds the exact planner (HiGHS, an activity) may take on a tick with something to
+    # plan; the greedy plan stands when it finds nothing better in time. 0: greedy only.
+    exact_plan_seconds: float = 5.0
     # Ticks per run before continue-as-new keeps the history short.
     ticks_per_run: int = 200
     # Cloud-init for instances of contracts with Kubernetes selectors; `{kubelet_args}`

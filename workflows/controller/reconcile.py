@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from activities.control.models import ContractView, ControllerSnapshot
 from activities.events import CapacityType, InstanceState
 from planning.arbiter import FallbackPlan, price_fallback
-from planning.planner import Allocation, PlanInput, plan, units_per_instance
+from planning.planner import Allocation, Plan, PlanInput, plan, units_per_instance
 from workflows.acquisition.models import LaunchItem
 from workflows.controller.models import ControllerConfig
 
@@ -37,12 +37,9 @@ class ReconcileResult(BaseModel):
     plan_cost_per_hour: float = 0.0
 
 
-def reconcile(snap: ControllerSnapshot, cfg: ControllerConfig, now: datetime) -> ReconcileResult:
-    if not snap.contracts:
-        return ReconcileResult()
-    views = {v.demand.contract: v for v in snap.contracts}
-    # What is asked of open acquisitions and what committed fallback already covers is
-    # not planned again.
+def plan_input(snap: ControllerSnapshot, cfg: ControllerConfig) -> PlanInput:
+    """The planner's problem for the snapshot: what open acquisitions ask for and what
+    committed fallback already covers is not planned again."""
     demands = [
         v.demand.model_copy(
             update={
@@ -53,13 +50,20 @@ def reconcile(snap: ControllerSnapshot, cfg: ControllerConfig, now: datetime) ->
         )
         for v in snap.contracts
     ]
-    result = plan(
-        PlanInput(
-            contracts=demands,
-            pools=snap.pools,
-            spread_max_pool_fraction=cfg.spread_max_pool_fraction,
-        )
+    return PlanInput(
+        contracts=demands, pools=snap.pools, spread_max_pool_fraction=cfg.spread_max_pool_fraction
     )
+
+
+def reconcile(
+    snap: ControllerSnapshot, cfg: ControllerConfig, now: datetime, planned: Plan | None = None
+) -> ReconcileResult:
+    """``planned``: the plan of ``plan_input(snap, cfg)`` when the caller has one (the
+    exact planner's); without, the greedy planner's."""
+    if not snap.contracts:
+        return ReconcileResult()
+    views = {v.demand.contract: v for v in snap.contracts}
+    result = planned if planned is not None else plan(plan_input(snap, cfg))
     out = ReconcileResult(plan_cost_per_hour=result.cost_per_hour)
     by_contract: dict[str, list[Allocation]] = {}
     for alloc in result.allocations:

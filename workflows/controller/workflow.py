@@ -15,11 +15,13 @@ from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import PinnedVersioningOverride, RetryPolicy, WorkflowIDReusePolicy
+from temporalio.exceptions import ActivityError
 from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
     from activities.budget import TokenGrant
     from activities.control.activities import ControlActivities
+    from activities.control.exact_plan import ExactPlanInput, ExactPlanResult
     from activities.control.models import (
         ACQUISITION_PREFIX,
         ControllerSnapshot,
@@ -29,6 +31,7 @@ with workflow.unsafe.imports_passed_through():
         SnapshotInput,
     )
     from activities.fleet.control_state import AcquisitionRecord
+    from planning.planner import Plan, plan
     from workflows import search_attributes as sa
     from workflows.acquisition.models import AcquisitionInput, AcquisitionState
     from workflows.acquisition.workflow import AcquisitionWorkflow
@@ -39,7 +42,7 @@ with workflow.unsafe.imports_passed_through():
         DemandChanged,
         TickSummary,
     )
-    from workflows.controller.reconcile import reconcile
+    from workflows.controller.reconcile import plan_input, reconcile
     from workflows.metrics import count
     from workflows.provider_calls import delete_instance, record_release
 
@@ -138,7 +141,10 @@ class RegionControllerWorkflow:
                 "controller %s/p%d: %s", inp.region, inp.partition, snap.problem
             )
             return
-        result = reconcile(snap, cfg, now)
+        if workflow.patched("exact-plan"):
+            result = reconcile(snap, cfg, now, planned=await self._plan(snap))
+        else:
+            result = reconcile(snap, cfg, now)
         count(
             "sco_shortfall_units",
             "Demand units reclaimable capacity could not cover, summed per tick",
@@ -196,6 +202,32 @@ class RegionControllerWorkflow:
             )
         await self._release(snap, result.surplus, summary)
         summary.surplus = len(result.surplus)
+
+    async def _plan(self, snap: ControllerSnapshot) -> Plan:
+        """The greedy plan, replaced by the exact one (an activity under a time budget) when
+        that finds a better one in time. A tick with nothing to launch and no shortfall has
+        nothing to improve and makes no activity call (the history stays short)."""
+        cfg = self._inp.config
+        problem = plan_input(snap, cfg)
+        greedy = plan(problem)
+        if cfg.exact_plan_seconds <= 0 or not (
+            greedy.allocations or any(o.shortfall_units for o in greedy.outcomes)
+        ):
+            return greedy
+        try:
+            exact: ExactPlanResult = await workflow.execute_activity_method(
+                ControlActivities.exact_plan,
+                ExactPlanInput(
+                    problem=problem, greedy=greedy, time_budget_seconds=cfg.exact_plan_seconds
+                ),
+                # The budget bounds the solve; the rest is (de)serialising the problem.
+                start_to_close_timeout=timedelta(seconds=cfg.exact_plan_seconds + 10),
+                retry_policy=RetryPolicy(maximum_attempts=1),
+            )
+        except ActivityError as exc:
+            workflow.logger.warning("exact plan failed, the greedy plan stands: %s", exc)
+            return greedy
+        return exact.plan
 
     async def _release(
         self, snap: ControllerSnapshot, surplus: list[str], summary: TickSummary

@@ -55,11 +55,11 @@ with workflow.unsafe.imports_passed_through():
         SetStateInput,
     )
     from activities.fleet.activities import FleetActivities, RecordEventInput
+    from planning import exclusion_policy as policy
     from workflows import search_attributes as sa
     from workflows.acquisition.models import AcquisitionInput, LaunchItem
     from workflows.acquisition.workflow import AcquisitionWorkflow
     from workflows.budget.client import BudgetClient
-    from workflows.exclusion import policy
     from workflows.exclusion.models import (
         PROBE_PREFIX,
         ExclusionAck,

@@ -19,7 +19,7 @@ from activities.floor.models import (
     HallCapacity,
     ProbeResult,
 )
-from contracts.feasibility import MAX_HALL_SHARE, MIN_FLOOR_HALLS, spread_floor
+from planning.floor_spread import spread
 from workflows.floor.models import FloorConfig, HallLoss, generation_of, reservation_of
 
 
@@ -45,47 +45,6 @@ def room(shape: FloorShape, cap: HallCapacity | None, reserved: int) -> int:
     if shape.gpus:
         fits.append(cap.free_gpus // shape.gpus)
     return reserved + max(0, min(fits))
-
-
-class Spread(BaseModel):
-    targets: dict[str, int] = {}  # hall -> instances
-    within_rules: bool = True
-    reason: str = ""
-
-
-def spread(n: int, halls: list[str], rooms: Mapping[str, int]) -> Spread:
-    """`n` instances over `halls` by the floor rules (>= 3 halls, <= 40 % in one);
-    when the halls cannot satisfy them, the most even placement that fits, flagged."""
-    if n <= 0:
-        return Spread()
-    halls = sorted(halls)
-    if len(halls) >= MIN_FLOOR_HALLS:
-        placed = spread_floor(n, halls, dict(rooms))
-        if placed is not None:
-            return Spread(targets=placed)
-    # Best available: as even as the room allows, no share cap.
-    caps = {h: max(0, rooms.get(h, 0)) for h in halls}
-    targets = dict.fromkeys(halls, 0)
-    left = min(n, sum(caps.values()))
-    while left:
-        hall = min((h for h in halls if targets[h] < caps[h]), key=lambda h: (targets[h], h))
-        targets[hall] += 1
-        left -= 1
-    targets = {h: k for h, k in targets.items() if k}
-    if len(halls) < MIN_FLOOR_HALLS:
-        why = (
-            f"{len(halls)} healthy hall(s) ({', '.join(halls) or 'none'}): the floor needs "
-            f">= {MIN_FLOOR_HALLS} halls with <= {MAX_HALL_SHARE:.0%} in each"
-        )
-    else:
-        why = (
-            f"committed capacity in {', '.join(halls)} cannot hold {n} instances with "
-            f"<= {MAX_HALL_SHARE:.0%} in one hall"
-        )
-    short = n - sum(targets.values())
-    if short:
-        why += f"; {short} instance(s) short of the floor"
-    return Spread(targets=targets, within_rules=False, reason=why)
 
 
 class FloorPlan(BaseModel):

@@ -3,7 +3,8 @@ threshold that excludes a pool, the cool-down before it is probed and when its s
 are forgiven.
 
 Pure functions of their arguments (times and the random draw are passed in), so the
-workflow stays deterministic and these are unit-tested without Temporal.
+workflow stays deterministic, these are unit-tested without Temporal, and the estate
+simulator (estate/) drives the very same cycle in simulated time.
 """
 
 from __future__ import annotations

@@ -1,0 +1,108 @@
+"""What one run measures, per policy and region and summed over the estate (JSON-ready)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+
+class KindLoss(BaseModel):
+    reclaims: int = 0
+    lost_minutes: float = 0.0
+    """Instance-minutes of work lost, draining per contract on the notice (SCO's agent:
+    training checkpoints on the notice)."""
+    lost_minutes_periodic: float = 0.0
+    """The same reclaims with periodic checkpoints only (no checkpoint on notice)."""
+    hall_lost: int = 0  # instances gone in a hall loss, without notice
+    hall_lost_minutes: float = 0.0
+
+
+class Gap(BaseModel):
+    start: int  # minute
+    end: int
+    explained: bool  # inside a hall loss's rebuild window (detection + boot)
+    why: str
+
+
+class FloorResult(BaseModel):
+    region: str
+    contract: str
+    floor_units: int
+    minutes: int
+    whole_minutes: int
+    gaps: list[Gap] = []
+
+    @property
+    def availability(self) -> float:
+        return self.whole_minutes / self.minutes if self.minutes else 1.0
+
+
+class FallbackResult(BaseModel):
+    region: str
+    contract: str
+    authority_per_hour: float
+    max_spend_per_hour: float
+    minutes_over: int
+    launched: int
+    declined: int
+    reasons: list[str] = []
+
+
+class ExclusionResult(BaseModel):
+    bad_pools: list[str]
+    excluded_pools: list[str]
+    bad_excluded: list[str]
+    good_excluded: list[str]
+    exposed_good_pools: int  # good pools SCO ever held instances in
+    probes: int
+    excluded_minutes: dict[str, int]  # per excluded pool
+    timelines: dict[str, list[tuple[int, str]]]  # bad pools: (minute, state)
+
+
+class RegionRun(BaseModel):
+    policy: str
+    region: str
+    cost: float
+    cost_reclaimable: float
+    cost_committed: dict[str, float]
+    reclaimable_instance_hours: float
+    reclaims: int
+    short_unit_hours: float  # demand no capacity was launched for, sampled on ticks
+    loss: dict[str, KindLoss]
+    floors: list[FloorResult]
+    fallback: list[FallbackResult] = []
+    pool_reclaims: dict[str, int]
+    hourly_cost: list[float]  # cumulative, at the end of each hour
+    exclusion: ExclusionResult | None = None
+    floor_trace: dict[str, list[tuple[int, int]]] = {}  # hall -> (minute, floor units)
+    floor_trace_contract: str = ""
+
+
+class PolicySummary(BaseModel):
+    policy: str
+    cost: float
+    reclaimable_instance_hours: float
+    reclaims: int
+    reclaims_per_1000h: float
+    short_unit_hours: float
+    lost_minutes_per_reclaim: dict[str, float]  # by kind, draining on the notice
+    training_steps_per_reclaim: float  # checkpoint on the notice
+    training_steps_per_reclaim_periodic: float  # periodic checkpoints only
+    floor_availability: float  # minutes whole / minutes, over every tier-1 floor
+    floor_gap_minutes: int
+    floor_unexplained_gap_minutes: int
+    fallback_minutes_over: int
+    fallback_max_share_of_authority: float
+    wrongly_excluded_share: float | None = None  # good pools excluded / exposed good pools
+    good_excluded_time_share: float | None = None  # of all excluded pool-minutes
+
+
+class EstateResult(BaseModel):
+    days: float
+    seed: int
+    regions: list[str]
+    tenants: int
+    pools: int
+    bad_pools: dict[str, list[str]]
+    hall_losses: dict[str, list[tuple[str, int, int]]]
+    policies: list[PolicySummary]
+    runs: list[RegionRun]

@@ -1,0 +1,268 @@
+"""SCO's policies on the simulated fleet: the planner (risk-priced by each pool's observed
+reclaim rate, excluded pools left out), the fallback arbiter within each contract's spend
+authority, the exclusion cycle, and floor keepers on committed capacity.
+
+Tier-1 floors are held by a keeper each (committed, spread by planning.floor_spread); the
+planner covers only demand above the floor. A hall loss is seen by the keeper
+``floor_detect_minutes`` after it starts; it re-spreads the floor over the healthy halls
+then, and when the hall is back it moves back make-before-break: launch first, release the
+surplus once the new instances are up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from estate.baselines import Policy, pool_index, release_committed
+from estate.config import EstateConfig
+from estate.exclusion import ExclusionCycle
+from estate.fleet import Committed, Fleet, ceil_div, cheapest_committed_shape, shape_pools
+from estate.trace import RegionTrace
+from planning.arbiter import price_fallback
+from planning.costs import expected_cost
+from planning.floor_spread import spread
+from planning.models import PlanInput, PoolInput, pool_input
+from planning.planner import plan
+
+
+@dataclass
+class FallbackLog:
+    max_spend: float = 0.0
+    minutes_over: int = 0
+    launched: int = 0
+    declined: int = 0
+    reasons: list[str] = field(default_factory=list)
+
+
+@dataclass
+class FloorKeeper:
+    tenant: int
+    shape_pools: dict[str, int]  # hall -> pool index of the floor's shape
+    instances: int
+    units_per_instance: int
+
+
+class Sco(Policy):
+    name = "sco"
+
+    def __init__(self, fleet: Fleet, cfg: EstateConfig, trace: RegionTrace) -> None:
+        super().__init__(fleet, cfg)
+        self.trace = trace
+        self.cycle = ExclusionCycle(len(fleet.pools), cfg, f"{cfg.seed}:{fleet.region.id}")
+        self.notices_by_day: list[dict[int, int]] = [{} for _ in fleet.pools]
+        self.index = pool_index(fleet)
+        self.fallback = {t: FallbackLog() for t in range(len(fleet.tenants))}
+        self.keepers: list[FloorKeeper] = []
+        self.canary_minutes = 0
+        self.max_upi = [max(t.upi, default=1) for t in fleet.tenants]
+        self._inputs: dict[tuple[int, int, float, bool], PoolInput] = {}
+        for t, tenant in enumerate(fleet.tenants):
+            shape = cheapest_committed_shape(fleet, tenant) if tenant.floor_units else None
+            if shape is None:
+                continue
+            by_hall = shape_pools(fleet, tenant)[shape]
+            per = tenant.upi[by_hall[min(by_hall)]]
+            self.keepers.append(FloorKeeper(t, by_hall, ceil_div(tenant.floor_units, per), per))
+        for k in self.keepers:  # built before the month starts
+            self.keep(k, 0, boot=0)
+
+    # -- floors ---------------------------------------------------------------------------
+
+    def lost_halls(self, minute: int) -> set[str]:
+        """Halls the keepers hold lost: from detection after the loss to detection after the
+        hall is back."""
+        d = self.cfg.floor_detect_minutes
+        return {h.hall for h in self.trace.hall_losses if h.start + d <= minute < h.end + d}
+
+    def floor_ready(self, k: FloorKeeper, minute: int) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for g in self.fleet.committed:
+            if g.tenant == k.tenant and g.role == "floor" and g.ready <= minute:
+                out[g.hall] = out.get(g.hall, 0) + g.count
+        return out
+
+    def keep(self, k: FloorKeeper, minute: int, boot: int | None = None) -> None:
+        fleet = self.fleet
+        lost = self.lost_halls(minute)
+        healthy = sorted(h for h in k.shape_pools if h in fleet.committed_rate and h not in lost)
+        groups = [g for g in fleet.committed if g.tenant == k.tenant and g.role == "floor"]
+        held: dict[str, int] = {}
+        for g in groups:
+            held[g.hall] = held.get(g.hall, 0) + g.count
+        rooms = {h: held.get(h, 0) + fleet.committed_room(h, k.shape_pools[h]) for h in healthy}
+        targets = spread(k.instances, healthy, rooms).targets
+        for hall, want in sorted(targets.items()):
+            if want > held.get(hall, 0):
+                pool = k.shape_pools[hall]
+                wait = self.cfg.committed_boot_minutes if boot is None else boot
+                fleet.commit(
+                    Committed(
+                        tenant=k.tenant,
+                        hall=hall,
+                        pool=pool,
+                        count=want - held.get(hall, 0),
+                        price=fleet.pools[pool].vcpu * fleet.committed_rate[hall],
+                        ready=minute + wait,
+                        role="floor",
+                    )
+                )
+        # Make-before-break: the surplus goes only once every target hall is up.
+        ready = self.floor_ready(k, minute)
+        if all(ready.get(h, 0) >= n for h, n in targets.items()):
+            for g in list(reversed(groups)):
+                extra = held.get(g.hall, 0) - targets.get(g.hall, 0)
+                if extra > 0 and g in fleet.committed:
+                    n = min(extra, g.count)
+                    held[g.hall] -= n
+                    fleet.uncommit(g, n)
+
+    def floor_units(self, k: FloorKeeper, minute: int) -> dict[str, int]:
+        return {h: n * k.units_per_instance for h, n in self.floor_ready(k, minute).items()}
+
+    # -- reclaimable and fallback ----------------------------------------------------------
+
+    def reclaimed(self, pool: int, minute: int) -> None:
+        day = self.notices_by_day[pool]
+        day[minute // 1440] = day.get(minute // 1440, 0) + 1
+
+    def step(self, minute: int, targets: list[int]) -> None:
+        fleet, cfg = self.fleet, self.cfg
+        for k in self.keepers:
+            self.keep(k, minute)
+        for pool in self.cycle.tick(minute):
+            self.canary_minutes += cfg.probe_minutes
+            fleet.cost_committed["canary"] = fleet.cost_committed.get("canary", 0.0) + (
+                fleet.price[pool] * cfg.probe_minutes / 60.0
+            )
+        wanted = [max(0, targets[t] - fleet.tenants[t].floor_units) for t in range(len(targets))]
+        if not any(g.role == "fallback" for g in fleet.committed) and all(
+            0 <= fleet.held_units[t] - wanted[t] < self.max_upi[t] for t in range(len(wanted))
+        ):
+            return  # every contract holds its demand: the planner would plan nothing
+        excluded = self.cycle.excluded()
+        rates = [
+            fleet.rate(p, self.notices_by_day[p], minute, cfg.rate_window_days)
+            for p in range(len(fleet.pools))
+        ]
+        pools = self.pool_inputs(minute, rates, excluded)
+        demands = []
+        for t, tenant in enumerate(fleet.tenants):
+            existing = {
+                fleet.region.pool_id(fleet.pools[p]): h[t]
+                for p, h in enumerate(fleet.held)
+                if t in h
+            }
+            demands.append(
+                tenant.demand.model_copy(update={"demand_units": wanted[t], "existing": existing})
+            )
+        result = plan(PlanInput(contracts=demands, pools=pools))
+        by_name = {tenant.name: t for t, tenant in enumerate(fleet.tenants)}
+        for a in result.allocations:
+            fleet.launch(
+                self.index[a.pool_id], by_name[a.contract], a.instances, minute, cfg.boot_minutes
+            )
+        for o in result.outcomes:
+            t = by_name[o.contract]
+            if o.surplus_units:
+                self.release_reclaimable(t, o.surplus_units, excluded, rates, minute)
+            self.arbitrate(t, o.shortfall_units, pools, minute)
+
+    def pool_inputs(self, minute: int, rates: list[float], excluded: set[int]) -> list[PoolInput]:
+        """The planner's pools, each model built once per (free, rate, excluded): building
+        144 validated models per tick would cost more than planning."""
+        fleet, out = self.fleet, []
+        for i, pool in enumerate(fleet.pools):
+            key = (
+                i,
+                fleet.free(i, minute, self.cfg.reclaim_hold_minutes),
+                rates[i],
+                i in excluded or pool.hall in fleet.down,
+            )
+            inp = self._inputs.get(key)
+            if inp is None:
+                if len(self._inputs) > 100_000:
+                    self._inputs.clear()
+                inp = pool_input(
+                    fleet.region, pool, free=key[1], reclaim_rate=key[2], excluded=key[3]
+                )
+                self._inputs[key] = inp
+            out.append(inp)
+        return out
+
+    def release_reclaimable(
+        self, t: int, surplus: int, excluded: set[int], rates: list[float], minute: int
+    ) -> None:
+        """Excluded pools first, then the dearest risk-priced units."""
+        fleet = self.fleet
+        tenant = fleet.tenants[t]
+        pools = [p for p, h in enumerate(fleet.held) if t in h]
+        kind = tenant.kind.value
+
+        def dearest(p: int) -> tuple[bool, float, int]:
+            cost = expected_cost(fleet.price[p], rates[p], kind) / tenant.upi[p]
+            return (p not in excluded, -cost, p)
+
+        for p in sorted(pools, key=dearest):
+            upi = tenant.upi[p]
+            if surplus < upi:
+                continue
+            n = min(surplus // upi, fleet.held[p].get(t, 0))
+            surplus -= fleet.remove(p, t, n, minute) * upi
+
+    def arbitrate(self, t: int, shortfall: int, pools: list[PoolInput], minute: int) -> None:
+        fleet = self.fleet
+        tenant = fleet.tenants[t]
+        log = self.fallback[t]
+        have = fleet.committed_units(t, "fallback")
+        if have > shortfall:
+            release_committed(fleet, t, "fallback", have - shortfall)
+            return
+        if have == shortfall:
+            return
+        current = sum(
+            g.count * g.price for g in fleet.committed if g.tenant == t and g.role == "fallback"
+        )
+        rates = {h: r for h, r in fleet.committed_rate.items() if h not in fleet.down}
+        offer = price_fallback(
+            tenant.demand,
+            shortfall - have,
+            pools,
+            rates,
+            authority_per_hour=tenant.authority,
+            current_spend_per_hour=current,
+        )
+        if offer is None:
+            return
+        if offer.needs_approval:
+            # No operator approves in the simulation: the acquisition declines.
+            log.declined += 1
+            if len(log.reasons) < 3:
+                log.reasons.append(offer.reason)
+            return
+        for item in offer.items:
+            pool = self.index[item.pool_id]
+            n = min(item.instances, fleet.committed_room(item.hall, pool))
+            fleet.commit(
+                Committed(
+                    tenant=t,
+                    hall=item.hall,
+                    pool=pool,
+                    count=n,
+                    price=item.price_per_hour,
+                    ready=minute + self.cfg.committed_boot_minutes,
+                    role="fallback",
+                )
+            )
+            log.launched += n
+
+    def account(self, minute: int) -> None:
+        """Fallback spend against authority, once a minute."""
+        for t, log in self.fallback.items():
+            spend = sum(
+                g.count * g.price
+                for g in self.fleet.committed
+                if g.tenant == t and g.role == "fallback"
+            )
+            log.max_spend = max(log.max_spend, spend)
+            if spend > self.fleet.tenants[t].authority + 1e-9:
+                log.minutes_over += 1

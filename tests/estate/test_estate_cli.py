@@ -1,0 +1,49 @@
+"""`sco sim estate` as its own process: JSON, table, PNG figures and the README section."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.support.paths import REPO
+from tests.support.services import run_sco
+
+pytestmark = pytest.mark.timeout(120)
+
+
+async def test_sim_estate_writes_json_plots_and_readme(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib", reason="the PNG figures need matplotlib (the dev extra)")
+    readme = tmp_path / "README.md"
+    readme.write_text("# x\n\n<!-- estate:begin -->\nold\n<!-- estate:end -->\n\nrest\n")
+    out = tmp_path / "estate"
+    code, text = await run_sco(
+        dict(os.environ),
+        "sim", "estate", "--days", "1", "--seed", "3", "--region", "r1", "--tenants", "1",
+        "--out", str(out), "--readme", str(readme),
+        cwd=REPO,
+    )  # fmt: skip
+    assert code == 0, text
+    data = json.loads((out / "estate.json").read_text())
+    assert data["seed"] == 3 and data["regions"] == ["r1"]
+    assert {p["policy"] for p in data["policies"]} == {
+        "sco", "price-only", "karpenter-like", "skypilot-like", "all-committed"
+    }  # fmt: skip
+    for name in ("cost.png", "reclaims_heatmap.png", "exclusions.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+    body = readme.read_text()
+    assert "old" not in body and "| sco |" in body and "](estate/cost.png)" in body
+    assert body.endswith("rest\n")
+
+
+async def test_sim_estate_bad_region_is_one_line(tmp_path: Path) -> None:
+    code, text = await run_sco(
+        dict(os.environ),
+        "sim", "estate", "--days", "1", "--region", "r9", "--out", str(tmp_path), "--no-plots",
+        cwd=REPO,
+    )  # fmt: skip
+    assert code != 0
+    assert "regions ['r9'] not among the loaded regions" in text
+    assert "Traceback" not in text
