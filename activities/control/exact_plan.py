@@ -61,9 +61,10 @@ def exact_plan(inp: ExactPlanInput) -> ExactPlanResult:
         found = _solve(inp.problem, greedy, inp.time_budget_seconds, start)
     except ImportError:
         found, source = None, "greedy-no-solver"  # no scipy on this worker
-    took = round(time.monotonic() - start, 3)
+    elapsed = time.monotonic() - start
+    took = round(elapsed, 3)
     if found is None:
-        if took >= inp.time_budget_seconds:
+        if elapsed >= inp.time_budget_seconds:
             source = "greedy-timeout"
         return ExactPlanResult(
             plan=greedy, source=source, seconds=took, greedy_cost_per_hour=greedy.cost_per_hour
