@@ -181,6 +181,7 @@ async def test_every_operator_action_is_a_ledger_decision(
         "SCO_LEDGER_DSN": "chdb://memory",
         "SCO_CONTRACTS__CACHE_DIR": str(cache),
         "SCO_CONTRACTS__TRUST_DIR": str(trust),
+        "SCO_NOTICES__SIGNING_KEY_FILE": str(keys.generate(tmp_path / "notice-keys")[1]),
         "SCO_WORKER__HEALTH_PORT": str(health),
         "SCO_WORKER__METRICS_PORT": "0",
         "SCO_WORKER__GRACEFUL_SHUTDOWN_SECONDS": "5",

@@ -8,6 +8,8 @@ clients it uses.
 from __future__ import annotations
 
 import logging
+import os
+import sys
 
 import typer
 
@@ -96,4 +98,18 @@ def main() -> None:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    app()
+    code = 0
+    try:
+        app()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if isinstance(exc.code, str):
+            print(exc.code, file=sys.stderr)
+    # The command is done and has closed what it opened; what may still run is native
+    # (Temporal's core runtime, librdkafka): leave without interpreter finalization, which
+    # such threads can crash (PyGILState_Release at exit), so the exit status is the
+    # command's own.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(code)
