@@ -71,6 +71,7 @@ def controller_config(settings: Settings) -> ControllerConfig:
         release_idle_seconds=c.release_idle_seconds,
         approval_timeout_seconds=c.approval_timeout_seconds,
         fallback_lease_hours=c.fallback_lease_hours,
+        build_timeout_seconds=c.build_timeout_seconds,
         spread_max_pool_fraction=c.spread_max_pool_fraction,
         max_instances_per_acquisition=c.max_instances_per_acquisition,
         reclaim_window_hours=c.reclaim_window_hours,

@@ -101,6 +101,8 @@ class ControlSettings(BaseModel):
     approval_timeout_seconds: float = Field(default=1800.0, gt=0)
     # Committed fallback capacity is reserved for this long (Blazar lease length).
     fallback_lease_hours: float = Field(default=24.0, gt=0)
+    # A boot still in BUILD after this long is deleted and counted as a shortfall.
+    build_timeout_seconds: float = Field(default=900.0, gt=0)
     # Members of one spread group hold at most this share of their units in one pool.
     spread_max_pool_fraction: float = Field(default=0.25, gt=0, le=1)
     # Reclaim rates come from the ledger over this window.

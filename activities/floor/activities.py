@@ -129,7 +129,7 @@ class FloorActivities:
                 "shapes": shapes,
                 "committed": _unreserved(region, halls, leases),
                 "instances": instances,
-                "reservations": [r for r in leases if r.name.startswith(prefix)],
+                "reservations": [r for r in leases if (r.owner or r.name).startswith(prefix)],
             }
         )
 
