@@ -8,13 +8,11 @@ test cloud (marker `testcloud`) when it is up.
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import nats
 import pytest
@@ -38,15 +36,9 @@ from activities.provider.leases import lease_name
 from activities.provider.sim_service import SimulatorClient, serve
 from activities.provider.simulator import Faults, ReclaimModel, SimulatedCloud
 from contracts.region import Region
-from tests.support.paths import REPO
+from tests.support.testcloud import provider_or_skip
 
 NATS_URL = "nats://127.0.0.1:4222"
-TESTCLOUD_CONFIG = Path(
-    os.environ.get(
-        "OS_CLIENT_CONFIG_FILE",
-        REPO / ".sco/testcloud/clouds.yaml",
-    )
-)
 
 
 @dataclass
@@ -60,34 +52,12 @@ class Cloud:
         return self.sim
 
 
-def openstack_provider() -> CloudProvider:
-    if not TESTCLOUD_CONFIG.is_file():
-        if os.environ.get("SCO_REQUIRE_TESTCLOUD") == "1":
-            pytest.fail(
-                f"SCO_REQUIRE_TESTCLOUD=1 but {TESTCLOUD_CONFIG} is missing: "
-                "run deploy/testcloud/up.sh"
-            )
-        pytest.skip(f"no test cloud ({TESTCLOUD_CONFIG} missing; deploy/testcloud/up.sh)")
-    import socket
-
-    try:  # clouds.yaml outlives `down.sh`: the cloud must also answer
-        socket.create_connection(("127.0.0.1", 5000), timeout=2).close()
-    except OSError:
-        if os.environ.get("SCO_REQUIRE_TESTCLOUD") == "1":
-            pytest.fail("SCO_REQUIRE_TESTCLOUD=1 but the test cloud's Keystone does not answer")
-        pytest.skip("the test cloud is down (Keystone does not answer)")
-    os.environ["OS_CLIENT_CONFIG_FILE"] = str(TESTCLOUD_CONFIG)
-    from activities.provider.openstack import OpenStackProvider
-
-    return OpenStackProvider.from_cloud("sco-testcloud", image="sco-image", network="none")
-
-
 @pytest.fixture(
     params=["in-process", "service", pytest.param("openstack", marks=pytest.mark.testcloud)]
 )
 async def cloud(request: pytest.FixtureRequest, region_r1: Region) -> AsyncIterator[Cloud]:
     if request.param == "openstack":
-        provider = openstack_provider()
+        provider = provider_or_skip()
         yield Cloud(provider, None)
         for inst in await provider.list_owned("r1"):
             if inst.name.startswith(PREFIX):
