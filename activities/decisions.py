@@ -21,6 +21,7 @@ class DecisionKind(enum.StrEnum):
     RELEASE = "release"  # idle reclaimable capacity given back
     EXCLUSION = "exclusion"  # a pool excluded, probed or re-admitted
     FLOOR = "floor"  # a floor rebuilt, or not holdable
+    RECONCILE = "reconcile"  # orphans deleted and ghosts marked lost by the reconciler
 
 
 class Decision(BaseModel):

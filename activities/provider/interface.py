@@ -63,6 +63,7 @@ class ProviderInstance(BaseModel):
     status: InstanceStatus
     metadata: dict[str, str] = {}
     host: str | None = None
+    created_at: datetime | None = None  # by the provider's clock (orphans get a grace)
 
 
 class ReservationRequest(BaseModel):

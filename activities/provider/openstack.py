@@ -99,6 +99,12 @@ def _status(server: Any) -> InstanceStatus:
     return InstanceStatus.BUILD
 
 
+def _nova_time(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(UTC)
+
+
 def _blazar_time(text: str) -> datetime:
     return datetime.strptime(text[:16].replace("T", " "), _BLAZAR_TIME).replace(tzinfo=UTC)
 
@@ -143,6 +149,7 @@ class OpenStackProvider:
             status=_status(server),
             metadata=meta,
             host=server.compute_host,
+            created_at=_nova_time(server.created_at),
         )
 
     def _owned_named(self, name: str, region: str) -> list[Any]:

@@ -222,6 +222,7 @@ class SimulatedCloud:
             status=InstanceStatus.BUILD,
             metadata={**request.metadata, OWNER_KEY: request.region},
             host=f"{self.region.id}-{request.hall.lower()}-{self._next_id % 64:02d}",
+            created_at=datetime.now(UTC),
         )
         fate = self._fates.pop(0) if self._fates else InstanceStatus.ACTIVE
         inst = _Instance(

@@ -15,6 +15,7 @@ from workers.cli import (
     fleet,
     floor,
     ledger,
+    reconcile,
     schedulers,
     temporal,
 )
@@ -47,6 +48,7 @@ app.add_typer(contracts.app, name="contracts")
 app.add_typer(cloud.sim_app, name="sim")
 app.command("notice-relay")(cloud.notice_relay)
 app.command("reclaim")(cloud.reclaim)
+app.command("reconcile")(reconcile.reconcile)
 
 
 def main() -> None:
