@@ -15,12 +15,13 @@ import typer
 from nats.aio.msg import Msg
 from temporalio.client import Client
 
+from activities.events import CapacityType, InstanceState
 from activities.fleet.db import open_pool
-from activities.fleet.repository import FleetRepository
+from activities.fleet.repository import FleetRepository, InstanceRow
 from activities.notice_relay import NoticeRelay
 from contracts.notice import ReclaimNotice, ReclaimRequest, reclaim_subject
 from contracts.region import Region, RegionFileError, load_region
-from workers.cli.common import console, fail, settings
+from workers.cli.common import console, fail, fleet_db, settings
 from workers.provider_factory import provider_for
 from workers.settings import Settings
 
@@ -149,27 +150,55 @@ def _exclusion_notifier(s: Settings, region: str) -> Callable[[ReclaimNotice], A
     return notify
 
 
+def _owners(rows: list[InstanceRow]) -> str:
+    return ", ".join(sorted({f"{r.workload} via {r.acquisition_id or '?'}" for r in rows}))
+
+
 def reclaim(
     target: str = typer.Argument(..., help="An instance name, or a pool id with --pool."),
     pool: bool = typer.Option(False, "--pool", help="TARGET is a pool: reclaim all of it."),
     reason: str = typer.Option("operator reclaim"),
     region: str = typer.Option(None),
+    force: bool = typer.Option(
+        False, "--force", help="Also reclaim committed capacity (a floor's, a fallback's)."
+    ),
 ) -> None:
-    """Ask the hall's notice relay to reclaim an instance or a whole pool."""
+    """Ask the hall's notice relay to reclaim an instance or a whole pool.
+
+    Committed instances (a tier-1 floor, a paid fallback) are refused unless --force: a
+    reclaim there drops a floor below its size until the keeper has rebuilt it."""
     s = settings()
     region_id = region or s.region
-    if pool:
-        parts = target.split(".")
-        if len(parts) != 4 or parts[0] != region_id:
-            fail(f"{target}: a pool id is {region_id}.<hall>.<sku>.<size>")
-        hall = parts[1]
-        req = ReclaimRequest(pool_id=target, reason=reason, requested_by=getpass.getuser())
-    else:
-        row = FleetRepository(open_pool(s.postgres_dsn, max_size=1)).get_instance(target)
-        if row is None:
-            fail(f"{target}: no such instance in fleet state")
-        hall = row.hall
-        req = ReclaimRequest(instances=[target], reason=reason, requested_by=getpass.getuser())
+    with fleet_db(s) as db:
+        repo = FleetRepository(db)
+        if pool:
+            parts = target.split(".")
+            if len(parts) != 4 or parts[0] != region_id:
+                fail(f"{target}: a pool id is {region_id}.<hall>.<sku>.<size>")
+            hall = parts[1]
+            live = [InstanceState.ACTIVE, InstanceState.NOTICED, InstanceState.DRAINING]
+            committed = [
+                r
+                for r in repo.list_instances(region_id, live, hall=hall)
+                if r.pool_id == target and r.capacity_type is CapacityType.COMMITTED
+            ]
+            if committed and not force:
+                fail(
+                    f"{target}: holds {len(committed)} committed instance(s) "
+                    f"({_owners(committed)}); refused without --force"
+                )
+            req = ReclaimRequest(pool_id=target, reason=reason, requested_by=getpass.getuser())
+        else:
+            row = repo.get_instance(target)
+            if row is None:
+                fail(f"{target}: no such instance in fleet state")
+            if row.capacity_type is CapacityType.COMMITTED and not force:
+                fail(
+                    f"{target}: committed capacity ({_owners([row])}); a reclaim drops it "
+                    "below its floor until rebuilt; refused without --force"
+                )
+            hall = row.hall
+            req = ReclaimRequest(instances=[target], reason=reason, requested_by=getpass.getuser())
 
     async def run() -> str:
         nc = await nats.connect(s.nats_url)
