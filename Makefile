@@ -59,6 +59,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/planner_bench.py
 	$(BIN)/python bench/control_bench.py
 	$(BIN)/python bench/floor_bench.py
+	$(BIN)/python bench/floor_testcloud_bench.py
 	$(BIN)/python bench/slurm_resume_bench.py
 
 ## The real OpenStack test cloud (deploy/testcloud/README.md): ~3.5 min on a fresh machine
