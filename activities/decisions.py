@@ -26,6 +26,7 @@ class DecisionKind(enum.StrEnum):
     BUDGET = "budget"  # `sco budget set-rate`
     RECLAIM = "reclaim"  # `sco reclaim`: an instance or pool reclaimed by hand
     CONTRACTS = "contracts"  # `sco contracts install | publish`
+    RECONCILE = "reconcile"  # orphans deleted and ghosts marked lost by the reconciler
 
 
 class Decision(BaseModel):

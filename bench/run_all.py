@@ -61,6 +61,7 @@ BENCHES = (
     Bench("slurm_resume", "slurm_resume_bench.py", (), ("--tiny",), needs.slurm, 900),
     Bench("agent", "agent_bench.py", (), ("--tiny",), needs.nats, 900),
     Bench("cli", "cli_bench.py", (), ("--tiny",), needs.postgres, 600),
+    Bench("floor_testcloud", "floor_testcloud_bench.py", (), ("--tiny",), needs.testcloud, 1800),
     Bench("openstack", "openstack_bench.py", (), ("--tiny",), needs.testcloud, 900),
 )
 

@@ -34,6 +34,7 @@ from activities.floor.models import floor_workflow_id
 from activities.ledger.store import LedgerStore
 from activities.provider.activities import ProviderActivities, all_activities
 from activities.provider.interface import CloudProvider
+from activities.reconciler.activities import ReconcilerActivities, reconciler_activities
 from contracts.cache import installed_bundle
 from workers.client_security import (
     ledger_options,
@@ -54,6 +55,8 @@ from workflows.floor.models import FloorInput
 from workflows.floor.workflow import FloorKeeperWorkflow
 from workflows.intake.models import IntakeConfig, IntakeInput, intake_workflow_id
 from workflows.intake.workflow import DemandIntakeWorkflow
+from workflows.reconciler.models import ReconcilerConfig, ReconcilerInput, reconciler_workflow_id
+from workflows.reconciler.workflow import ReconcilerWorkflow
 from workflows.slurm.workflow import SlurmReleaseWorkflow
 from workflows.sync_pools import SyncPoolsWorkflow
 
@@ -66,6 +69,7 @@ WORKFLOWS = [
     TokenBudgetWorkflow,
     FloorKeeperWorkflow,
     PoolExclusionWorkflow,
+    ReconcilerWorkflow,
     DemandIntakeWorkflow,
     SlurmReleaseWorkflow,
 ]
@@ -78,6 +82,7 @@ def controller_config(settings: Settings) -> ControllerConfig:
         release_idle_seconds=c.release_idle_seconds,
         approval_timeout_seconds=c.approval_timeout_seconds,
         fallback_lease_hours=c.fallback_lease_hours,
+        build_timeout_seconds=c.build_timeout_seconds,
         spread_max_pool_fraction=c.spread_max_pool_fraction,
         max_instances_per_acquisition=c.max_instances_per_acquisition,
         reclaim_window_hours=c.reclaim_window_hours,
@@ -117,6 +122,27 @@ async def ensure_floor_keepers(client: Client, settings: Settings, region: str) 
         )
         started.append(handle.id)
     return started
+
+
+def reconciler_config(settings: Settings) -> ReconcilerConfig:
+    c = settings.control
+    return ReconcilerConfig(
+        interval_seconds=c.reconcile_interval_seconds,
+        grace_seconds=c.reconcile_grace_seconds,
+        lease_hours=c.fallback_lease_hours,
+    )
+
+
+async def ensure_reconciler(client: Client, settings: Settings, region: str) -> list[str]:
+    """Start the region's reconciler unless it runs; idempotent."""
+    handle = await client.start_workflow(
+        ReconcilerWorkflow.run,
+        ReconcilerInput(region=region, config=reconciler_config(settings)),
+        id=reconciler_workflow_id(region),
+        task_queue=settings.temporal.task_queue(region),
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+    )
+    return [handle.id]
 
 
 async def ensure_intake(client: Client, settings: Settings, region: str) -> list[str]:
@@ -185,6 +211,7 @@ def build_activities(
         trust_dir=settings.trust_dir,
     )
     exclusion = ExclusionActivities(pool)
+    reconciler = ReconcilerActivities(fleet_repo, provider)
     intake = DemandIntakeActivities(
         sources_for(settings),
         ControlRepository(pool),
@@ -209,6 +236,7 @@ def build_activities(
         floor.snapshot,
         floor.probe_halls,
         *exclusion_activities(exclusion),
+        *reconciler_activities(reconciler),
         budget.ensure,
         intake.collect,
     ]
@@ -299,6 +327,7 @@ async def run_worker(settings: Settings, region: str) -> None:
                     ids = await ensure_controllers(client, settings, region)
                     ids += await ensure_floor_keepers(client, settings, region)
                     ids += await ensure_intake(client, settings, region)
+                    ids += await ensure_reconciler(client, settings, region)
                     log.info("running: %s", ", ".join(ids))
                 await stop.wait()
                 running = False

@@ -234,6 +234,12 @@ class ControlSettings(BaseModel):
     approval_timeout_seconds: float = Field(default=1800.0, gt=0)
     # Committed fallback capacity is reserved for this long (Blazar lease length).
     fallback_lease_hours: float = Field(default=24.0, gt=0)
+    # A boot still in BUILD after this long is deleted and counted as a shortfall.
+    build_timeout_seconds: float = Field(default=900.0, gt=0)
+    # The region's reconciler compares provider and fleet state this often; provider-only
+    # and fleet-only things younger than the grace are left alone.
+    reconcile_interval_seconds: float = Field(default=300.0, gt=0)
+    reconcile_grace_seconds: float = Field(default=900.0, ge=0)
     # Members of one spread group hold at most this share of their units in one pool.
     spread_max_pool_fraction: float = Field(default=0.25, gt=0, le=1)
     # Reclaim rates come from the ledger over this window.

@@ -23,6 +23,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.fleet.activities import FleetActivities, RecordEventInput
     from activities.provider.activities import (
         InstanceRef,
+        LeaseRef,
         ProviderActivities,
         WaitReservationInput,
     )
@@ -133,10 +134,13 @@ async def reserve(
     wait: timedelta = timedelta(minutes=10),
 ) -> Reservation | None:
     """A Blazar reservation (one token), waited for until ACTIVE; None when the hall has no
-    room or the lease never starts (logged): the caller counts it as a shortfall."""
+    room or the lease never starts (logged): the caller counts it as a shortfall. A lease
+    that was made but never became ACTIVE is deleted (one more token): left alone it would
+    start later and hold committed capacity nobody boots into."""
     await budget.take(request.region, 1)
+    res: Reservation | None = None
     try:
-        res: Reservation = await workflow.execute_activity_method(
+        res = await workflow.execute_activity_method(
             ProviderActivities.create_reservation,
             request,
             start_to_close_timeout=timedelta(seconds=120),
@@ -148,6 +152,8 @@ async def reserve(
                 region=request.region, lease_id=res.lease_id, poll_seconds=poll_seconds
             ),
             start_to_close_timeout=wait,
+            # The wait is bounded in all: a lease stuck PENDING is not waited for forever.
+            schedule_to_close_timeout=wait,
             heartbeat_timeout=timedelta(seconds=60),
             retry_policy=RetryPolicy(non_retryable_error_types=NOT_RETRIED),
         )
@@ -155,5 +161,24 @@ async def reserve(
         workflow.logger.warning(
             "reservation %s in %s failed: %s", request.name, request.hall, exc.cause
         )
+        if res is not None and workflow.patched("delete-unstarted-lease"):
+            await delete_lease(budget, request.region, res.lease_id)
         return None
     return res
+
+
+async def delete_lease(budget: BudgetClient, region: str, lease_id: str) -> bool:
+    """One budgeted lease delete, three attempts; False (logged) when it did not go: the
+    region's reconciler deletes what is left."""
+    await budget.take(region, 1)
+    try:
+        await workflow.execute_activity_method(
+            ProviderActivities.delete_reservation,
+            LeaseRef(lease_id=lease_id),
+            start_to_close_timeout=timedelta(seconds=60),
+            retry_policy=RetryPolicy(maximum_attempts=3),
+        )
+    except ActivityError as exc:
+        workflow.logger.warning("deleting lease %s: %s", lease_id, exc.cause)
+        return False
+    return True

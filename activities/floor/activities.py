@@ -40,7 +40,14 @@ from contracts.region import Region
 
 log = logging.getLogger(__name__)
 
-_LIVE = (InstanceState.REQUESTED, InstanceState.ACTIVE)
+# A noticed or draining instance still holds its reservation slot until it is deleted: it
+# is in the snapshot (so a spare slot is not counted twice) but does not hold the floor.
+_LIVE = (
+    InstanceState.REQUESTED,
+    InstanceState.ACTIVE,
+    InstanceState.NOTICED,
+    InstanceState.DRAINING,
+)
 _ENDED = ("ERROR", "TERMINATED")
 
 
@@ -129,7 +136,7 @@ class FloorActivities:
                 "shapes": shapes,
                 "committed": _unreserved(region, halls, leases),
                 "instances": instances,
-                "reservations": [r for r in leases if r.name.startswith(prefix)],
+                "reservations": [r for r in leases if (r.owner or r.name).startswith(prefix)],
             }
         )
 

@@ -64,7 +64,9 @@ class FloorSnapshot(BaseModel):
     halls: list[str] = []  # placement halls of the region with committed capacity
     shapes: list[FloorShape] = []
     committed: dict[str, HallCapacity] = {}
-    instances: list[FloorInstance] = []  # the floor's live (REQUESTED/ACTIVE) instances
+    # The floor's live instances: REQUESTED/ACTIVE, and NOTICED/DRAINING ones (reclaimed
+    # anyway: they hold a reservation slot, not the floor).
+    instances: list[FloorInstance] = []
     reservations: list[Reservation] = []  # the floor's reservations
 
 

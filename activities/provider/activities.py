@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
@@ -37,6 +37,8 @@ class InstanceRef(BaseModel):
 class WaitActiveInput(BaseModel):
     provider_id: str
     poll_seconds: float = 1.0
+    # Still BUILD at this moment: given up (InsufficientCapacity). None: no bound here.
+    build_deadline: datetime | None = None
 
 
 class PoolRef(BaseModel):
@@ -92,7 +94,8 @@ class ProviderActivities:
 
     @activity.defn(name="provider.wait_active")
     async def wait_active(self, inp: WaitActiveInput) -> ProviderInstance:
-        """Poll until ACTIVE. ERROR is a capacity failure (the boot found no host)."""
+        """Poll until ACTIVE. ERROR is a capacity failure (the boot found no host), and so
+        is a boot still in BUILD at the deadline (the caller deletes it either way)."""
         polls = 0
         while True:
             inst = await _typed(self._provider.get(inp.provider_id))
@@ -101,6 +104,10 @@ class ProviderActivities:
             if inst.status is InstanceStatus.ERROR:
                 raise InsufficientCapacity(
                     f"{inst.name} went to ERROR while booting"
+                ).to_application_error()
+            if inp.build_deadline is not None and datetime.now(UTC) >= inp.build_deadline:
+                raise InsufficientCapacity(
+                    f"{inst.name} still {inst.status.value} at {inp.build_deadline:%H:%M:%S}"
                 ).to_application_error()
             polls += 1
             activity.heartbeat(polls)

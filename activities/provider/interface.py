@@ -2,10 +2,17 @@
 
 Contract of every implementation:
 - `create` is idempotent on `request.name`: when an instance of that name already exists
-  (a retry after a lost response), it is returned and nothing new is made.
+  (a retry after a lost response), it is returned and nothing new is made. When two exist
+  (names are not unique in Nova: a lost create and its retry can both land), the oldest is
+  kept and returned and the others are deleted. An existing instance in ERROR is returned
+  as it is: the caller deletes it and counts a shortfall.
 - `delete` of an instance that is already gone succeeds: deleting is a desired state.
 - `get` raises NotFound for an unknown or deleted instance.
-- `list_owned` returns only instances SCO made (SCO metadata), never anyone else's.
+- `list_owned` returns only instances SCO made (SCO metadata), never anyone else's, in
+  every status (ERROR and BUILD included: the reconciler and the floor probes need them).
+- `create_reservation` names a lease by `leases.lease_name`; `list_reservations` returns
+  exactly the region's leases named so (nobody else's), each with its hall, flavor name
+  and owner parsed back from the name.
 - `free_capacity` is the number of instances of the pool's shape that could start now.
 - `pending_reclaims` returns each reclaim decision once; deciding is the provider's
   business, noticing and deleting is the notice relay's.
@@ -56,6 +63,7 @@ class ProviderInstance(BaseModel):
     status: InstanceStatus
     metadata: dict[str, str] = {}
     host: str | None = None
+    created_at: datetime | None = None  # by the provider's clock (orphans get a grace)
 
 
 class ReservationRequest(BaseModel):
@@ -71,16 +79,20 @@ class ReservationRequest(BaseModel):
 
 
 class Reservation(BaseModel):
+    """One of SCO's leases, listed back with what its name says (`leases.py`)."""
+
     model_config = ConfigDict(frozen=True)
 
     reservation_id: str
     lease_id: str
     name: str
     hall: str
-    flavor: str
+    flavor: str  # the region's flavor name (`<sku>.<size>`), not Blazar's private flavor
     amount: int
     status: str  # PENDING, ACTIVE, TERMINATED, ERROR
     end: datetime
+    owner: str = ""  # what uses it: a floor's reservation key, `fallback-<acquisition>`
+    created_at: datetime | None = None
 
 
 class ReclaimDecision(BaseModel):

@@ -47,10 +47,10 @@ from activities.provider.interface import (
     Reservation,
     ReservationRequest,
 )
+from activities.provider.leases import check_lease_name, lease_prefix, parse_lease_name
 
 T = TypeVar("T")
 POOL_KEY = "sco-pool"
-CAPACITY_KEY = "sco-capacity"  # reclaimable | committed
 CAPACITY_KEY = "sco-capacity"  # reclaimable | committed
 _BLAZAR_TIME = "%Y-%m-%d %H:%M"
 
@@ -99,6 +99,16 @@ def _status(server: Any) -> InstanceStatus:
     return InstanceStatus.BUILD
 
 
+def _nova_time(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(UTC)
+
+
+def _blazar_time(text: str) -> datetime:
+    return datetime.strptime(text[:16].replace("T", " "), _BLAZAR_TIME).replace(tzinfo=UTC)
+
+
 class OpenStackProvider:
     def __init__(
         self,
@@ -114,6 +124,10 @@ class OpenStackProvider:
         self._hall_property = hall_property
         self._image_id: str | None = None
         self._decided: set[str] = set()
+
+    @property
+    def connection(self) -> Connection:
+        return self._conn
 
     @classmethod
     def from_cloud(cls, cloud: str, **kwargs: Any) -> OpenStackProvider:
@@ -131,8 +145,6 @@ class OpenStackProvider:
 
     def _view(self, server: Any) -> ProviderInstance:
         meta = dict(server.metadata or {})
-        if server.status == "ERROR" and "No valid host" in str(server.fault or ""):
-            raise InsufficientCapacity(f"{server.name}: {server.fault.get('message', '')}")
         return ProviderInstance(
             provider_id=server.id,
             name=server.name,
@@ -141,14 +153,27 @@ class OpenStackProvider:
             status=_status(server),
             metadata=meta,
             host=server.compute_host,
+            created_at=_nova_time(server.created_at),
         )
 
-    def _find_owned(self, name: str, region: str) -> Any | None:
+    def _owned_named(self, name: str, region: str) -> list[Any]:
+        """SCO's servers of one name, the one to keep first: the oldest, then by id, so
+        racing creators agree on it."""
         pattern = f"^{re.escape(name)}$"
-        for server in self._conn.compute.servers(details=True, name=pattern):
-            if (server.metadata or {}).get(OWNER_KEY) == region:
-                return server
-        return None
+        found = [
+            s
+            for s in self._conn.compute.servers(details=True, name=pattern)
+            if (s.metadata or {}).get(OWNER_KEY) == region and s.name == name
+        ]
+        return sorted(found, key=lambda s: (str(s.created_at or ""), str(s.id)))
+
+    def _dedupe(self, name: str, region: str) -> Any | None:
+        """The server to keep for one name; duplicates (a lost create that landed beside
+        its retry) are deleted."""
+        found = self._owned_named(name, region)
+        for extra in found[1:]:
+            self._conn.compute.delete_server(extra.id, ignore_missing=True)
+        return found[0] if found else None
 
     def _image_ref(self) -> str:
         if self._image_id is None:
@@ -158,7 +183,7 @@ class OpenStackProvider:
 
     async def create(self, request: CreateRequest) -> ProviderInstance:
         def go() -> Any:
-            existing = self._find_owned(request.name, request.region)
+            existing = self._dedupe(request.name, request.region)
             if existing is not None:  # a retry after a lost response
                 return existing
             kwargs: dict[str, Any] = {}
@@ -171,7 +196,7 @@ class OpenStackProvider:
             kwargs["availability_zone"] = request.hall
             if request.user_data:
                 kwargs["user_data"] = base64.b64encode(request.user_data.encode()).decode()
-            return self._conn.compute.create_server(
+            made = self._conn.compute.create_server(
                 name=request.name,
                 flavor_id=flavor_id,
                 image_id=self._image_ref(),
@@ -184,6 +209,10 @@ class OpenStackProvider:
                 },
                 **kwargs,
             )
+            # Look-up-then-create is not atomic: a concurrent create of the same name may
+            # have landed too. Both creators keep the same (oldest) one.
+            kept = self._dedupe(request.name, request.region)
+            return made if kept is None else kept
 
         server = await self._run(go)
         return self._view(server).model_copy(
@@ -199,14 +228,7 @@ class OpenStackProvider:
 
     async def list_owned(self, region: str) -> list[ProviderInstance]:
         servers = await self._run(lambda: list(self._conn.compute.servers(details=True)))
-        out = []
-        for server in servers:
-            if (server.metadata or {}).get(OWNER_KEY) == region:
-                try:
-                    out.append(self._view(server))
-                except InsufficientCapacity:
-                    continue  # a failed boot is not an owned instance
-        return out
+        return [self._view(s) for s in servers if (s.metadata or {}).get(OWNER_KEY) == region]
 
     async def free_capacity(self, pool_id: str) -> int:
         """Instances of the pool's flavor that fit the hall's free Placement inventory,
@@ -258,26 +280,32 @@ class OpenStackProvider:
         raise NotFound(f"reservation {reservation_id} not found")
 
     @staticmethod
-    def _as_reservation(lease: dict[str, Any], hall: str = "", flavor: str = "") -> Reservation:
+    def _as_reservation(lease: dict[str, Any]) -> Reservation:
+        """Hall, flavor name and owner come from the lease's name: Blazar keeps its own
+        flavor (by id) and the hall only as a host property."""
         res = (lease.get("reservations") or [{}])[0]
+        parsed = parse_lease_name(lease["name"])
+        created = lease.get("created_at")
         return Reservation(
             reservation_id=res.get("id", ""),
             lease_id=lease["id"],
             name=lease["name"],
-            hall=hall,
-            flavor=flavor or res.get("flavor_id", ""),
+            hall=parsed.hall if parsed else "",
+            flavor=parsed.flavor if parsed else "",
+            owner=parsed.owner if parsed else "",
             amount=int(res.get("amount") or 0),
             status=lease["status"],
-            end=datetime.strptime(lease["end_date"][:16].replace("T", " "), _BLAZAR_TIME).replace(
-                tzinfo=UTC
-            ),
+            end=_blazar_time(lease["end_date"]),
+            created_at=_blazar_time(created) if created else None,
         )
 
     async def create_reservation(self, request: ReservationRequest) -> Reservation:
+        check_lease_name(request)
+
         def go() -> Reservation:
             for lease in self._blazar("get", "/leases")["leases"]:
                 if lease["name"] == request.name:
-                    return self._as_reservation(lease, request.hall, request.flavor)
+                    return self._as_reservation(lease)
             flavor = self._conn.compute.find_flavor(request.flavor, ignore_missing=False)
             props = (
                 f'["=", "${self._hall_property}", "{request.hall}"]' if self._hall_property else ""
@@ -300,7 +328,7 @@ class OpenStackProvider:
                 "events": [],
             }
             lease = self._blazar("post", "/leases", json=body)["lease"]
-            return self._as_reservation(lease, request.hall, request.flavor)
+            return self._as_reservation(lease)
 
         return await self._run(go)
 
@@ -359,5 +387,6 @@ class OpenStackProvider:
         return [
             self._as_reservation(lease)
             for lease in leases
-            if lease["name"].startswith(f"sco-{region}-")
+            if lease["name"].startswith(lease_prefix(region))
+            and parse_lease_name(lease["name"], region) is not None
         ]

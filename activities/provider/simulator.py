@@ -34,7 +34,13 @@ from activities.provider.interface import (
     Reservation,
     ReservationRequest,
 )
+from activities.provider.leases import check_lease_name, parse_lease_name
 from contracts.region import Pool, Region
+
+
+def lease_owner(name: str) -> str:
+    parsed = parse_lease_name(name)
+    return parsed.owner if parsed else ""
 
 
 @dataclass
@@ -96,6 +102,7 @@ class _Instance:
     ready_at: float
     pool: Pool
     reservation: str | None
+    fate: InstanceStatus = InstanceStatus.ACTIVE  # ERROR: the boot fails; BUILD: it hangs
 
 
 @dataclass
@@ -112,6 +119,8 @@ class SimulatedCloud:
     seed: int = 0
     clock: Callable[[], float] = field(default_factory=lambda: asyncio.get_event_loop().time)
     reclaims: ReclaimModel | None = None  # None: the simulated provider never reclaims
+    # Status of a new lease: ACTIVE at once, or e.g. PENDING for a lease that never starts.
+    lease_status: str = "ACTIVE"
 
     def __post_init__(self) -> None:
         self._rng = random.Random(self.seed)
@@ -122,6 +131,7 @@ class SimulatedCloud:
         self._committed_used: Counter[str] = Counter()  # vCPU per hall
         self._halls_down: set[str] = set()
         self._queued: list[ProviderError] = []
+        self._fates: list[InstanceStatus] = []
         self._next_id = 0
         self.calls: Counter[str] = Counter()
         # What each create passed as user-data, by instance name: what cloud-init would run.
@@ -140,6 +150,11 @@ class SimulatedCloud:
 
     def restore_hall(self, hall: str) -> None:
         self._halls_down.discard(hall)
+
+    def fail_boots(self, n: int, fate: InstanceStatus = InstanceStatus.ERROR) -> None:
+        """The next `n` creates boot into `fate`: ERROR (the boot fails on its host) or
+        BUILD (the boot never finishes)."""
+        self._fates += [fate] * n
 
     async def _call(self, name: str) -> None:
         self.calls[name] += 1
@@ -161,8 +176,10 @@ class SimulatedCloud:
             raise Permanent(f"unknown pool {pool_id!r}") from exc
 
     def _status(self, inst: _Instance) -> InstanceStatus:
-        if inst.info.hall in self._halls_down:
+        if inst.info.hall in self._halls_down or inst.fate is InstanceStatus.ERROR:
             return InstanceStatus.ERROR
+        if inst.fate is InstanceStatus.BUILD:
+            return InstanceStatus.BUILD
         return InstanceStatus.ACTIVE if self.clock() >= inst.ready_at else InstanceStatus.BUILD
 
     def _view(self, inst: _Instance) -> ProviderInstance:
@@ -205,8 +222,12 @@ class SimulatedCloud:
             status=InstanceStatus.BUILD,
             metadata={**request.metadata, OWNER_KEY: request.region},
             host=f"{self.region.id}-{request.hall.lower()}-{self._next_id % 64:02d}",
+            created_at=datetime.now(UTC),
         )
-        inst = _Instance(info, self.clock() + self.latency.boot_s, pool, request.reservation_id)
+        fate = self._fates.pop(0) if self._fates else InstanceStatus.ACTIVE
+        inst = _Instance(
+            info, self.clock() + self.latency.boot_s, pool, request.reservation_id, fate
+        )
         self._by_id[info.provider_id] = inst
         self._by_name[request.name] = info.provider_id
         self.user_data[request.name] = request.user_data
@@ -298,6 +319,7 @@ class SimulatedCloud:
 
     async def create_reservation(self, request: ReservationRequest) -> Reservation:
         await self._call("create_reservation")
+        check_lease_name(request)
         for lease in self._leases.values():
             if lease.reservation.name == request.name:
                 return lease.reservation
@@ -318,8 +340,10 @@ class SimulatedCloud:
             hall=request.hall,
             flavor=request.flavor,
             amount=request.amount,
-            status="ACTIVE",
+            status=self.lease_status,
             end=request.end,
+            owner=lease_owner(request.name),
+            created_at=datetime.now(UTC),
         )
         self._leases[res.lease_id] = _Lease(res)
         return res
@@ -345,5 +369,6 @@ class SimulatedCloud:
         return [
             x.reservation
             for x in self._leases.values()
-            if x.reservation.end > now or x.reservation.status == "ACTIVE"
+            if (x.reservation.end > now or x.reservation.status == "ACTIVE")
+            and parse_lease_name(x.reservation.name, region) is not None
         ]

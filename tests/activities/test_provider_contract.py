@@ -1,44 +1,44 @@
 """One contract suite for every CloudProvider implementation.
 
 Runs against the in-process simulator and the simulator service over real NATS (what
-workers, relays and agents share); the OpenStack implementation runs the same checks in
-`tests/test_testcloud_*.py` when the real test cloud is up.
+workers, relays and agents share), and against the OpenStack implementation on the real
+test cloud (marker `testcloud`) when it is up.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import nats
 import pytest
 
-from activities.provider.errors import InsufficientCapacity, NotFound, RateLimited, Transient
+from activities.provider.errors import (
+    InsufficientCapacity,
+    NotFound,
+    Permanent,
+    RateLimited,
+    Transient,
+)
 from activities.provider.interface import (
     CloudProvider,
     CreateRequest,
     InstanceStatus,
     ProviderInstance,
+    Reservation,
     ReservationRequest,
 )
+from activities.provider.leases import lease_name
 from activities.provider.sim_service import SimulatorClient, serve
 from activities.provider.simulator import Faults, ReclaimModel, SimulatedCloud
 from contracts.region import Region
-from tests.support.paths import REPO
+from tests.support.testcloud import provider_or_skip
 
 NATS_URL = "nats://127.0.0.1:4222"
-TESTCLOUD_CONFIG = Path(
-    os.environ.get(
-        "OS_CLIENT_CONFIG_FILE",
-        REPO / ".sco/testcloud/clouds.yaml",
-    )
-)
 
 
 @dataclass
@@ -52,40 +52,19 @@ class Cloud:
         return self.sim
 
 
-def openstack_provider() -> CloudProvider:
-    if not TESTCLOUD_CONFIG.is_file():
-        if os.environ.get("SCO_REQUIRE_TESTCLOUD") == "1":
-            pytest.fail(
-                f"SCO_REQUIRE_TESTCLOUD=1 but {TESTCLOUD_CONFIG} is missing: "
-                "run deploy/testcloud/up.sh"
-            )
-        pytest.skip(f"no test cloud ({TESTCLOUD_CONFIG} missing; deploy/testcloud/up.sh)")
-    import socket
-
-    try:  # clouds.yaml outlives `down.sh`: the cloud must also answer
-        socket.create_connection(("127.0.0.1", 5000), timeout=2).close()
-    except OSError:
-        if os.environ.get("SCO_REQUIRE_TESTCLOUD") == "1":
-            pytest.fail("SCO_REQUIRE_TESTCLOUD=1 but the test cloud's Keystone does not answer")
-        pytest.skip("the test cloud is down (Keystone does not answer)")
-    os.environ["OS_CLIENT_CONFIG_FILE"] = str(TESTCLOUD_CONFIG)
-    from activities.provider.openstack import OpenStackProvider
-
-    return OpenStackProvider.from_cloud("sco-testcloud", image="sco-image", network="none")
-
-
 @pytest.fixture(
     params=["in-process", "service", pytest.param("openstack", marks=pytest.mark.testcloud)]
 )
 async def cloud(request: pytest.FixtureRequest, region_r1: Region) -> AsyncIterator[Cloud]:
     if request.param == "openstack":
-        provider = openstack_provider()
+        provider = provider_or_skip()
         yield Cloud(provider, None)
         for inst in await provider.list_owned("r1"):
             if inst.name.startswith(PREFIX):
                 await provider.delete(inst.provider_id)
         for res in await provider.list_reservations("r1"):
-            await provider.delete_reservation(res.lease_id)
+            if res.owner.startswith(TAG):
+                await provider.delete_reservation(res.lease_id)
         return
     sim = SimulatedCloud(region_r1, clock=lambda: 0.0)
     if request.param == "in-process":
@@ -104,7 +83,28 @@ async def cloud(request: pytest.FixtureRequest, region_r1: Region) -> AsyncItera
         await nc.close()
 
 
-PREFIX = f"sco-r1-ct{uuid.uuid4().hex[:6]}-"
+TAG = f"ct{uuid.uuid4().hex[:6]}"
+PREFIX = f"sco-r1-{TAG}-"
+
+
+def lease_request(hall: str, flavor: str, owner: str, amount: int = 1) -> ReservationRequest:
+    return ReservationRequest(
+        name=lease_name("r1", hall, flavor, f"{TAG}-{owner}"),
+        region="r1",
+        hall=hall,
+        flavor=flavor,
+        amount=amount,
+        end=datetime.now(UTC) + timedelta(days=1),
+    )
+
+
+async def until_active(p: CloudProvider, lease: Reservation) -> Reservation:
+    for _ in range(600):  # a real Blazar starts leases on a ~10 s poll
+        if lease.status == "ACTIVE":
+            return lease
+        await asyncio.sleep(0.2)
+        lease = next(r for r in await p.list_reservations("r1") if r.lease_id == lease.lease_id)
+    raise AssertionError(f"lease {lease.name} did not become ACTIVE")
 
 
 def request(region: Region, pool_id: str, name: str | None = None) -> CreateRequest:
@@ -177,22 +177,9 @@ async def test_an_exhausted_pool_raises_insufficient_capacity(
 
 async def test_a_reservation_admits_its_amount_and_no_more(cloud: Cloud, region_r1: Region) -> None:
     p = cloud.provider
-    lease = await p.create_reservation(
-        ReservationRequest(
-            name=f"{PREFIX}floor-A",
-            region="r1",
-            hall="A",
-            flavor="cpu.xl",
-            amount=2,
-            end=datetime.now(UTC) + timedelta(days=1),
-        )
+    lease = await until_active(
+        p, await p.create_reservation(lease_request("A", "cpu.xl", "floor-A", amount=2))
     )
-    for _ in range(600):  # a real Blazar starts leases on a ~10 s poll
-        if lease.status == "ACTIVE":
-            break
-        await asyncio.sleep(0.2)
-        lease = next(r for r in await p.list_reservations("r1") if r.lease_id == lease.lease_id)
-    assert lease.status == "ACTIVE"
     req = request(region_r1, "r1.A.cpu.xl")
     for n in range(2):
         inst = await launch(
@@ -218,6 +205,98 @@ async def test_a_reservation_admits_its_amount_and_no_more(cloud: Cloud, region_
             break
         await asyncio.sleep(0.2)
     assert all(r.lease_id != lease.lease_id for r in await p.list_reservations("r1"))
+
+
+async def test_a_lease_is_listed_back_with_its_hall_flavor_name_and_owner(
+    cloud: Cloud,
+) -> None:
+    """What the floor keeper plans with: hall and the region's flavor name (not Blazar's
+    flavor id), the owner, and only this region's leases named by the one scheme."""
+    p = cloud.provider
+    req = lease_request("C", "mem.xl", "floor-r1-x-C-1")
+    made = await p.create_reservation(req)
+    again = await p.create_reservation(req)  # idempotent on the name
+    assert again.lease_id == made.lease_id
+    listed = await until_active(p, made)
+    assert (listed.name, listed.hall, listed.flavor, listed.owner, listed.amount) == (
+        req.name,
+        "C",
+        "mem.xl",
+        f"{TAG}-floor-r1-x-C-1",
+        1,
+    )
+    assert all(r.lease_id != made.lease_id for r in await p.list_reservations("r2"))
+    with pytest.raises(Permanent):  # a lease it could not list back is never made
+        await p.create_reservation(req.model_copy(update={"name": f"floor-r1-{TAG}-C-1"}))
+    with pytest.raises(Permanent):  # Blazar keeps 80 characters
+        await p.create_reservation(req.model_copy(update={"name": req.name + "x" * 80}))
+    await p.delete_reservation(made.lease_id)
+
+
+async def test_an_error_server_is_listed_and_returned_to_a_retried_create(
+    cloud: Cloud, region_r1: Region
+) -> None:
+    """A failed boot stays visible: the caller deletes it and counts a shortfall."""
+    pool_id = "r1.D.gpu-a.4xl"
+    req = request(region_r1, pool_id)
+    if cloud.sim is not None:
+        cloud.sim.fail_boots(1)
+        pid = (await cloud.provider.create(req)).provider_id
+    else:  # a real cloud: boot until the hall has no room left (NoValidHost -> ERROR)
+        for _ in range(region_r1.pool(pool_id).reclaimable_units + 2):
+            req = request(region_r1, pool_id)
+            try:
+                await launch(cloud.provider, req)
+            except InsufficientCapacity:
+                break
+        pid = next(
+            i for i in await cloud.provider.list_owned("r1") if i.name == req.name
+        ).provider_id
+    for _ in range(300):
+        failed = await cloud.provider.get(pid)
+        if failed.status is not InstanceStatus.BUILD:
+            break
+        await asyncio.sleep(0.2)
+    assert failed.status is InstanceStatus.ERROR
+    owned = {i.provider_id: i.status for i in await cloud.provider.list_owned("r1")}
+    assert owned[failed.provider_id] is InstanceStatus.ERROR
+    again = await cloud.provider.create(req)
+    assert (again.provider_id, again.status) == (failed.provider_id, InstanceStatus.ERROR)
+
+
+async def test_a_duplicate_server_for_one_name_is_deleted(cloud: Cloud, region_r1: Region) -> None:
+    """Nova names are not unique: a lost create and its retry can both land. The provider
+    keeps the oldest and deletes the other (only a real cloud can hold two)."""
+    if cloud.sim is not None:
+        pytest.skip("the simulator's names are unique")
+    from activities.provider.openstack import OpenStackProvider
+
+    assert isinstance(cloud.provider, OpenStackProvider)
+    req = request(region_r1, "r1.B.gp.l")
+    first = await cloud.provider.create(req)
+    conn = cloud.provider.connection
+    flavor = await asyncio.to_thread(conn.compute.find_flavor, "gp.l", ignore_missing=False)
+    image = await asyncio.to_thread(conn.image.find_image, "sco-image", ignore_missing=False)
+    twin = await asyncio.to_thread(
+        conn.compute.create_server,
+        name=req.name,
+        flavor_id=flavor.id,
+        image_id=image.id,
+        networks="none",
+        availability_zone="B",
+        metadata={"sco-region": "r1", "sco-pool": req.pool_id},
+    )
+    again = await cloud.provider.create(req)
+    # The oldest is kept (Nova's created_at has one-second resolution: ties go by id, so
+    # racing creators still agree on one).
+    assert again.provider_id in {first.provider_id, twin.id}
+    assert (await cloud.provider.create(req)).provider_id == again.provider_id
+    for _ in range(300):
+        left = [i.provider_id for i in await cloud.provider.list_owned("r1") if i.name == req.name]
+        if left == [again.provider_id]:
+            break
+        await asyncio.sleep(0.2)
+    assert left == [again.provider_id], f"one of {first.provider_id}, {twin.id} should be gone"
 
 
 async def test_injected_throttling_and_errors_are_typed(cloud: Cloud, region_r1: Region) -> None:

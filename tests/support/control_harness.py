@@ -26,6 +26,7 @@ from activities.fleet.activities import FleetActivities
 from activities.fleet.control_state import ControlRepository
 from activities.fleet.repository import FleetRepository
 from activities.provider.activities import ProviderActivities, all_activities
+from activities.provider.interface import CloudProvider
 from activities.provider.simulator import SimulatedCloud
 from contracts import keys
 from contracts.cache import BundleCache
@@ -69,9 +70,9 @@ def install_example_bundle(base: Path) -> tuple[Path, Path]:
 
 
 @asynccontextmanager
-async def region_worker(
+async def provider_worker(
     client: Client,
-    cloud: SimulatedCloud,
+    provider: CloudProvider,
     fleet: FleetRepository,
     control: ControlRepository,
     *,
@@ -82,15 +83,16 @@ async def region_worker(
     queue: str | None = None,
     extra_workflows: Sequence[type] = (),
     extra_activities: Sequence[Callable[..., Any]] = (),
-) -> AsyncIterator[Harness]:
-    """`queue`: default a fresh uuid queue; `extra_*`: more workflows and activities on it."""
+) -> AsyncIterator[str]:
+    """Every control-plane workflow and activity on one queue (yielded), on any provider:
+    the simulator here, the real test cloud in `tests/support/testcloud.py`."""
     queue = queue or f"tq-{uuid.uuid4()}"
     fleet_acts = FleetActivities(fleet, REGIONS_DIR)
-    cloud_acts = ProviderActivities(cloud)
+    cloud_acts = ProviderActivities(provider)
     control_acts = ControlActivities(
         fleet,
         control,
-        cloud,
+        provider,
         regions_dir=REGIONS_DIR,
         bundle_cache_dir=bundle_dir,
         trust_dir=trust_dir,
@@ -122,7 +124,7 @@ async def region_worker(
             activity_executor=pool,
         ):
             try:
-                yield Harness(client, queue, cloud, fleet, control)
+                yield queue
             finally:
                 # The budget is one workflow per region id; the next test starts its own.
                 with contextlib.suppress(RPCError):
@@ -144,6 +146,38 @@ def fallback_above_authority(contract: str) -> FallbackPlan:
         needs_approval=True,
         reason="above authority (test)",
     )
+
+
+@asynccontextmanager
+async def region_worker(
+    client: Client,
+    cloud: SimulatedCloud,
+    fleet: FleetRepository,
+    control: ControlRepository,
+    *,
+    bundle_dir: Path,
+    trust_dir: Path,
+    rate_per_second: float = 50.0,
+    burst: int = 50,
+    queue: str | None = None,
+    extra_workflows: Sequence[type] = (),
+    extra_activities: Sequence[Callable[..., Any]] = (),
+) -> AsyncIterator[Harness]:
+    """`queue`: default a fresh uuid queue; `extra_*`: more workflows and activities on it."""
+    async with provider_worker(
+        client,
+        cloud,
+        fleet,
+        control,
+        bundle_dir=bundle_dir,
+        trust_dir=trust_dir,
+        rate_per_second=rate_per_second,
+        burst=burst,
+        queue=queue,
+        extra_workflows=extra_workflows,
+        extra_activities=extra_activities,
+    ) as q:
+        yield Harness(client, q, cloud, fleet, control)
 
 
 async def poll_until(check: Callable[[], Awaitable[bool]], within: float = 30.0) -> None:

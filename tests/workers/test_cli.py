@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
+from activities.events import CapacityType, EventKind
+from activities.fleet.repository import FleetRepository, InstanceSpec
 from workers.cli.main import app
 
 runner = CliRunner()
@@ -109,3 +112,37 @@ def test_contracts_compile_reports_errors_and_writes_nothing(tmp_path: Path) -> 
     assert result.exit_code == 1
     assert f"{src}/a.yaml:2: tier: Input should be less than or equal to 3" in result.output
     assert "no bundle written" in result.output and not out.exists()
+
+
+def _committed(fleet: FleetRepository, instance_id: str, pool_id: str) -> None:
+    fleet.record_acquire(
+        InstanceSpec(
+            instance_id=instance_id,
+            region="r1",
+            pool_id=pool_id,
+            capacity_type=CapacityType.COMMITTED,
+            workload="llm-train",
+            tier=1,
+            acquisition_id=f"floor-r1-llm-train-A-1-{instance_id[-6:]}",
+        )
+    )
+    fleet.record_event(instance_id, EventKind.READY, provider_id=f"p-{instance_id}")
+
+
+def test_reclaim_refuses_committed_floor_instances_without_force(
+    pg_dsn: str, fleet_repo: FleetRepository, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tried as an operator would: `sco reclaim` on a floor's instance is refused (its
+    floor would drop until rebuilt); --force goes on to the relay."""
+    monkeypatch.setenv("SCO_POSTGRES_DSN", pg_dsn)
+    name = f"floor-r1-llm-train-A-1-{uuid.uuid4().hex[:6]}-0000"
+    _committed(fleet_repo, name, "r1.A.gpu-a.xl")
+    result = runner.invoke(app, ["reclaim", name, "--region", "r1"])
+    assert result.exit_code == 1
+    assert "committed capacity (llm-train via floor-r1-llm-train-A-1-" in result.output
+    assert "refused without --force" in result.output
+    result = runner.invoke(app, ["reclaim", "r1.A.gpu-a.xl", "--pool", "--region", "r1"])
+    assert result.exit_code == 1 and "committed instance(s)" in result.output
+    result = runner.invoke(app, ["reclaim", name, "--region", "r1", "--force"])
+    # Past the guard: on to the hall's relay (none runs here, so that is the error).
+    assert "refused" not in result.output and "committed" not in result.output

@@ -146,6 +146,13 @@ async def test_worker_serves_health_metrics_and_the_operator_commands(
             env, "acquisitions", "cancel", str(rows[0]["id"]), "--region", "r1", "--by", "eve"
         )
         assert code == 1 and "error" in out  # finished: refused with a reason
+        # One reconciler pass, dry run: the acquisition's instances are all known.
+        code, out = await sco(env, "reconcile", "--region", "r1", "--dry-run", "--json")
+        assert code == 0, out
+        report = json.loads(out)
+        assert report["dry_run"] and report["passes"] == 1 and report["orphan_servers"] == []
+        code, out = await sco(env, "reconcile", "--region", "r1")
+        assert code == 0 and "agree" in out, out
 
         status, body = get(f"http://127.0.0.1:{metrics}/metrics")
         assert status == 200 and "sco_instances_acquired" in body

@@ -20,7 +20,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer
 
-from activities.events import InstanceState
+from activities.events import EventKind, InstanceState
 from activities.fleet.control_state import ControlRepository
 from activities.fleet.db import open_pool
 from activities.fleet.migrate import migrate
@@ -400,3 +400,24 @@ async def test_recorded_history_replays() -> None:
         data_converter=pydantic_data_converter,
     )
     await replayer.replay_workflow(histories.load("floor_keeper"))
+
+
+async def test_floor_instances_reclaimed_anyway_are_rebuilt_while_they_drain(
+    env: Env, workflow_env: WorkflowEnvironment
+) -> None:
+    """`sco reclaim --force` on three of hall A's floor instances: while they drain they
+    still fill hall A's reservation, so the keeper reserves anew instead of booting into
+    a full one, and the floor is whole again before they are gone."""
+    handle = await establish(env)
+    rows = [
+        r
+        for r in env.fleet.list_instances("r1", [InstanceState.ACTIVE])
+        if r.workload == CONTRACT and r.hall == "A"
+    ]
+    for r in rows:
+        env.fleet.record_event(r.instance_id, EventKind.NOTICE, reason="operator reclaim")
+    await skip_time(workflow_env, 61)  # the next tick
+    await until_state(handle, FloorState.HOLDING, held={"A": 3, "B": 3, "C": 2, "D": 2})
+    assert sorted(r.amount for r in env.cloud.leases() if r.hall == "A") == [3, 3]
+    assert active_by_hall(env) == {"A": 3, "B": 3, "C": 2, "D": 2}
+    await handle.terminate()

@@ -57,6 +57,10 @@ COMMANDS: dict[str, Lazy] = {
         "workers.cli.notices:reclaim",
         "Ask the hall's notice relay to reclaim an instance or a whole pool (recorded).",
     ),
+    "reconcile": Lazy(
+        "workers.cli.reconcile:reconcile",
+        "Compare provider servers and leases with fleet state: delete orphans, mark ghosts.",
+    ),
     "nats-users": Lazy(
         "workers.cli.notices:nats_users",
         "Render the region's NATS users with least-privilege permissions (deploy/nats/).",

@@ -9,7 +9,7 @@ import nats
 import psycopg
 import typer
 
-from activities.fleet.repository import FleetRepository
+from activities.fleet.repository import FleetRepository, InstanceRow
 from contracts import keys
 from contracts.notice import ReclaimRequest, reclaim_subject
 from workers.cli import audit
@@ -46,15 +46,26 @@ def notice_relay(
         )
 
 
+def _owners(rows: list[InstanceRow]) -> str:
+    return ", ".join(sorted({f"{r.workload} via {r.acquisition_id or '?'}" for r in rows}))
+
+
 def reclaim(
     target: str = typer.Argument(..., help="An instance name, or a pool id with --pool."),
     pool: bool = typer.Option(False, "--pool", help="TARGET is a pool: reclaim all of it."),
     reason: str = typer.Option("operator reclaim", help="Why (recorded in the ledger)."),
     region: str = typer.Option(None),
     by: str | None = audit.ByOpt,
+    force: bool = typer.Option(
+        False, "--force", help="Also reclaim committed capacity (a floor's, a fallback's)."
+    ),
 ) -> None:
-    """Ask the hall's notice relay to reclaim an instance or a whole pool (recorded)."""
+    """Ask the hall's notice relay to reclaim an instance or a whole pool (recorded).
+
+    Committed instances (a tier-1 floor, a paid fallback) are refused unless --force: a
+    reclaim there drops a floor below its size until the keeper has rebuilt it."""
     from activities.decisions import DecisionKind
+    from activities.events import CapacityType, InstanceState
     from workers.client_security import nats_options
 
     s = settings()
@@ -69,19 +80,36 @@ def reclaim(
         by=operator,
         reason=reason,
     )
-    if pool:
-        parts = target.split(".")
-        if len(parts) != 4 or parts[0] != region_id:
-            fail(f"{target}: a pool id is {region_id}.<hall>.<sku>.<size>")
-        hall = parts[1]
-        req = ReclaimRequest(pool_id=target, reason=reason, requested_by=operator)
-    else:
-        with fleet_db(s) as db:
-            row = FleetRepository(db).get_instance(target)
-        if row is None:
-            fail(f"{target}: no such instance in fleet state")
-        hall = row.hall
-        req = ReclaimRequest(instances=[target], reason=reason, requested_by=operator)
+    with fleet_db(s) as db:
+        repo = FleetRepository(db)
+        if pool:
+            parts = target.split(".")
+            if len(parts) != 4 or parts[0] != region_id:
+                fail(f"{target}: a pool id is {region_id}.<hall>.<sku>.<size>")
+            hall = parts[1]
+            live = [InstanceState.ACTIVE, InstanceState.NOTICED, InstanceState.DRAINING]
+            committed = [
+                r
+                for r in repo.list_instances(region_id, live, hall=hall)
+                if r.pool_id == target and r.capacity_type is CapacityType.COMMITTED
+            ]
+            if committed and not force:
+                fail(
+                    f"{target}: holds {len(committed)} committed instance(s) "
+                    f"({_owners(committed)}); refused without --force"
+                )
+            req = ReclaimRequest(pool_id=target, reason=reason, requested_by=operator)
+        else:
+            row = repo.get_instance(target)
+            if row is None:
+                fail(f"{target}: no such instance in fleet state")
+            if row.capacity_type is CapacityType.COMMITTED and not force:
+                fail(
+                    f"{target}: committed capacity ({_owners([row])}); a reclaim drops it "
+                    "below its floor until rebuilt; refused without --force"
+                )
+            hall = row.hall
+            req = ReclaimRequest(instances=[target], reason=reason, requested_by=operator)
 
     async def ask() -> str:
         nc = await nats.connect(s.nats_url, **nats_options(s))

@@ -85,6 +85,9 @@ class AcquisitionInput(BaseModel):
     max_create_attempts: int = Field(default=5, ge=1)
     # Seconds between ACTIVE polls while waiting for a boot.
     poll_seconds: float = Field(default=1.0, gt=0)
+    # A boot still in BUILD this long after its create (or a create that has not answered
+    # for this long) is given up: deleted and counted as a shortfall. No slot waits forever.
+    build_timeout_seconds: float = Field(default=900.0, gt=0)
     # Cloud-init for every instance without its own (a Kubernetes node join):
     # `{kubelet_args}` becomes the labels and taints naming its pool, hall, capacity type.
     kubelet_user_data: str | None = None

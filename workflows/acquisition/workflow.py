@@ -44,6 +44,7 @@ with workflow.unsafe.imports_passed_through():
         WaitActiveInput,
     )
     from activities.provider.interface import HOSTNAME_KEY, CreateRequest, ReservationRequest
+    from activities.provider.leases import fallback_owner, lease_name
     from contracts.node_labels import kubelet_join_args
     from workflows import search_attributes as sa
     from workflows.acquisition.models import (
@@ -72,6 +73,12 @@ with workflow.unsafe.imports_passed_through():
 
 # workflow.patched id: pause and resume record a ledger decision (see _operator_decision).
 OPERATOR_DECISIONS_PATCH = "operator-pause-resume-decisions"
+
+
+#: `workflow.patched` ids: command sequences that changed while acquisitions ran.
+PATCH_CHECK_AFTER_TOKEN = "pause-cancel-after-token"
+PATCH_BOUNDED_CREATE = "bounded-lost-create"
+PATCH_CANCEL_AT_ONCE = "cancel-state-at-once"
 
 
 class _Slot:
@@ -199,6 +206,9 @@ class AcquisitionWorkflow:
             )
         self._cancel = inp
         self._paused = False
+        if workflow.patched(PATCH_CANCEL_AT_ONCE):
+            # Cancelling from the moment it is accepted: progress never says running again.
+            await self._set_state(AcquisitionState.CANCELLING)
         return ControlAck(
             state=AcquisitionState.CANCELLING,
             message=f"cancelled by {inp.operator}: deleting {len(self._created)} instance(s)",
@@ -229,6 +239,8 @@ class AcquisitionWorkflow:
             )
 
     def _running_state(self) -> AcquisitionState:
+        if self._cancel is not None and workflow.patched(PATCH_CANCEL_AT_ONCE):
+            return AcquisitionState.CANCELLING
         # An operator may pause before the run's first step (handlers run first).
         return AcquisitionState.PAUSED if self._paused else AcquisitionState.RUNNING
 
@@ -335,6 +347,8 @@ class AcquisitionWorkflow:
             user_data=_user_data(slot, inp.kubelet_user_data),
         )
         attempt, tried = 0, False
+        started = workflow.now()
+        give_up = timedelta(seconds=inp.build_timeout_seconds)
         while True:
             await workflow.wait_condition(lambda: not self._paused or self._cancel is not None)
             # Once a create went out it is seen through (to learn what to delete).
@@ -342,6 +356,13 @@ class AcquisitionWorkflow:
                 await self._fail(slot, "cancelled before create", shortfall=False)
                 return
             await self._budget.take(inp.region, 1)
+            # The token may arrive long after it was asked for: a pause or cancel accepted
+            # meanwhile holds this create back too (the token stays good for a resume).
+            if not tried and workflow.patched(PATCH_CHECK_AFTER_TOKEN):
+                await workflow.wait_condition(lambda: not self._paused or self._cancel is not None)
+                if self._cancel is not None:
+                    await self._fail(slot, "cancelled before create", shortfall=False)
+                    return
             tried = True
             try:
                 created = await workflow.execute_activity_method(
@@ -353,8 +374,16 @@ class AcquisitionWorkflow:
                 break
             except ActivityError as exc:
                 # A lost create may have made the instance: retried until it answers (the
-                # same name finds it), however long, so nothing is ever leaked.
+                # same name finds it), up to the build bound; past it the slot is given up
+                # and the region's reconciler deletes whatever the create left.
                 if lost(exc):
+                    if workflow.now() - started >= give_up and workflow.patched(
+                        PATCH_BOUNDED_CREATE
+                    ):
+                        await self._fail(
+                            slot, f"create: no answer in {give_up.total_seconds():.0f} s"
+                        )
+                        return
                     await workflow.sleep(timedelta(seconds=min(30, 2 ** min(attempt, 5))))
                     continue
                 attempt += 1
@@ -372,8 +401,14 @@ class AcquisitionWorkflow:
         try:
             await workflow.execute_activity_method(
                 ProviderActivities.wait_active,
-                WaitActiveInput(provider_id=created.provider_id, poll_seconds=inp.poll_seconds),
+                WaitActiveInput(
+                    provider_id=created.provider_id,
+                    poll_seconds=inp.poll_seconds,
+                    build_deadline=started + give_up,
+                ),
                 start_to_close_timeout=timedelta(minutes=15),
+                # The bound holds even if the activity's own check never runs (lost worker).
+                schedule_to_close_timeout=give_up + timedelta(seconds=60),
                 heartbeat_timeout=timedelta(seconds=30),
                 retry_policy=RetryPolicy(non_retryable_error_types=NOT_RETRIED),
             )
@@ -543,7 +578,7 @@ class AcquisitionWorkflow:
         """A Blazar reservation for the item's instances; None when the hall has no room."""
         now = workflow.now()
         request = ReservationRequest(
-            name=f"{self._id}-{item.hall}",
+            name=lease_name(self._inp.region, item.hall, item.flavor, fallback_owner(self._id)),
             region=self._inp.region,
             hall=item.hall,
             flavor=item.flavor,

@@ -16,6 +16,7 @@ class ControllerConfig(BaseModel):
     release_idle_seconds: float = 900.0
     approval_timeout_seconds: float = 1800.0
     fallback_lease_hours: float = 24.0
+    build_timeout_seconds: float = 900.0
     spread_max_pool_fraction: float = 0.25
     max_instances_per_acquisition: int = 200
     reclaim_window_hours: float = 168.0

@@ -168,6 +168,7 @@ class RegionControllerWorkflow:
                 fallback=req.fallback,
                 approval_timeout_seconds=cfg.approval_timeout_seconds,
                 fallback_lease_hours=cfg.fallback_lease_hours,
+                build_timeout_seconds=cfg.build_timeout_seconds,
                 kubelet_user_data=cfg.kubernetes_user_data if req.contract in k8s else None,
             )
             fb = req.fallback

@@ -11,6 +11,8 @@ from datetime import datetime
 from pydantic import BaseModel, Field
 
 from activities.floor.models import floor_prefix
+from activities.provider.interface import Reservation
+from activities.provider.leases import lease_name
 
 #: Acquisitions a floor keeper starts are recorded under this partition: the region
 #: controller reads only its own partitions (0..n-1), so it never counts a floor's
@@ -19,8 +21,20 @@ FLOOR_PARTITION = -1
 
 
 def reservation_name(region: str, contract: str, hall: str, generation: int) -> str:
-    """Idempotent Blazar lease name: a retried create finds the same reservation."""
+    """The floor's key of one reservation (`floor-<region>-<contract>-<hall>-<gen>`): the
+    owner part of its lease name, and the prefix of the acquisitions that boot into it."""
     return f"{floor_prefix(region, contract)}{hall}-{generation}"
+
+
+def floor_lease_name(region: str, contract: str, hall: str, flavor: str, generation: int) -> str:
+    """Idempotent Blazar lease name: a retried create finds the same reservation."""
+    return lease_name(region, hall, flavor, reservation_name(region, contract, hall, generation))
+
+
+def reservation_key(res: Reservation) -> str:
+    """The floor's key of a reservation: its owner; leases recorded before the one naming
+    scheme were named by the key itself."""
+    return res.owner or res.name
 
 
 def reservation_of(acquisition_id: str) -> str:
@@ -73,6 +87,8 @@ class FloorConfig(BaseModel):
     # Seconds between ACTIVE polls of the floor's acquisitions and reservation waits.
     poll_seconds: float = Field(default=1.0, gt=0)
     reservation_poll_seconds: float = Field(default=2.0, gt=0)
+    # A floor boot still in BUILD after this long is deleted and rebuilt (a shortfall).
+    build_timeout_seconds: float = Field(default=900.0, gt=0)
     # Wake-ups (ticks and probes) per run before continue-as-new.
     wakeups_per_run: int = Field(default=500, ge=1)
 

@@ -132,7 +132,12 @@ def to_release(
     if not plan.whole:
         return []
     lost = set(lost)
-    out = [i for i in instances if i.hall in lost]
+    # A noticed or draining instance is the notice relay's to delete, after its drain.
+    out = [
+        i
+        for i in instances
+        if i.hall in lost and i.state in (InstanceState.REQUESTED, InstanceState.ACTIVE)
+    ]
     keep_total = plan.held_total
     for hall, extra in sorted(plan.surplus.items()):
         mine = sorted(

@@ -5,11 +5,11 @@ verdict, one *round*: read a snapshot (the floor from the signed bundle, committ
 the floor's instances and reservations), plan with pure code (`plan.py`: the cheapest
 committed shape per unit, `spread_floor` over the healthy halls: >= 3 halls, <= 40 % in
 one), then per hall with a deficit, *all halls in parallel*: use spare slots of the floor's
-reservations there, reserve the rest (Blazar lease `floor-<region>-<contract>-<hall>-<gen>`,
-idempotent on the name), wait until ACTIVE and boot into it with a child
-AcquisitionWorkflow (id `<lease name>-<nonce>`, ABANDON, recorded first under partition -1
-so the region controller never counts it). A rebuild therefore costs one reservation plus
-one boot, not a sum over halls.
+reservations there, reserve the rest (a Blazar lease whose owner, `leases.py`, is the
+reservation key `floor-<region>-<contract>-<hall>-<gen>`; idempotent on the name), wait
+until ACTIVE and boot into it with a child AcquisitionWorkflow (id `<key>-<nonce>`,
+ABANDON, recorded first under partition -1 so the region controller never counts it).
+A rebuild therefore costs one reservation plus one boot, not a sum over halls.
 
 Hall loss. An operator declares it (`hall_lost`) or probes detect it. Probes run every
 `probe_seconds` (15 s): for each hall, the floor's ACTIVE instances there and how many the
@@ -89,7 +89,8 @@ with workflow.unsafe.imports_passed_through():
         FloorStatus,
         HallEvent,
         HallLoss,
-        reservation_name,
+        floor_lease_name,
+        reservation_key,
     )
     from workflows.floor.plan import (
         FloorPlan,
@@ -303,7 +304,8 @@ class FloorKeeperWorkflow:
             workflow.logger.warning("floor %s: %s", self._id, snap.problem)
             return
         self._generation = max(
-            self._generation, max_generation((r.name for r in snap.reservations), self._prefix)
+            self._generation,
+            max_generation((reservation_key(r) for r in snap.reservations), self._prefix),
         )
         lost = set(self._lost)
         plan = plan_floor(snap, lost)
@@ -401,8 +403,8 @@ class FloorKeeperWorkflow:
         live = live_by_reservation(snap.instances)
         batches: list[tuple[Reservation, int]] = []
         left = n
-        for res in sorted(snap.reservations, key=lambda r: r.name):
-            spare = res.amount - live.get(res.name, 0)
+        for res in sorted(snap.reservations, key=reservation_key):
+            spare = res.amount - live.get(reservation_key(res), 0)
             if res.hall != hall or res.flavor != shape.flavor or res.status != "ACTIVE":
                 continue
             if spare > 0 and left > 0:
@@ -426,7 +428,7 @@ class FloorKeeperWorkflow:
     ) -> Reservation | None:
         inp = self._inp
         request = ReservationRequest(
-            name=reservation_name(inp.region, inp.contract, hall, generation),
+            name=floor_lease_name(inp.region, inp.contract, hall, shape.flavor, generation),
             region=inp.region,
             hall=hall,
             flavor=shape.flavor,
@@ -439,7 +441,7 @@ class FloorKeeperWorkflow:
         self, res: Reservation, instances: int, shape: FloorShape, price: float | None
     ) -> int:
         inp = self._inp
-        acq_id = f"{res.name}-{workflow.uuid4().hex[:6]}"
+        acq_id = f"{reservation_key(res)}-{workflow.uuid4().hex[:6]}"
         pool_id = shape.pool_ids[res.hall]
         await workflow.execute_activity_method(
             ControlActivities.record_acquisition,
@@ -452,7 +454,7 @@ class FloorKeeperWorkflow:
                 requested_units=instances * shape.units_per_instance,
                 requested_instances=instances,
                 pool_ids=[pool_id],
-                detail=f"floor:{res.name}",
+                detail=f"floor:{reservation_key(res)}",
             ),
             start_to_close_timeout=timedelta(seconds=30),
             retry_policy=_RETRY,
@@ -478,6 +480,7 @@ class FloorKeeperWorkflow:
                         )
                     ],
                     poll_seconds=self._cfg.poll_seconds,
+                    build_timeout_seconds=self._cfg.build_timeout_seconds,
                 ),
                 id=acq_id,
                 parent_close_policy=ParentClosePolicy.ABANDON,
@@ -502,7 +505,7 @@ class FloorKeeperWorkflow:
         left = [i for i in snap.instances if i.instance_id not in released]
         live = live_by_reservation(left)
         for res in snap.reservations:
-            if live.get(res.name, 0):
+            if live.get(reservation_key(res), 0):
                 continue
             # An empty reservation in a hall still short of its target is kept: the next
             # round boots into its spare slots.

@@ -1,0 +1,104 @@
+"""The real OpenStack test cloud for workflow tests and benchmarks: the provider (or a skip
+naming why there is none), a signed bundle with a chosen floor, and what SCO holds there,
+counted with openstacksdk directly (not through SCO's provider)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, NoReturn
+
+import pytest
+
+from activities.provider.openstack import OpenStackProvider
+from contracts import keys
+from contracts.cache import BundleCache
+from contracts.compiler import compile_and_sign
+from tests.support.paths import REGIONS_DIR, REPO
+
+CLOUD = "sco-testcloud"
+
+
+class TestCloudMissing(Exception):
+    """No test cloud to run on (the message says why)."""
+
+
+def clouds_yaml() -> Path:
+    if os.environ.get("OS_CLIENT_CONFIG_FILE"):
+        return Path(os.environ["OS_CLIENT_CONFIG_FILE"])
+    base = Path(os.environ.get("SCO_TESTCLOUD_DIR") or REPO / ".sco" / "testcloud")
+    return base / "clouds.yaml"
+
+
+def connect_provider() -> OpenStackProvider:
+    """The OpenStack provider on the test cloud; TestCloudMissing when it is not there."""
+    path = clouds_yaml()
+    if not path.is_file():
+        raise TestCloudMissing(f"no test cloud ({path} missing; run make testcloud-up)")
+    try:  # clouds.yaml outlives down.sh: Keystone must also answer
+        socket.create_connection(("127.0.0.1", 5000), timeout=2).close()
+    except OSError as exc:
+        raise TestCloudMissing("the test cloud is down (Keystone does not answer)") from exc
+    os.environ["OS_CLIENT_CONFIG_FILE"] = str(path)
+    return OpenStackProvider.from_cloud(CLOUD, image="sco-image", network="none")
+
+
+def provider_or_skip() -> OpenStackProvider:
+    try:
+        return connect_provider()
+    except TestCloudMissing as exc:
+        _unavailable(str(exc))
+
+
+def _unavailable(reason: str) -> NoReturn:
+    if os.environ.get("SCO_REQUIRE_TESTCLOUD") == "1":
+        pytest.fail(f"SCO_REQUIRE_TESTCLOUD=1 but {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+def install_bundle(base: Path, floors: dict[str, int] | None = None) -> tuple[Path, Path]:
+    """Compile and sign the example contracts, `floors` (contract -> r1 floor units)
+    changed; return (bundle cache dir, trust dir)."""
+    src = base / "contracts"
+    shutil.copytree(REPO / "contracts" / "examples", src)
+    for contract, units in (floors or {}).items():
+        path = src / f"{contract}.yaml"
+        text = re.sub(r"floor: \{r1: \d+", f"floor: {{r1: {units}", path.read_text())
+        path.write_text(text)
+    _, private, public = keys.generate(base / "keys")
+    trust = base / "trust"
+    trust.mkdir(parents=True, exist_ok=True)
+    (trust / public.name).write_bytes(public.read_bytes())
+    out = base / "compiled.json"
+    _, serial = compile_and_sign(
+        src,
+        REGIONS_DIR,
+        keys.load_signing_key(private),
+        out,
+        serial=None,
+        created_at=datetime.now(UTC),
+    )
+    assert serial is not None
+    cache = base / "cache"
+    assert BundleCache(cache, keys.TrustStore.load(trust)).offer(out.read_bytes()).accepted
+    return cache, trust
+
+
+def sco_servers(conn: Any, region: str = "r1") -> dict[str, Any]:
+    """SCO's servers on the cloud (by metadata), by server id."""
+    return {
+        s.id: s
+        for s in conn.compute.servers(details=True)
+        if (s.metadata or {}).get("sco-region") == region
+    }
+
+
+def sco_leases(conn: Any, region: str = "r1") -> list[dict[str, Any]]:
+    """SCO's Blazar leases (by name), straight from Blazar's API."""
+    resp = conn.reservation.get("/leases")
+    resp.raise_for_status()
+    return [lease for lease in resp.json()["leases"] if lease["name"].startswith(f"sco-{region}-")]

@@ -1,0 +1,172 @@
+"""AcquisitionWorkflow on the time-skipping server and the in-process simulator: boots that
+fail or hang, a fallback lease that never starts, and pause/cancel while slots wait for
+budget tokens (no create after the operator's word is accepted)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from temporalio.client import WorkflowHandle
+from temporalio.testing import WorkflowEnvironment
+
+from activities.events import InstanceState
+from activities.fleet.control_state import ControlRepository
+from activities.fleet.repository import FleetRepository
+from activities.provider.interface import InstanceStatus
+from activities.provider.simulator import Latency, SimulatedCloud
+from contracts.region import Region
+from planning.arbiter import FallbackItem, FallbackPlan
+from tests.support.control_harness import Harness, poll_until, region_worker, skip_time
+from workflows.acquisition.models import (
+    AcquisitionInput,
+    AcquisitionResult,
+    AcquisitionState,
+    LaunchItem,
+    OperatorInput,
+)
+from workflows.acquisition.workflow import AcquisitionWorkflow
+
+
+@pytest.fixture
+async def harness(
+    workflow_env: WorkflowEnvironment,
+    region_r1: Region,
+    fleet_repo: FleetRepository,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+) -> AsyncIterator[Harness]:
+    rate, burst = getattr(request, "param", (50.0, 50))
+    cloud = SimulatedCloud(
+        region_r1, latency=Latency(boot_s=0.0), clock=asyncio.get_running_loop().time
+    )
+    async with region_worker(
+        workflow_env.client,
+        cloud,
+        fleet_repo,
+        ControlRepository(fleet_repo._pool),
+        bundle_dir=tmp_path / "cache",
+        trust_dir=tmp_path / "trust",
+        rate_per_second=rate,
+        burst=burst,
+    ) as h:
+        yield h
+
+
+def _item(pool: str, n: int) -> LaunchItem:
+    _, hall, sku, size = pool.split(".")
+    return LaunchItem(pool_id=pool, hall=hall, flavor=f"{sku}.{size}", instances=n, units=n)
+
+
+async def _start(
+    h: Harness, items: list[LaunchItem], **kw: object
+) -> WorkflowHandle[AcquisitionWorkflow, AcquisitionResult]:
+    name = f"edge-{uuid.uuid4().hex[:8]}"
+    return await h.client.start_workflow(
+        AcquisitionWorkflow.run,
+        AcquisitionInput.model_validate(
+            {"region": "r1", "contract": name, "tier": 2, "items": items, **kw}
+        ),
+        id=f"acq-r1-{name}",
+        task_queue=h.queue,
+    )
+
+
+async def _left(h: Harness, handle: WorkflowHandle[AcquisitionWorkflow, AcquisitionResult]) -> int:
+    return len([i for i in await h.cloud.list_owned("r1") if i.name.startswith(handle.id)])
+
+
+async def test_error_boots_are_deleted_and_counted_as_shortfall(
+    harness: Harness, fleet_repo: FleetRepository
+) -> None:
+    harness.cloud.fail_boots(2, InstanceStatus.ERROR)
+    handle = await _start(harness, [_item("r1.A.gp.l", 5)], max_parallel=1)
+    p = (await handle.result()).progress
+    assert (p.active, p.failed, p.shortfall_units) == (3, 2, 2)
+    assert p.capacity_errors == {"r1.A.gp.l": 2}
+    assert await _left(harness, handle) == 3  # the ERROR servers were deleted
+    states = sorted(
+        r.state for r in fleet_repo.list_instances("r1") if r.acquisition_id == handle.id
+    )
+    assert states.count(InstanceState.FAILED) == 2
+
+
+async def test_a_boot_stuck_in_build_is_deleted_past_the_bound(harness: Harness) -> None:
+    harness.cloud.fail_boots(1, InstanceStatus.BUILD)
+    handle = await _start(harness, [_item("r1.B.gp.l", 2)], max_parallel=1, build_timeout_seconds=2)
+    p = (await handle.result()).progress
+    assert (p.active, p.failed, p.shortfall_units) == (1, 1, 1)
+    assert await _left(harness, handle) == 1
+
+
+async def test_a_fallback_lease_that_never_starts_is_deleted(harness: Harness) -> None:
+    harness.cloud.lease_status = "ERROR"
+    plan = FallbackPlan(
+        contract="x",
+        shortfall_units=2,
+        items=[
+            FallbackItem(
+                pool_id="r1.A.cpu.xl",
+                hall="A",
+                flavor="cpu.xl",
+                instances=2,
+                units=2,
+                price_per_hour=0.176,
+            )
+        ],
+        cost_per_hour=0.352,
+        current_spend_per_hour=0.0,
+        authority_per_hour=1.0,
+        needs_approval=False,
+        reason="test",
+    )
+    handle = await _start(harness, [], fallback=plan)
+    p = (await handle.result()).progress
+    assert p.active == 0 and p.shortfall_units == 2
+    assert harness.cloud.calls["create_reservation"] == 1
+    assert harness.cloud.calls["delete_reservation"] == 1
+    assert harness.cloud._leases == {}
+
+
+# One token every 20 s: with five slots in flight, four wait for a token at any moment.
+@pytest.mark.parametrize("harness", [(0.05, 1)], indirect=True)
+async def test_pause_while_slots_wait_for_tokens_makes_no_create_after_it(
+    harness: Harness, workflow_env: WorkflowEnvironment
+) -> None:
+    handle = await _start(harness, [_item("r1.C.gp.l", 6)], max_parallel=5)
+    await poll_until(lambda: _created(harness, 1))
+    await handle.execute_update(AcquisitionWorkflow.pause, OperatorInput(operator="alice"))
+    made = harness.cloud.calls["create"]
+    await skip_time(workflow_env, 200)  # ten tokens' worth of time
+    assert harness.cloud.calls["create"] == made
+    assert (await handle.query(AcquisitionWorkflow.progress)).state is AcquisitionState.PAUSED
+    await handle.execute_update(AcquisitionWorkflow.resume, OperatorInput(operator="alice"))
+    await skip_time(workflow_env, 200)
+    p = (await handle.result()).progress
+    assert p.active == 6 and p.state is AcquisitionState.COMPLETED
+
+
+@pytest.mark.parametrize("harness", [(0.05, 1)], indirect=True)
+async def test_cancel_while_slots_wait_for_tokens_makes_no_create_and_never_runs_again(
+    harness: Harness, workflow_env: WorkflowEnvironment
+) -> None:
+    handle = await _start(harness, [_item("r1.D.gp.l", 6)], max_parallel=5)
+    await poll_until(lambda: _created(harness, 1))
+    ack = await handle.execute_update(
+        AcquisitionWorkflow.cancel, OperatorInput(operator="carol", reason="wrong pool")
+    )
+    made = harness.cloud.calls["create"]
+    assert ack.state is AcquisitionState.CANCELLING
+    assert (await handle.query(AcquisitionWorkflow.progress)).state is AcquisitionState.CANCELLING
+    await skip_time(workflow_env, 200)
+    assert harness.cloud.calls["create"] == made
+    p = (await handle.result()).progress
+    assert p.state is AcquisitionState.CANCELLED and p.active == 0
+    assert await _left(harness, handle) == 0
+
+
+async def _created(h: Harness, n: int) -> bool:
+    return h.cloud.calls["create"] >= n

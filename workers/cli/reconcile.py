@@ -1,0 +1,66 @@
+"""`sco reconcile --region r1 [--dry-run]`: one reconciler pass now, and what it found.
+
+The pass runs as a one-shot ReconcilerWorkflow on the region's task queue (the region
+worker's provider and its token budget, as the region's own reconciler every few
+minutes); `--dry-run` finds and reports and changes nothing.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import typer
+
+from workers.cli.common import console, print_json, run_temporal, settings, table, temporal_client
+from workflows.reconciler.models import ReconcileReport, ReconcilerInput, reconciler_workflow_id
+from workflows.reconciler.workflow import ReconcilerWorkflow
+
+
+def reconcile(
+    region: str = typer.Option(None, "--region", help="Region; default from settings."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Find and report; change nothing."),
+    grace_seconds: float = typer.Option(
+        None, "--grace-seconds", help="Leave younger orphans alone; default from settings."
+    ),
+    json_out: bool = typer.Option(False, "--json"),
+) -> None:
+    """Compare provider servers and leases with fleet state: delete orphans, mark ghosts."""
+    from workers.region_worker import reconciler_config
+
+    s = settings()
+    r = region or s.region
+    cfg = reconciler_config(s)
+    if grace_seconds is not None:
+        cfg = cfg.model_copy(update={"grace_seconds": grace_seconds})
+
+    async def go() -> ReconcileReport:
+        client = await temporal_client(s, r)
+        return await client.execute_workflow(
+            ReconcilerWorkflow.run,
+            ReconcilerInput(region=r, config=cfg, dry_run=dry_run, once=True),
+            id=f"{reconciler_workflow_id(r)}-once-{uuid.uuid4().hex[:8]}",
+            task_queue=s.temporal.task_queue(r),
+            execution_timeout=timedelta(minutes=10),
+        )
+
+    report = run_temporal(go())
+    if json_out:
+        print_json(report.model_dump(mode="json"))
+        return
+    verb = "would delete" if dry_run else "deleted"
+    rows: list[tuple[str, str, str]] = []
+    rows += [("orphan server", x, verb) for x in report.orphan_servers]
+    rows += [("orphan lease", x, verb) for x in report.orphan_leases]
+    rows += [("ghost", x, "would mark lost" if dry_run else "marked lost") for x in report.ghosts]
+    rows += [("fallback lease in use", x, "renewed") for x in report.renewed]
+    if not rows:
+        console.print(f"{r}: provider and fleet state agree")
+        return
+    title = f"reconcile {r}" + (" (dry run: nothing changed)" if dry_run else "")
+    table(title, ["what", "which", "action"], rows)
+    if not dry_run:
+        console.print(
+            f"deleted {report.deleted_servers} server(s) and {report.deleted_leases} lease(s), "
+            f"marked {report.marked_lost} instance(s) lost"
+        )
