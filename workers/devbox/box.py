@@ -48,7 +48,7 @@ class Box:
     def up(self) -> list[ServiceStatus]:
         """Bring every service up; idempotent. Interrupted or failed: undo this run's starts."""
         result: list[ServiceStatus] = []
-        with self.state_file.locked() as state, _sigterm_as_interrupt():
+        with self.state_file.locked() as state, _sigterm_as_interrupt() as interrupts:
             started: list[str] = []
             try:
                 for svc in self.services():
@@ -63,7 +63,9 @@ class Box:
                         state.processes[svc.name] = rec
                         started.append(svc.name)
                         mode, detail = "managed", "started"
+                    interrupts.check()
                     prepared = svc.prepare()
+                    interrupts.check()
                     detail = f"{detail}; {prepared}" if prepared else detail
                     self._step(svc.name, detail)
                     result.append(
@@ -136,18 +138,36 @@ class Box:
         return stopped
 
 
-@contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """A SIGTERM during `up` unwinds like Ctrl-C, so partial starts are undone."""
+class _Interrupts:
+    """Ctrl-C or SIGTERM during `up`: raised at once, and remembered, so a step that
+    swallowed it (a probe's asyncio.run under a timeout can) is still stopped after."""
 
-    def handler(_sig: int, _frame: FrameType | None) -> None:
+    def __init__(self) -> None:
+        self.seen = False
+
+    def handler(self, _sig: int, _frame: FrameType | None) -> None:
+        self.seen = True
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, handler)
+    def check(self) -> None:
+        if self.seen:
+            raise KeyboardInterrupt
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[_Interrupts]:
+    """A SIGTERM or SIGINT during `up` unwinds like Ctrl-C, so partial starts are undone.
+    Our own SIGINT handler also keeps asyncio.run from turning Ctrl-C into a cancellation
+    that a step could swallow."""
+    interrupts = _Interrupts()
+    previous = {
+        sig: signal.signal(sig, interrupts.handler) for sig in (signal.SIGTERM, signal.SIGINT)
+    }
     try:
-        yield
+        yield interrupts
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 __all__ = ["Box", "DevboxError", "ServiceStatus"]
