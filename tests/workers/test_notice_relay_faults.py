@@ -21,7 +21,7 @@ from activities.fleet.db import open_pool
 from activities.fleet.repository import FleetRepository, InstanceSpec
 from activities.provider.interface import CreateRequest
 from activities.provider.sim_service import SimulatorClient
-from contracts.notice import ReclaimNotice, hall_notice_subjects
+from contracts.notice import ReclaimNotice, ReclaimRequest, hall_notice_subjects, reclaim_subject
 from contracts.region import Region
 from tests.support import chaos, services
 from tests.support.paths import REPO
@@ -147,9 +147,20 @@ async def test_notice_relay_outlives_a_fleet_database_outage(
             relay.wait_for("degraded (PoolTimeout", timeout=20)
             # Asked while degraded, the relay answers at once that it noticed nothing.
             started = time.monotonic()
-            code, out = await services.run_sco(env, "reclaim", "--pool", POOL, cwd=REPO)
-            assert code == 1 and "degraded, nothing noticed" in out, out
+            nc = await nats.connect(env["SCO_NATS_URL"])
+            try:
+                request = ReclaimRequest(pool_id=POOL, reason="chaos", requested_by="test")
+                reply = await nc.request(
+                    reclaim_subject("r1", "A"), request.model_dump_json().encode(), timeout=10
+                )
+            finally:
+                await nc.close()
+            assert "degraded, nothing noticed" in reply.data.decode(), reply.data
             assert time.monotonic() - started < 12
+            # `sco reclaim` reads fleet state first (committed instances are refused): with
+            # the database down it says so in one line, before asking the relay.
+            code, out = await services.run_sco(env, "reclaim", "--pool", POOL, cwd=REPO)
+            assert code == 1 and "PostgreSQL at" in out and "does not answer" in out, out
             await asyncio.sleep(4)  # more failed sweeps, backoff at its cap
             assert (await http_get(health, "/readyz"))[0] == 503
             _, exposed = await http_get(metrics, "/metrics")
