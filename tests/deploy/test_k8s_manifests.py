@@ -126,6 +126,8 @@ def test_example_secrets_validate_and_are_only_placeholders() -> None:
         "sco-clouds",
         "sco-contract-trust",
         "sco-notice-key",
+        "sco-slurmrestd",
+        "sco-workload-kubeconfig",
     }
     for doc in docs:
         assert doc["kind"] == "Secret"
@@ -147,7 +149,7 @@ def test_example_secrets_validate_and_are_only_placeholders() -> None:
 def test_no_pod_can_land_off_guaranteed_capacity(region: str) -> None:
     docs = render(region)
     workloads = of_kind(docs, "Deployment") + of_kind(docs, "Job")
-    assert len(workloads) == 8
+    assert len(workloads) == 9
     for doc in workloads:
         spec = pod_spec(doc)
         assert allowed_values(spec, CAPACITY_TYPE_LABEL) == {GUARANTEED}, doc["metadata"]["name"]
@@ -173,8 +175,9 @@ def test_workers_spread_over_three_halls_with_two_always_available(region: str) 
     assert pdb["spec"]["minAvailable"] == 2
     assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
 
-    (container,) = spec["containers"]
+    container, refresh = spec["containers"]
     assert container["command"] + container["args"] == ["sco", "worker", "--region", region]
+    assert refresh["args"][:2] == ["contracts", "pull"]
     assert container["resources"]["requests"]["cpu"] == "2"
     assert container["resources"]["limits"]["cpu"] == "2"
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
@@ -232,6 +235,7 @@ def test_single_instance_processes_and_bootstrap_job(region: str) -> None:
     assert commands["sco-outbox-relay"] == ["outbox", "relay"]
     assert commands["sco-ledger-consumer"] == ["ledger", "consume"]
     assert commands["sco-temporal-bootstrap"] == ["temporal", "bootstrap", "--region", region]
+    assert commands["sco-db-migrate"] == ["db", "migrate"]
     for name in ("sco-outbox-relay", "sco-ledger-consumer"):
         (dep,) = named(docs, "Deployment", name)
         assert dep["spec"]["replicas"] == 1
@@ -257,7 +261,12 @@ def test_no_secret_in_any_configmap(region: str) -> None:
             assert not SECRET_KEY.search(key), f"{cm['metadata']['name']}: key {key}"
             assert not SECRET_VALUE.search(value), f"{cm['metadata']['name']}: {key}"
             if key.endswith(".toml"):
-                flat = yaml.safe_dump(tomllib.loads(value))
+                # A `*_file` setting names where a Secret is mounted, not the secret.
+                flat = "\n".join(
+                    line
+                    for line in yaml.safe_dump(tomllib.loads(value)).splitlines()
+                    if not line.strip().split(":")[0].endswith("_file")
+                )
                 assert not SECRET_KEY.search(flat), f"{cm['metadata']['name']}: {key}"
     # DSNs arrive from the Secret.
     (worker,) = named(docs, "Deployment", "sco-worker-")

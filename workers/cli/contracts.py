@@ -137,6 +137,49 @@ def install(
 
 
 @app.command()
+def pull(
+    every: float = typer.Option(
+        0.0, help="Seconds between pulls, until SIGTERM; 0: pull once and exit."
+    ),
+) -> None:
+    """Pull the region's bundle from the distributor into this control plane's cache,
+    verified as a node does (never a rollback). Once: fails unless a valid bundle is
+    installed after (an init container holds the pod until one is published)."""
+    from contracts.cache import BundleCache
+    from contracts.distribution import NatsBundleSource
+    from workers.shutdown import async_stop_event
+
+    s = settings()
+    try:
+        cache = BundleCache(s.bundle_cache_dir, keys.TrustStore.load(s.trust_dir))
+    except keys.KeyFileError as exc:
+        fail(str(exc))
+    source = NatsBundleSource(s.nats_url, s.region, nats_options(s))
+    if every > 0:
+
+        async def forever() -> None:
+            with async_stop_event() as stop:
+                await cache.refresh_forever(source.fetch, stop, every)
+
+        asyncio.run(forever())
+        return
+    try:
+        raw = asyncio.run(source.fetch())
+    except Exception as exc:  # nats raises several unrelated types
+        fail(f"pulling from {s.nats_url} for {s.region}: {exc}")
+    if raw is None:
+        held = cache.current()
+        if held is None:
+            fail(f"{s.nats_url}: no bundle published for {s.region} and none cached")
+        console.print(f"{s.bundle_cache_dir}: none published; keeping serial {held.serial}")
+        return
+    result = cache.offer(raw)
+    if not result.accepted:
+        fail(f"bundle from {s.nats_url}: {result.reason}")
+    console.print(f"{s.bundle_cache_dir}: {result.reason}")
+
+
+@app.command()
 def publish(
     bundle_path: Path = typer.Argument(..., metavar="BUNDLE"),
     trust: Path = typer.Option(..., help="Trust directory: only a bundle that verifies goes out."),

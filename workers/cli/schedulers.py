@@ -38,11 +38,18 @@ JsonOpt = typer.Option(False, "--json")
 # -- slurm -------------------------------------------------------------------------------
 
 
+#: CLOUD nodes weigh more than local ones (Slurm's default 1), so local capacity goes first.
+CLOUD_NODE_WEIGHT = 1000
+
+
 @slurm_app.command("conf")
 def slurm_conf(
     pools: list[str] = typer.Option(..., "--pool", help="Pool id (repeat), e.g. r1.A.gp.l."),
     nodes: int = typer.Option(16, "--nodes", min=1, help="CLOUD nodes per pool."),
     partition: str = typer.Option("spot", "--partition", help="Partition of the nodes."),
+    suspend_time: int = typer.Option(
+        600, "--suspend-time", min=1, help="Idle seconds before a CLOUD node is powered down."
+    ),
     region: str = RegionOpt,
 ) -> None:
     """The slurm.conf node and partition lines for SCO's CLOUD nodes of these pools."""
@@ -69,9 +76,15 @@ def slurm_conf(
         gres = f" Gres=gpu:{pool.gpus}" if pool.gpus else ""
         lines.append(
             f"NodeName={hosts} CPUs={pool.vcpu} RealMemory={pool.memory_gib * 1024 - 512}"
-            f"{gres} Features={features} State=CLOUD"
+            # Above the site's nodes (default Weight=1): Slurm fills local nodes first.
+            f"{gres} Features={features} State=CLOUD Weight={CLOUD_NODE_WEIGHT}"
         )
-    lines.append(f"PartitionName={partition} Nodes={','.join(names)} MaxTime=INFINITE State=UP")
+    # Only this partition suspends; slurm.conf keeps SuspendTime=INFINITE globally so the
+    # site's own nodes are never powered down (deploy/slurm/slurm.conf.fragment).
+    lines.append(
+        f"PartitionName={partition} Nodes={','.join(names)} MaxTime=INFINITE "
+        f"SuspendTime={suspend_time} State=UP"
+    )
     typer.echo("\n".join(lines))
 
 
