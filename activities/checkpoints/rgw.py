@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from contracts.model import Contract
 
 #: The object agent.checkpoint.s3_store writes last in a step; without it the step is partial.
 MARKER = "COMPLETE"
+_STEP_IN_KEY = re.compile(r"^(.*?)/step-(\d+)/")
 
 
 class ProvisionError(RuntimeError):
@@ -63,6 +65,7 @@ class Credentials:
 
 @dataclass(frozen=True)
 class StoredCheckpoint:
+    run: str  # the path between the contract's prefix and `step-N/` ("" when none)
     step: int
     complete: bool
     objects: int
@@ -188,19 +191,19 @@ def stored(creds: Credentials) -> list[StoredCheckpoint]:
     """What the contract's bucket holds, per step, read with the contract's own keys."""
     s3 = creds.s3()
     base = f"{creds.prefix}/" if creds.prefix else ""
-    per: dict[int, list[dict[str, Any]]] = {}
+    per: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=creds.bucket, Prefix=base):
         for obj in page.get("Contents", []):
-            head, _, _ = str(obj["Key"]).removeprefix(base).partition("/")
-            if head.startswith("step-") and head[5:].isdigit():
-                per.setdefault(int(head[5:]), []).append(obj)
+            if match := _STEP_IN_KEY.search("/" + str(obj["Key"]).removeprefix(base)):
+                per.setdefault((match[1].strip("/"), int(match[2])), []).append(obj)
     return [
         StoredCheckpoint(
+            run,
             step,
             any(str(o["Key"]).endswith(f"/{MARKER}") for o in objs),
             len(objs),
             sum(int(o["Size"]) for o in objs),
             max(o["LastModified"] for o in objs),
         )
-        for step, objs in sorted(per.items())
+        for (run, step), objs in sorted(per.items())
     ]

@@ -71,15 +71,22 @@ def latest(s3: Any, where: S3Location) -> int | None:
     return max(complete) if complete else None
 
 
-def upload(s3: Any, staged: Path, where: S3Location, step: int, deadline: float) -> str:
+def upload(
+    s3: Any,
+    staged: Path,
+    where: S3Location,
+    step: int,
+    deadline: float,
+    clock: Callable[[], float] = time.time,
+) -> str:
     """Upload a staged DCP directory as step `step`; the marker last. Its URI."""
     files = sorted(p for p in staged.rglob("*") if p.is_file())
     for path in files:
-        if time.time() >= deadline:
+        if clock() >= deadline:
             raise DeadlineExceeded(f"step-{step}: deadline reached after a partial upload")
         key = where.key(f"step-{step}", path.relative_to(staged).as_posix())
         s3.upload_file(str(path), where.bucket, key)
-    if time.time() >= deadline:
+    if clock() >= deadline:
         raise DeadlineExceeded(f"step-{step}: deadline reached before the marker")
     s3.put_object(Bucket=where.bucket, Key=where.key(f"step-{step}", MARKER), Body=b"")
     return where.uri(f"step-{step}")

@@ -60,6 +60,9 @@ def provision_cmd(
     console.print(f"{len(done)} contracts provisioned, expiry after {keep_days} days")
 
 
+_JSON_KEYS = ("run", "step", "state", "objects", "bytes", "last_modified")
+
+
 @app.command("list")
 def list_cmd(
     contract: str = typer.Argument(..., metavar="CONTRACT"),
@@ -76,6 +79,7 @@ def list_cmd(
         fail(f"{contract}: s3://{creds.bucket}: {type(exc).__name__}: {exc}")
     rows = [
         (
+            f.run,
             f.step,
             "complete" if f.complete else "partial",
             f.objects,
@@ -85,15 +89,10 @@ def list_cmd(
         for f in found
     ]
     if as_json:
-        print_json(
-            [
-                dict(zip(("step", "state", "objects", "bytes", "last_modified"), r, strict=True))
-                for r in rows
-            ]
-        )
+        print_json([dict(zip(_JSON_KEYS, r, strict=True)) for r in rows])
         return
     table(
         f"checkpoints of {contract} in s3://{creds.bucket}/{creds.prefix}",
-        ("step", "state", "objects", "bytes", "modified"),
+        ("run", "step", "state", "objects", "bytes", "modified"),
         rows,
     )
