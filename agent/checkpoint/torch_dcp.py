@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.checkpoint import s3_store
+from agent.checkpoint.protocol import Saved
 from agent.checkpoint.server import CheckpointServer, register
 
 _STEP_DIR = re.compile(r"step-(\d+)")
@@ -102,25 +103,28 @@ def register_dcp(
         where = s3_store.S3Location.parse(base_uri)
         s3 = s3_store.client()
 
-        def checkpoint_s3(reason: str, deadline: float) -> str:
+        def checkpoint_s3(reason: str, deadline: float) -> Saved:
             with lock if lock is not None else contextlib.nullcontext():
                 current, snapshot = step(), state()
-                return s3_store.save_staged(
+                uri = s3_store.save_staged(
                     lambda d: _dcp().save(snapshot, checkpoint_id=str(d)),
                     s3,
                     where,
                     current,
                     deadline,
                 )
+                # Saved under the training lock at the current step: nothing is behind it.
+                return Saved(uri, lost_steps=step() - current)
 
         return register(checkpoint_s3, socket_path=socket_path)
     base = _base(base_uri)
 
-    def checkpoint_now(reason: str, deadline: float) -> str:
+    def checkpoint_now(reason: str, deadline: float) -> Saved:
         dcp = _dcp()
         with lock if lock is not None else contextlib.nullcontext():
-            target = base / f"step-{step()}"
+            current = step()
+            target = base / f"step-{current}"
             dcp.save(state(), checkpoint_id=str(target))
-        return f"file://{target}"
+            return Saved(f"file://{target}", lost_steps=step() - current)
 
     return register(checkpoint_now, socket_path=socket_path)

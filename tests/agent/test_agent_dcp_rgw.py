@@ -81,6 +81,7 @@ async def test_drained_on_node_1_to_rgw_and_resumed_on_node_2_at_the_same_step(
     saved = run1["saved"]
     [outcome] = agent.reports[0].workloads
     assert outcome.result == "checkpointed", outcome
+    assert outcome.lost_steps == 0  # saved under the training lock at the current step
     assert outcome.path == run1["answered_path"] == f"{base}/step-{saved['step']}"
     assert scheduler.ops() == [("cordon", "g1"), ("requeue", "77")]
     where = s3_store.S3Location.parse(base)
