@@ -51,6 +51,12 @@ class WorkloadOutcome:
     told_ms: float | None = None  # since the notice reached the engine
     path: str = ""
     detail: str = ""
+    # Lost work (None: not known). Steps and tasks as the workload's adapter reports them
+    # in its answer; seconds of run time thrown away by a requeue or a force, when the
+    # scheduler knows when the workload started.
+    lost_steps: int | None = None
+    lost_tasks: int | None = None
+    lost_seconds: float | None = None
 
 
 @dataclass
@@ -66,6 +72,7 @@ class DrainReport:
     cordon_ms: float | None = None
     all_told_ms: float | None = None
     finished_ms: float | None = None
+    finished_at: str = ""  # wall clock, ISO 8601: when lost work is booked in the ledger
     error: str = ""
     workloads: list[WorkloadOutcome] = field(default_factory=list)
 
@@ -133,6 +140,7 @@ class DrainEngine:
         told = [o.told_ms for o in report.workloads if o.told_ms is not None]
         report.all_told_ms = max(told) if told else report.cordon_ms
         report.finished_ms = ms()
+        report.finished_at = self._clock().isoformat()
         return report
 
     def _plan(
@@ -222,6 +230,7 @@ class DrainEngine:
             outcome.detail = f"{op} refused: {reply.error}"
             return False
         outcome.path = reply.path
+        outcome.lost_steps, outcome.lost_tasks = reply.lost_steps, reply.lost_tasks
         return True
 
     async def _wait_gone(self, node: str, workload: Workload, until: float) -> bool:
@@ -255,6 +264,8 @@ class DrainEngine:
             try:
                 await self._scheduler.requeue(workload, bounded_grace)
                 outcome.result = "dry-run" if self._dry_run else "requeued"
+                if outcome.path == "":  # nothing saved: its run so far is done again
+                    outcome.lost_seconds = self._run_seconds(workload)
                 if blocked_since is not None:
                     outcome.detail = (
                         f"eviction refused for {time.monotonic() - blocked_since:.1f}s "
@@ -282,6 +293,12 @@ class DrainEngine:
     async def _force(self, workload: Workload, outcome: WorkloadOutcome) -> None:
         await self._scheduler.force(workload)
         outcome.result = "dry-run" if self._dry_run else "forced"
+        outcome.lost_seconds = self._run_seconds(workload)
+
+    def _run_seconds(self, workload: Workload) -> float | None:
+        if workload.started_at is None:
+            return None
+        return round(max(0.0, (self._clock() - workload.started_at).total_seconds()), 3)
 
 
 def _exists(path: Path) -> bool:

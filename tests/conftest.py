@@ -23,6 +23,9 @@ from workers.devbox.services import KafkaService
 from workers.settings import Settings
 from workers.temporal_bootstrap import bootstrap_namespace, ensure_search_attributes
 
+# The Ceph RGW session fixture `rgw` (started only by the tests that ask for it).
+pytest_plugins = ["tests.support.rgw"]
+
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(

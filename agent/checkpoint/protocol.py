@@ -30,15 +30,30 @@ class Request:
 
 
 @dataclass(frozen=True)
+class Saved:
+    """What a callback may return instead of a bare path: the work its save does not keep
+    (training steps since the saved state, Spark tasks that will have to run again)."""
+
+    path: str
+    lost_steps: int | None = None
+    lost_tasks: int | None = None
+
+
+@dataclass(frozen=True)
 class Reply:
     ok: bool
     path: str = ""
     error: str = ""
+    lost_steps: int | None = None  # optional in v1: absent means the workload did not say
+    lost_tasks: int | None = None
 
     def encode(self) -> bytes:
         doc: dict[str, Any] = {"v": VERSION, "ok": self.ok}
         if self.ok:
             doc["path"] = self.path
+            for name in ("lost_steps", "lost_tasks"):
+                if (value := getattr(self, name)) is not None:
+                    doc[name] = value
         else:
             doc["error"] = self.error
         return json.dumps(doc).encode() + b"\n"
@@ -68,7 +83,16 @@ def decode_reply(line: bytes) -> Reply:
     if doc.get("v") != VERSION:
         raise ProtocolError(f"unsupported protocol version {doc.get('v')!r}")
     if doc.get("ok") is True:
-        return Reply(True, path=str(doc.get("path", "")))
+        lost = {k: doc.get(k) for k in ("lost_steps", "lost_tasks")}
+        for name, value in lost.items():
+            if value is not None and (not isinstance(value, int) or value < 0):
+                raise ProtocolError(f"{name} must be a count >= 0")
+        return Reply(
+            True,
+            path=str(doc.get("path", "")),
+            lost_steps=lost["lost_steps"],
+            lost_tasks=lost["lost_tasks"],
+        )
     return Reply(False, error=str(doc.get("error", "no reason given")))
 
 

@@ -10,12 +10,13 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from agent.checkpoint.protocol import MAX_LINE, ProtocolError, Reply, decode_request
+from agent.checkpoint.protocol import MAX_LINE, ProtocolError, Reply, Saved, decode_request
 
 log = logging.getLogger(__name__)
 
-#: `callback(reason, deadline) -> path`; raising means "could not", reported to the agent.
-Callback = Callable[[str, float], str]
+#: `callback(reason, deadline) -> path` (or a Saved with what the save does not keep);
+#: raising means "could not", reported to the agent.
+Callback = Callable[[str, float], str | Saved]
 
 DEFAULT_DIR = Path("/run/sco-agent/checkpoint")
 
@@ -91,13 +92,15 @@ class CheckpointServer:
             conn.sendall(Reply(False, error=f"no handler for {request.op}").encode())
             return
         try:
-            path = handler(request.reason, request.deadline)
+            result = handler(request.reason, request.deadline)
         except Exception as exc:  # the workload's failure goes back to the agent
             log.exception("%s callback failed", request.op)
             conn.sendall(Reply(False, error=f"{type(exc).__name__}: {exc}").encode())
             return
-        conn.sendall(Reply(True, path=str(path)).encode())
-        self.answered_path = str(path)
+        saved = result if isinstance(result, Saved) else Saved(str(result))
+        reply = Reply(True, saved.path, lost_steps=saved.lost_steps, lost_tasks=saved.lost_tasks)
+        conn.sendall(reply.encode())
+        self.answered_path = saved.path
         self.answered.set()
 
     def close(self) -> None:

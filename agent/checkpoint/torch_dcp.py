@@ -18,9 +18,11 @@ half-saved), saves `state()` with `torch.distributed.checkpoint.save` to
 and `load_latest` skips it. A single process needs no process group (DCP saves and loads
 "in a single process" when torch.distributed is not initialized; checked with torch
 2.13); in a multi-rank job each rank registers (its own socket) and DCP coordinates the
-ranks' shards. Only `file://` paths are written here; object-store targets need an
-fsspec-backed storage writer. Exercised by tests/agent/test_agent_dcp.py (a CPU training
-process drained by the agent, then resumed).
+ranks' shards. An `s3://bucket/prefix` base (Ceph RGW) goes through
+agent.checkpoint.s3_store: DCP saves to local staging, the files go up, and a `COMPLETE`
+marker goes up last, before the deadline or not at all. Exercised by
+tests/agent/test_agent_dcp.py (file://) and tests/agent/test_agent_dcp_rgw.py (a drained
+process on one node, resumed from RGW on another).
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from agent.checkpoint import s3_store
+from agent.checkpoint.protocol import Saved
 from agent.checkpoint.server import CheckpointServer, register
 
 _STEP_DIR = re.compile(r"step-(\d+)")
@@ -40,7 +44,7 @@ _STEP_DIR = re.compile(r"step-(\d+)")
 
 def _base(base_uri: str) -> Path:
     if not base_uri.startswith("file://"):
-        raise ValueError("the DCP adapter reads and writes file:// checkpoints only")
+        raise ValueError(f"{base_uri}: not a file:// checkpoint base")
     return Path(base_uri.removeprefix("file://"))
 
 
@@ -48,8 +52,17 @@ def _dcp() -> Any:
     return importlib.import_module("torch.distributed.checkpoint")
 
 
+def _is_s3(base_uri: str) -> bool:
+    return base_uri.startswith("s3://")
+
+
+def latest_s3_step(base_uri: str) -> int | None:
+    """The newest complete (marked) checkpoint step under an `s3://` base."""
+    return s3_store.latest(s3_store.client(), s3_store.S3Location.parse(base_uri))
+
+
 def latest_step(base_uri: str) -> tuple[int, Path] | None:
-    """The newest complete checkpoint under `base_uri` (its step and directory)."""
+    """The newest complete checkpoint under a `file://` base (its step and directory)."""
     base = _base(base_uri)
     found = []
     for child in base.glob("step-*") if base.is_dir() else []:
@@ -62,6 +75,14 @@ def latest_step(base_uri: str) -> tuple[int, Path] | None:
 def load_latest(state: dict[str, Any], base_uri: str) -> int | None:
     """Load the newest complete checkpoint into `state` in place (DCP semantics: tensors
     are filled in, other values replaced); its step, or None when there is none."""
+    if _is_s3(base_uri):
+        s3, where = s3_store.client(), s3_store.S3Location.parse(base_uri)
+        found = s3_store.latest(s3, where)
+        if found is not None:
+            s3_store.load_staged(
+                lambda d: _dcp().load(state, checkpoint_id=str(d)), s3, where, found
+            )
+        return found
     latest = latest_step(base_uri)
     if latest is None:
         return None
@@ -78,13 +99,32 @@ def register_dcp(
     lock: threading.Lock | threading.RLock | None = None,
     socket_path: Path | None = None,
 ) -> CheckpointServer:
+    if _is_s3(base_uri):
+        where = s3_store.S3Location.parse(base_uri)
+        s3 = s3_store.client()
+
+        def checkpoint_s3(reason: str, deadline: float) -> Saved:
+            with lock if lock is not None else contextlib.nullcontext():
+                current, snapshot = step(), state()
+                uri = s3_store.save_staged(
+                    lambda d: _dcp().save(snapshot, checkpoint_id=str(d)),
+                    s3,
+                    where,
+                    current,
+                    deadline,
+                )
+                # Saved under the training lock at the current step: nothing is behind it.
+                return Saved(uri, lost_steps=step() - current)
+
+        return register(checkpoint_s3, socket_path=socket_path)
     base = _base(base_uri)
 
-    def checkpoint_now(reason: str, deadline: float) -> str:
+    def checkpoint_now(reason: str, deadline: float) -> Saved:
         dcp = _dcp()
         with lock if lock is not None else contextlib.nullcontext():
-            target = base / f"step-{step()}"
+            current = step()
+            target = base / f"step-{current}"
             dcp.save(state(), checkpoint_id=str(target))
-        return f"file://{target}"
+            return Saved(f"file://{target}", lost_steps=step() - current)
 
     return register(checkpoint_now, socket_path=socket_path)

@@ -8,6 +8,7 @@ a checkpoint socket and nothing else). Every mutating method checks dry-run itse
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Protocol
 
 from contracts.matching import PodIdentity, SlurmIdentity
@@ -25,6 +26,7 @@ class Workload:
     comment: str = ""
     namespace: str = ""
     labels: dict[str, str] = field(default_factory=dict)
+    started_at: datetime | None = None  # when the scheduler says it started (lost work)
 
     def identity(self) -> SlurmIdentity | PodIdentity:
         """What decides its contract (contracts.matching). Every pod has a namespace; a

@@ -45,6 +45,10 @@ _SLURMCTLD_TESTS = (
 )
 _SLURMD_TESTS = "tests/workflows/test_slurm_bursting.py, tests/agent/test_agent_slurm.py"
 
+_RGW_TESTS = "tests/agent/test_agent_dcp_rgw.py, tests/workers/test_cli_checkpoints.py"
+#: A Ceph cluster with the RADOS Gateway (tests/support/rgw.py).
+CEPH_RGW = ("ceph-mon", "ceph-osd", "radosgw", "ceph-common")
+
 # Debian 12's Slurm 22.05. slurmctld pulls in slurm-wlm-basic-plugins (job_submit_lua.so);
 # Lua 5.1 is the Lua that Slurm's job_submit/lua plugin links, so the rendered
 # job_submit.lua is run under the same one.
@@ -55,6 +59,12 @@ TOOLS: tuple[Tool, ...] = (
     Tool("slurmd", "apt", ("slurmd",), _SLURMD_TESTS),
     Tool("slurmrestd", "apt", ("slurmrestd",), "tests/activities/test_demand_intake.py (rest)"),
     Tool("lua5.1", "apt", ("lua5.1", "luac5.1"), "tests/contracts/test_slurm_admission.py (lua)"),
+    # Ceph Pacific from Debian 12 (~290 MB): one mon, one memstore OSD and the RADOS Gateway
+    # as the suite's S3 (tests/support/rgw.py); ceph-mgr is optional and left out.
+    Tool("ceph-mon", "apt", ("ceph-mon", "monmaptool"), _RGW_TESTS),
+    Tool("ceph-osd", "apt", ("ceph-osd",), _RGW_TESTS),
+    Tool("radosgw", "apt", ("radosgw", "radosgw-admin"), _RGW_TESTS),
+    Tool("ceph-common", "apt", ("ceph",), _RGW_TESTS),
     # The +cpu build (~190 MB, no CUDA): the machine's wheel cache (/opt/wheels) has it;
     # plain `torch==2.13.0` from PyPI is the CUDA build with a dozen nvidia-* wheels.
     Tool("torch", "pip", ("torch",), "tests/agent/test_agent_dcp.py", pin="torch==2.13.0+cpu"),

@@ -1,10 +1,12 @@
-"""`sco ledger`: spend and reclaim history; the Kafka → ClickHouse consumer."""
+"""`sco ledger`: spend, reclaim history and work lost to drains; the Kafka → ClickHouse consumer."""
 
 from __future__ import annotations
 
+import json
 import re
 from contextlib import closing
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import typer
 
@@ -16,6 +18,8 @@ from activities.ledger import (
     reclaims_per_pool,
     spend,
 )
+from activities.ledger.lost_work import BY as LOST_WORK_BY
+from activities.ledger.lost_work import DrainEventError, insert_drain, lost_work
 from workers.cli.common import console, errors_as_exit, fail, print_json, settings, table
 from workers.client_security import (
     ledger_options,
@@ -139,3 +143,64 @@ def consume_cmd() -> None:
     with errors_as_exit(LedgerUnavailable):
         p = ledger_consumer.run(s)
     console.print(f"ledger consumer stopped: {p.inserted} inserted, {p.malformed} malformed")
+
+
+@app.command("record-drains")
+def record_drains_cmd(
+    journal: Path = typer.Argument(..., help="A node agent's drain journal (JSON lines)."),
+    region: str = typer.Option(..., help="The node's region."),
+) -> None:
+    """Book the lost work of every drain report in an agent journal (idempotent)."""
+    try:
+        lines = journal.read_text().splitlines()
+    except OSError as exc:
+        fail(f"{journal}: {exc.strerror}")
+    booked = drains = 0
+    with errors_as_exit(LedgerUnavailable), _store() as store:
+        for number, line in enumerate(lines, 1):
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError as exc:
+                fail(f"{journal}:{number}: not JSON: {exc.msg}")
+            if not isinstance(event, dict) or event.get("event") != "drain_finished":
+                continue
+            try:
+                booked += insert_drain(store, event, region)
+            except DrainEventError as exc:
+                fail(f"{journal}:{number}: {exc}")
+            drains += 1
+    console.print(f"{drains} drains, {booked} workload outcomes booked")
+
+
+@app.command("lost-work")
+def lost_work_cmd(
+    window: str = typer.Option("7d", help="Look back this far: 90m, 24h, 7d."),
+    by: str = typer.Option("workload", help=f"Group by: {', '.join(LOST_WORK_BY)}."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Work lost to drains: training steps, Spark tasks rerun, requeued run time."""
+    if by not in LOST_WORK_BY:
+        fail(f"--by {by}: choose from {', '.join(LOST_WORK_BY)}")
+    end = datetime.now(UTC)
+    start = end - parse_window(window)
+    with errors_as_exit(LedgerUnavailable), _store() as store:
+        rows = lost_work(store, start=start, end=end, by=by)  # type: ignore[arg-type]
+    if as_json:
+        print_json([r.model_dump(mode="json") for r in rows])
+        return
+    table(
+        f"lost work, last {window}",
+        [by, "drains", "workloads", "steps", "tasks", "requeued s", "unknown"],
+        [
+            [
+                r.key,
+                r.drains,
+                r.workloads,
+                r.lost_steps,
+                r.lost_tasks,
+                f"{r.lost_seconds:.1f}",
+                r.unknown,
+            ]
+            for r in rows
+        ],
+    )

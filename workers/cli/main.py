@@ -38,6 +38,9 @@ COMMANDS: dict[str, Lazy] = {
     "acquisitions": Lazy("workers.cli.control:acq_app", "In-flight and past acquisitions."),
     "controller": Lazy("workers.cli.control:controller_app", "The region controller partitions."),
     "budget": Lazy("workers.cli.control:budget_app", "The region's provider API token budget."),
+    "checkpoints": Lazy(
+        "workers.cli.checkpoints:app", "Checkpoint storage per contract on Ceph RGW (S3)."
+    ),
     "floor": Lazy("workers.cli.floor:floor_app", "Committed floors of tier-1 contracts."),
     "hall": Lazy(
         "workers.cli.floor:hall_app", "Declare a hall lost or restored to the floor keepers."

@@ -1,0 +1,1 @@
+"""Checkpoint storage per contract on Ceph RGW: a user, a bucket, a lifecycle rule."""

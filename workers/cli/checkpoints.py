@@ -1,0 +1,98 @@
+"""`sco checkpoints`: per-contract checkpoint storage on Ceph RGW (user, bucket, lifecycle)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from activities.checkpoints.rgw import (
+    ProvisionError,
+    Rgw,
+    provision_all,
+    read_credentials,
+    stored,
+    write_credentials,
+)
+from workers.cli.common import console, fail, print_json, table
+from workers.cli.contracts import _verified
+
+app = typer.Typer(help="Checkpoint storage per contract on Ceph RGW (S3).", no_args_is_help=True)
+
+_CREDS = typer.Option(
+    Path(".sco/checkpoints"), help="Directory of per-contract credentials (<contract>.json, 0600)."
+)
+
+
+@app.command("provision")
+def provision_cmd(
+    bundle_path: Path = typer.Argument(..., metavar="BUNDLE"),
+    trust: Path = typer.Option(..., help="Trust directory: only a bundle that verifies is used."),
+    endpoint: str = typer.Option("http://127.0.0.1:7480", help="RGW's S3 endpoint."),
+    ceph_conf: Path = typer.Option(
+        Path("/etc/ceph/ceph.conf"), help="ceph.conf for radosgw-admin."
+    ),
+    keep_days: int = typer.Option(7, min=1, help="Lifecycle: expire checkpoints after N days."),
+    credentials: Path = _CREDS,
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Per contract checkpointing to s3://: an RGW user, bucket, lifecycle rule (idempotent)."""
+    bundle = _verified(bundle_path, trust, "24h")
+    try:
+        done = provision_all(Rgw(endpoint, ceph_conf), bundle.content.contracts, keep_days)
+    except ProvisionError as exc:
+        fail(str(exc))
+    for creds in done:
+        write_credentials(credentials, creds)
+    rows = [
+        (c.contract, c.user, c.bucket, c.prefix, str(credentials / f"{c.contract}.json"))
+        for c in done
+    ]
+    if as_json:
+        print_json(
+            [
+                dict(zip(("contract", "user", "bucket", "prefix", "credentials"), r, strict=True))
+                for r in rows
+            ]
+        )
+        return
+    table("checkpoint storage", ("contract", "user", "bucket", "prefix", "credentials"), rows)
+    console.print(f"{len(done)} contracts provisioned, expiry after {keep_days} days")
+
+
+_JSON_KEYS = ("run", "step", "state", "objects", "bytes", "last_modified")
+
+
+@app.command("list")
+def list_cmd(
+    contract: str = typer.Argument(..., metavar="CONTRACT"),
+    credentials: Path = _CREDS,
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """The checkpoints stored for CONTRACT (read with its own keys); partial ones marked."""
+    try:
+        creds = read_credentials(credentials, contract)
+        found = stored(creds)
+    except ProvisionError as exc:
+        fail(str(exc))
+    except Exception as exc:  # botocore's errors: endpoint down, access denied
+        fail(f"{contract}: s3://{creds.bucket}: {type(exc).__name__}: {exc}")
+    rows = [
+        (
+            f.run,
+            f.step,
+            "complete" if f.complete else "partial",
+            f.objects,
+            f.bytes,
+            f.last_modified.isoformat(),
+        )
+        for f in found
+    ]
+    if as_json:
+        print_json([dict(zip(_JSON_KEYS, r, strict=True)) for r in rows])
+        return
+    table(
+        f"checkpoints of {contract} in s3://{creds.bucket}/{creds.prefix}",
+        ("run", "step", "state", "objects", "bytes", "modified"),
+        rows,
+    )
