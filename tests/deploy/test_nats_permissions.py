@@ -240,6 +240,11 @@ async def test_a_relay_cannot_publish_for_another_hall(conns: dict[str, Conn]) -
     await relay.nc.publish("sco.r1.notice.A.node-a1", b"my hall")
     await settle(relay, control)
     assert [m.subject for m in got] == ["sco.r1.notice.A.node-a1"]
+    # The server's permissions error arrives asynchronously: wait for it, bounded.
+    for _ in range(50):
+        if relay.violations():
+            break
+        await asyncio.sleep(0.1)
     assert len(relay.violations()) == 1 and "sco.r1.notice.b.node-b1" in relay.violations()[0]
 
 
