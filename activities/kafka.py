@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,10 +77,14 @@ def ensure_topics(
     return created
 
 
-def kafka_answers(bootstrap: str, timeout: float = 3.0) -> bool:
+def kafka_answers(
+    bootstrap: str, timeout: float = 3.0, security: Mapping[str, Any] | None = None
+) -> bool:
     try:
         # log_level 0: a probe of a broker that is down is not an error worth logging
-        AdminClient({"bootstrap.servers": bootstrap, "log_level": 0}).list_topics(timeout=timeout)
+        AdminClient(
+            {**(security or {}), "bootstrap.servers": bootstrap, "log_level": 0}
+        ).list_topics(timeout=timeout)
     except KafkaException:
         return False
     return True

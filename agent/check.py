@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from agent.config import AgentConfig, ConfigError, load_config
+from agent.firstbundle import fetch_first_sync
 from contracts.cache import BundleCache
 from contracts.keys import KeyFileError, TrustStore
 
@@ -17,9 +18,20 @@ class Line:
     ok: bool
     what: str
     detail: str
+    #: Not a failure, but the node drains conservatively until it is resolved.
+    waiting: bool = False
 
     def render(self) -> str:
-        return f"[{'ok' if self.ok else 'FAIL'}] {self.what}: {self.detail}"
+        status = "WAIT" if self.waiting else "ok" if self.ok else "FAIL"
+        return f"[{status}] {self.what}: {self.detail}"
+
+
+def summary(ok: bool, lines: list[Line]) -> str:
+    if not ok:
+        return "NOT ready: fix the FAIL lines above"
+    if any(line.waiting for line in lines):
+        return "ready to drain conservatively (requeue every workload) until a bundle arrives"
+    return "ready to drain"
 
 
 def run_check(path: Path | None, env: dict[str, str] | None = None) -> tuple[bool, list[Line]]:
@@ -52,9 +64,37 @@ def _bundle(config: AgentConfig) -> list[Line]:
     cache = BundleCache(config.cache_dir, trust)
     bundle = cache.current()
     if bundle is None:
-        why = "missing" if not cache.path.exists() else "does not verify (see log above)"
-        out.append(Line(False, "bundle", f"{cache.path} {why}: drains would requeue everything"))
-        return out
+        damaged = cache.path.exists()
+        # A fresh node (or a damaged file): fetch from the distributor now, so the agent
+        # starts with a bundle; the agent would fetch it too, this makes the start certain.
+        fetched = fetch_first_sync(cache, config)
+        bundle = cache.current() if fetched.serial is not None else None
+        if bundle is None:
+            if damaged:
+                why = f"{cache.path} does not verify (see log above) and {fetched.detail}"
+                out.append(Line(False, "bundle", f"{why}: drains would requeue everything"))
+            elif not config.nats_urls:
+                out.append(
+                    Line(
+                        False,
+                        "bundle",
+                        f"{cache.path} missing and {fetched.detail}: install one "
+                        "(`sco contracts install`) or set nats_urls",
+                    )
+                )
+            else:
+                out.append(
+                    Line(
+                        True,
+                        "bundle",
+                        f"none yet (fresh node: {fetched.detail}): the agent starts, drains "
+                        "conservatively (requeue every workload) and fetches one every "
+                        f"{config.bundle_first_retry_seconds:g} s until it has one",
+                        waiting=True,
+                    )
+                )
+            return out
+        out.append(Line(True, "distributor", fetched.detail))
     age = bundle.age(datetime.now(UTC))
     names = ", ".join(c.name for c in bundle.content.contracts)
     stale = " (STALE: still used for drains)" if bundle.stale else ""

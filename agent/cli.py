@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import os
 import sys
 from pathlib import Path
 
-from agent.check import run_check
+from agent.check import run_check, summary
 from agent.config import DEFAULT_PATH, ConfigError, load_config
 from agent.daemon import Agent, run_until_signalled
 from agent.natslink import NatsOptionsError
+from contracts.logformat import LOG_FORMATS, configure_logging, parse_format
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,12 +34,19 @@ def main(argv: list[str] | None = None) -> int:
         default=os.environ.get("SCO_AGENT_LOG_LEVEL", "INFO"),
         help="env SCO_AGENT_LOG_LEVEL",
     )
-    args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
+    parser.add_argument(
+        "--log-format",
+        default=os.environ.get("SCO_AGENT_LOG_FORMAT", "auto"),
+        help=f"{' | '.join(LOG_FORMATS)}: json is one object per line, auto is text on a "
+        "terminal and json otherwise (env SCO_AGENT_LOG_FORMAT)",
     )
+    args = parser.parse_args(argv)
+    try:
+        log_format = parse_format(args.log_format, "--log-format or SCO_AGENT_LOG_FORMAT")
+    except ValueError as exc:
+        print(f"sco-agent: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(log_format, args.log_level, sys.stderr)
     path: Path | None = args.config
     if path is None and DEFAULT_PATH.exists():
         path = DEFAULT_PATH
@@ -50,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         ok, lines = run_check(path, env)
         for line in lines:
             print(line.render())
-        print("ready to drain" if ok else "NOT ready: fix the FAIL lines above")
+        print(summary(ok, lines))
         return 0 if ok else 1
     try:
         config = load_config(path, env)

@@ -16,6 +16,7 @@ Keys (all top level):
     nats_creds_file                 a NATS credentials (JWT + nkey) file, or
     nats_nkey_seed_file             an nkey seed file
     nats_tls_ca, nats_tls_cert, nats_tls_key   TLS to NATS: CA bundle, client cert and key
+    bundle_first_retry_seconds  how often a node without a bundle asks the distributor
     workers, report_timeout_seconds, metadata_poll_seconds, bundle_refresh_seconds,
     kubernetes_api_url, kubernetes_token_path, kubernetes_ca_path
 
@@ -67,12 +68,17 @@ class AgentConfig(BaseModel):
     journal_path: Path = Path("/var/lib/sco-agent/journal.jsonl")
     socket_dir: Path = Path("/run/sco-agent/checkpoint")
     metadata_path: Path | None = None
+    # Prometheus textfile (node_exporter's textfile collector directory, `*.prom`) with
+    # notices received/refused, drain durations by outcome, workloads told/forced.
+    metrics_textfile: Path | None = None
     dry_run: bool = False
     safety_margin_seconds: float = Field(default=5.0, ge=0)
     workers: int = Field(default=2, ge=1, le=16)
     report_timeout_seconds: float = Field(default=2.0, gt=0)
     metadata_poll_seconds: float = Field(default=1.0, gt=0)
     bundle_refresh_seconds: float = Field(default=60.0, gt=0)
+    # While the node holds no bundle (a fresh node), it asks the distributor this often.
+    bundle_first_retry_seconds: float = Field(default=5.0, gt=0)
     kubernetes_api_url: str = "https://kubernetes.default.svc"
     kubernetes_token_path: Path = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
     kubernetes_ca_path: Path | None = None

@@ -18,6 +18,8 @@ from agent import sdnotify
 from agent.config import AgentConfig
 from agent.dedupe import DedupeStore
 from agent.drain import DrainEngine, DrainReport
+from agent.firstbundle import fetch_first, fetcher
+from agent.metrics import AgentMetrics
 from agent.natslink import NatsLink, nats_options
 from agent.notices import Notice, NoticeSource, SignedMessage
 from agent.report import Reporter, drain_subject
@@ -29,7 +31,7 @@ from agent.sources.metadata import MetadataFileSource
 from agent.sources.nats import NatsNoticeSource
 from contracts.bundle import VerifiedBundle
 from contracts.cache import BundleCache
-from contracts.distribution import NatsBundleSource
+from contracts.holders import HoldingReporter
 from contracts.keys import KeyFileError, TrustStore
 from contracts.notice_signing import Accepted, NodeIdentity, Refusal, RefusalReason, check
 
@@ -102,6 +104,7 @@ class Agent:
         self.sources = list(sources)
         self.identity = NodeIdentity(config.region, config.hall, config.node_id)
         self.refusals: list[Refusal] = []  # this process's refused notices (bounded)
+        self.metrics = AgentMetrics(config.metrics_textfile, config.node_id)
         self.queue: asyncio.Queue[Notice] = asyncio.Queue(QUEUE_SIZE)
         self.ready = asyncio.Event()
         self.reports: list[DrainReport] = []  # this process's drains, newest last (bounded)
@@ -128,6 +131,7 @@ class Agent:
             refusal.detail,
         )
         self.refusals = [*self.refusals[-99:], refusal]
+        self.metrics.notice_refused(refusal.reason.value)
         self.reporter.report(
             {
                 "event": "notice_refused",
@@ -165,11 +169,13 @@ class Agent:
                 log.info("notice %s (%s) already handled", notice.notice_id, notice.source)
             return
         log.warning(
-            "reclaim notice %s from %s: deadline %s",
+            "%s %s from %s: deadline %s",
+            "early warning" if notice.early else "reclaim notice",
             notice.notice_id,
             notice.source,
             notice.deadline,
         )
+        self.metrics.notice_received(notice.source)
         self.reporter.report(
             {
                 "event": "notice_received",
@@ -177,6 +183,7 @@ class Agent:
                 "source": notice.source,
                 "deadline": notice.deadline.isoformat(),
                 "at": datetime.now(UTC).isoformat(),
+                **({"stage": "early"} if notice.early else {}),
             }
         )
         await self.queue.put(notice)
@@ -202,15 +209,18 @@ class Agent:
 
     async def _drain(self, notice: Notice) -> None:
         verified = self._bundle()
-        report = await self.engine.drain(
+        act = self.engine.early if notice.early else self.engine.drain
+        report = await act(
             notice,
             verified.content if verified is not None else None,
             verified.serial if verified is not None else None,
         )
         self.dedupe.finish(notice.notice_id)
         self.reports = [*self.reports[-99:], report]
+        self.metrics.drain_finished(report)
         log.warning(
-            "drain %s done in %.0f ms: %s",
+            "%s %s done in %.0f ms: %s",
+            "early warning" if notice.early else "drain",
             notice.notice_id,
             report.finished_ms or 0,
             ", ".join(f"{w.workload}={w.result}" for w in report.workloads) or "no workloads",
@@ -219,7 +229,8 @@ class Agent:
         self.drained.set()
 
     async def run(self, stop: asyncio.Event) -> None:
-        self._bundle()  # reads the cached bundle now, and says loudly when there is none
+        # The cached bundle, else a fresh node's first one; says loudly when there is none.
+        first = await self._first_bundle()
         self.link.start()
         workers = [
             asyncio.create_task(self._worker(), name=f"drain-{i}")
@@ -229,7 +240,12 @@ class Agent:
             await source.start(self.submit)
         refresh = asyncio.create_task(self._refresh_bundles(stop), name="bundle-refresh")
         watchdog = asyncio.create_task(self._watchdog(stop), name="watchdog")
-        sdnotify.notify("READY=1\nSTATUS=watching for reclaim notices")
+        status = (
+            f"watching for reclaim notices (bundle serial {first.serial})"
+            if first is not None
+            else "watching for reclaim notices; NO CONTRACT BUNDLE YET: draining conservatively"
+        )
+        sdnotify.notify(f"READY=1\nSTATUS={status}")
         self.ready.set()
         log.info(
             "sco-agent on %s (%s/%s, scheduler %s%s) ready",
@@ -255,21 +271,44 @@ class Agent:
     async def _refresh_bundles(self, stop: asyncio.Event) -> None:
         if not self.config.nats_urls or self._no_trust:
             return  # nothing to fetch from, or nothing it sent could be trusted
-        options = nats_options(self.config)
-        sources = [
-            NatsBundleSource(url, self.config.region, options) for url in self.config.nats_urls
-        ]
 
-        async def fetch() -> bytes | None:
-            last: Exception | None = None
-            for source in sources:
-                try:
-                    return await source.fetch()
-                except Exception as exc:  # try the next server
-                    last = exc
-            raise RuntimeError(f"no NATS server answered: {last}")
+        def changed(bundle: VerifiedBundle) -> None:
+            sdnotify.notify(f"STATUS=watching for reclaim notices (bundle serial {bundle.serial})")
 
-        await self.bundles.refresh_forever(fetch, stop, self.config.bundle_refresh_seconds)
+        # The serial this node holds, for `sco contracts status` (its own key only).
+        reporter = HoldingReporter(
+            self.config.nats_urls,
+            self.config.region,
+            "agent",
+            self.config.node_id,
+            nats_options(self.config),
+        )
+        await self.bundles.refresh_forever(
+            fetcher(self.config),
+            stop,
+            self.config.bundle_refresh_seconds,
+            empty_interval=self.config.bundle_first_retry_seconds,
+            on_change=changed,
+            held=reporter.report,
+        )
+
+    async def _first_bundle(self) -> VerifiedBundle | None:
+        """A fresh node fetches its first bundle before it serves (bounded); without one
+        it still serves, draining conservatively, and says so."""
+        verified = self.bundles.current()
+        if verified is not None or not self.config.nats_urls or self._no_trust:
+            return self._bundle()
+        fetched = await fetch_first(self.bundles, self.config)
+        if fetched.serial is not None:
+            log.warning("fresh node: %s", fetched.detail)
+            return self.bundles.current()
+        log.critical(
+            "NO CONTRACT BUNDLE YET (fresh node: %s): draining conservatively (requeue every "
+            "workload) until one arrives; asking the distributor every %g s",
+            fetched.detail,
+            self.config.bundle_first_retry_seconds,
+        )
+        return None
 
     async def _watchdog(self, stop: asyncio.Event) -> None:
         interval = sdnotify.watchdog_interval()

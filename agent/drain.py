@@ -30,7 +30,7 @@ from agent.notices import Notice
 from agent.scheduler import NodeScheduler, SchedulerError, Workload
 from contracts.bundle import BundleContent
 from contracts.matching import match_contract
-from contracts.model import DrainAction
+from contracts.model import DrainAction, EarlyWarningAction
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,9 @@ class WorkloadOutcome:
     workload: str
     contract: str | None
     action: str
-    result: str = "pending"  # checkpointed, decommissioned, requeued, forced, gone, failed, dry-run
+    # checkpointed, decommissioned, requeued, forced, gone, failed, dry-run; on an early
+    # warning: saved (checkpoint taken, still running), decommissioned, failed
+    result: str = "pending"
     told_ms: float | None = None  # since the notice reached the engine
     path: str = ""
     detail: str = ""
@@ -76,8 +78,13 @@ class DrainReport:
     error: str = ""
     workloads: list[WorkloadOutcome] = field(default_factory=list)
 
+    early: bool = False  # the report of an early warning, not of a drain
+
     def as_event(self) -> dict[str, Any]:
-        return {"event": "drain_finished", **asdict(self)}
+        return {
+            "event": "early_warning_handled" if self.early else "drain_finished",
+            **asdict(self),
+        }
 
 
 class DrainEngine:
@@ -100,6 +107,106 @@ class DrainEngine:
         left = (deadline - self._clock()).total_seconds() - self._margin
         return max(0.0, min(float(grace_seconds), left))
 
+    def _report(
+        self,
+        notice: Notice,
+        bundle: BundleContent | None,
+        serial: int | None,
+        *,
+        early: bool = False,
+    ) -> DrainReport:
+        """The report of one notice, before any workload is acted on."""
+        return DrainReport(
+            notice_id=notice.notice_id,
+            node=notice.node,
+            source=notice.source,
+            deadline=notice.deadline.isoformat(),
+            bundle_serial=serial,
+            conservative=bundle is None,
+            dry_run=self._dry_run,
+            early=early,
+        )
+
+    async def early(
+        self, notice: Notice, bundle: BundleContent | None, serial: int | None
+    ) -> DrainReport:
+        """An early warning: the node stays usable, only workloads whose contract opts in
+        (`drain.early_warning`) act now. `checkpoint`: a checkpoint saved now and the job
+        goes on (the hard notice's drain saves again, so at most the steps between that
+        save and the deadline are at stake). `decommission`: the node is cordoned (a Spark
+        executor that left must not be placed back on a doomed node) and the job leaves
+        as in a drain. Without a bundle nothing opts in, so nothing happens."""
+        start = time.monotonic()
+
+        def ms() -> float:
+            return round((time.monotonic() - start) * 1000, 3)
+
+        report = self._report(notice, bundle, serial, early=True)
+        try:
+            workloads = [] if bundle is None else await self._scheduler.workloads(notice.node)
+        except SchedulerError as exc:
+            log.error("cannot list workloads on %s: %s", notice.node, exc)
+            report.error = f"list: {exc}"
+            workloads = []
+        opted: list[tuple[Workload, WorkloadOutcome, int, EarlyWarningAction]] = []
+        for w in workloads:
+            assert bundle is not None
+            contract = match_contract(bundle.contracts, w.identity())
+            if isinstance(contract, str) or contract.drain.early_warning is EarlyWarningAction.NONE:
+                continue
+            early = contract.drain.early_warning
+            outcome = WorkloadOutcome(w.id, contract.name, f"early_{early.value}")
+            opted.append((w, outcome, contract.drain.grace_seconds, early))
+        report.workloads = [o for _, o, _, _ in opted]
+        if any(e is EarlyWarningAction.DECOMMISSION for *_, e in opted):
+            try:
+                await self._scheduler.cordon(notice.node, f"sco early warning {notice.notice_id}")
+                report.cordoned = True
+            except SchedulerError as exc:
+                log.error("cordon of %s failed: %s", notice.node, exc)
+                report.error = (report.error + "; " if report.error else "") + f"cordon: {exc}"
+        report.cordon_ms = ms()
+        await asyncio.gather(*(self._early_one(notice, *item, ms) for item in opted))
+        told = [o.told_ms for o in report.workloads if o.told_ms is not None]
+        report.all_told_ms = max(told) if told else report.cordon_ms
+        report.finished_ms = ms()
+        report.finished_at = self._clock().isoformat()
+        return report
+
+    async def _early_one(
+        self,
+        notice: Notice,
+        workload: Workload,
+        outcome: WorkloadOutcome,
+        grace: int,
+        early: EarlyWarningAction,
+        ms: Callable[[], float],
+    ) -> None:
+        bound = self.bound(grace, notice.deadline)
+        sock = self._socket_dir / f"{workload.socket_name}.sock"
+        try:
+            if early is EarlyWarningAction.CHECKPOINT:
+                saved = await self._tell(notice, sock, "early_checkpoint", bound, outcome, ms)
+                # Not "checkpointed": the job keeps running and drains at the hard notice.
+                outcome.result = ("dry-run" if self._dry_run else "saved") if saved else "failed"
+                return
+            if not await self._tell(notice, sock, "decommission", bound, outcome, ms):
+                outcome.result = "failed"  # it stays; the hard notice drains it
+                return
+            if self._dry_run:
+                outcome.result = "dry-run"
+            elif await self._wait_gone(notice.node, workload, time.monotonic() + bound):
+                outcome.result = "decommissioned"
+            else:
+                outcome.result = "failed"
+                outcome.detail = (
+                    "still on the node after the grace period (the hard notice drains it)"
+                )
+        except Exception as exc:  # one workload's failure never stops the others
+            log.exception("early warning for %s failed", workload.id)
+            outcome.result = "failed"
+            outcome.detail = f"{type(exc).__name__}: {exc}"
+
     async def drain(
         self, notice: Notice, bundle: BundleContent | None, serial: int | None
     ) -> DrainReport:
@@ -108,15 +215,7 @@ class DrainEngine:
         def ms() -> float:
             return round((time.monotonic() - start) * 1000, 3)
 
-        report = DrainReport(
-            notice_id=notice.notice_id,
-            node=notice.node,
-            source=notice.source,
-            deadline=notice.deadline.isoformat(),
-            bundle_serial=serial,
-            conservative=bundle is None,
-            dry_run=self._dry_run,
-        )
+        report = self._report(notice, bundle, serial)
         reason = f"sco reclaim {notice.notice_id} by {notice.deadline.isoformat()}"
         try:
             await self._scheduler.cordon(notice.node, reason)

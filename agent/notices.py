@@ -25,10 +25,15 @@ class Notice:
     deadline: datetime  # timezone-aware; the node is gone at this time
     reason: str
     source: str  # "nats", "metadata", ...
+    # An early warning (a planned reclaim whose hard notice is still to come): only
+    # contracts that opt in act on it; the node is neither cordoned nor drained.
+    early: bool = False
 
     @staticmethod
     def from_reclaim(notice: ReclaimNotice, source: str) -> Notice:
-        return Notice(notice.notice_id, notice.node, notice.deadline, notice.reason, source)
+        return Notice(
+            notice.notice_id, notice.node, notice.deadline, notice.reason, source, notice.early
+        )
 
     @staticmethod
     def stable_id(node: str, deadline: datetime, origin: str) -> str:

@@ -1,11 +1,13 @@
 """Run every benchmark, one report: bench/results/latest.json and latest.md.
 
     .venv/bin/python bench/run_all.py [--tiny] [--only planner,floor] [--out bench/results]
-        [--readme README.md]
+        [--record NAME=FILE ...] [--readme README.md]
 
 With --only, the named benches are run again and replace their entries in the report
 already in --out (same --tiny), the others are kept as they were; each bench carries the
-time it ran.
+time it ran. --record puts a run made on its own into the report without running it again
+(an hour's soak, a ramp with other settings: the JSON the bench printed, kept under
+bench/results/runs/); its row says which file it came from.
 
 Each bench runs as its own process (so one that hangs or dies is a failed bench, not a
 dead report), one after another: the machine is shared and the figures are timings. A
@@ -47,7 +49,10 @@ class Bench:
     full: tuple[str, ...]
     tiny: tuple[str, ...]
     needs: Callable[[], str | None]
-    timeout_s: float  # of the full run; every tiny run gets TINY_TIMEOUT_S
+    timeout_s: float  # of the full run
+    # Of the tiny run: more only for benches that start several `sco`/agent processes,
+    # whose Python start-up alone takes tens of seconds on a loaded machine.
+    tiny_timeout_s: float = TINY_TIMEOUT_S
 
 
 BENCHES = (
@@ -60,9 +65,39 @@ BENCHES = (
     Bench("floor", "floor_bench.py", (), ("--tiny",), needs.postgres, 1800),
     Bench("slurm_resume", "slurm_resume_bench.py", (), ("--tiny",), needs.slurm, 900),
     Bench("agent", "agent_bench.py", (), ("--tiny",), needs.nats, 900),
+    Bench(
+        "early_warning",
+        "early_warning_bench.py",
+        (),
+        ("--tiny",),
+        needs.first(needs.postgres, needs.nats),
+        1200,  # 10 trials of 10 modelled minutes at 12x: ~10 min
+        tiny_timeout_s=240,
+    ),
     Bench("cli", "cli_bench.py", (), ("--tiny",), needs.postgres, 600),
     Bench("floor_testcloud", "floor_testcloud_bench.py", (), ("--tiny",), needs.testcloud, 1800),
     Bench("openstack", "openstack_bench.py", (), ("--tiny",), needs.testcloud, 900),
+    Bench(
+        "ledger_soak",
+        "ledger_soak_bench.py",
+        ("--png", "bench/results/ledger_soak_rss.png"),
+        ("--tiny",),
+        lambda: None,
+        3600,
+        tiny_timeout_s=240,
+    ),
+    Bench(
+        "saturation",
+        "saturation_bench.py",
+        (),
+        ("--tiny",),
+        needs.first(needs.postgres, needs.nats),
+        1500,
+        tiny_timeout_s=240,
+    ),
+    Bench(
+        "hall_fanout", "hall_fanout_bench.py", (), ("--tiny",), needs.nats, 1500, tiny_timeout_s=150
+    ),
 )
 
 
@@ -79,7 +114,7 @@ def run_one(bench: Bench, tiny: bool) -> dict[str, Any]:
 def _run_one(bench: Bench, tiny: bool) -> dict[str, Any]:
     if (reason := bench.needs()) is not None:
         return {"bench": bench.name, "status": "not run", "reason": reason}
-    timeout = TINY_TIMEOUT_S if tiny else bench.timeout_s
+    timeout = bench.tiny_timeout_s if tiny else bench.timeout_s
     argv = [sys.executable, str(ROOT / "bench" / bench.script), *(bench.tiny if tiny else ())]
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
@@ -175,19 +210,52 @@ def replace_section(readme: Path, table: str) -> None:
     readme.write_text(f"{before}{BEGIN}\n{table}{END}{after}")
 
 
+def recorded(spec: str, names: set[str]) -> tuple[str, dict[str, Any]]:
+    """`NAME=FILE` of --record: the bench's report in FILE, checked against NAME."""
+    name, sep, file = spec.partition("=")
+    if not sep or not name or not file:
+        raise SystemExit(f"--record {spec}: expected NAME=FILE")
+    if name not in names:
+        raise SystemExit(f"--record {spec}: unknown bench {name}")
+    path = Path(file)
+    try:
+        out = json.loads(path.read_text())
+    except OSError as exc:
+        raise SystemExit(f"--record {spec}: {path}: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise SystemExit(
+            f"--record {spec}: {path}: not JSON ({exc.msg}, line {exc.lineno})"
+        ) from None
+    if not isinstance(out, dict) or out.get("bench") != name:
+        got = out.get("bench") if isinstance(out, dict) else type(out).__name__
+        raise SystemExit(f"--record {spec}: {path}: field bench is {got!r}, not {name!r}")
+    for field in ("figures", "machine", "wall_s"):
+        if out.get(field) in (None, [], {}):
+            raise SystemExit(f"--record {spec}: {path}: field {field} missing or empty")
+    return name, {**out, "status": out.get("status", "ok"), "run_at": f"recorded in {file}"}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tiny", action="store_true", help="each bench in seconds (CI smoke)")
     ap.add_argument("--only", default="", help="comma-separated bench names")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     ap.add_argument("--readme", type=Path, default=None, help="rewrite this README's section")
+    ap.add_argument(
+        "--record", action="append", default=[], metavar="NAME=FILE", help="a run made alone"
+    )
     args = ap.parse_args()
+    names = {b.name for b in BENCHES}
     only = {n for n in args.only.split(",") if n}
-    unknown = only - {b.name for b in BENCHES}
+    unknown = only - names
     if unknown:
         raise SystemExit(f"--only: unknown bench {', '.join(sorted(unknown))}")
+    records = dict(recorded(spec, names) for spec in args.record)
+    if both := only & records.keys():
+        raise SystemExit(f"--record and --only both name {', '.join(sorted(both))}")
     kept: dict[str, dict[str, Any]] = {}
     earlier = args.out / "latest.json"
+    only |= records.keys()
     if only and earlier.is_file():
         old = json.loads(earlier.read_text())
         if old.get("tiny") == args.tiny:
@@ -195,6 +263,9 @@ def main() -> int:
             kept = {b["bench"]: {"run_at": old["generated_at"], **b} for b in old["benches"]}
     results = []
     for bench in BENCHES:
+        if bench.name in records:
+            results.append(records[bench.name])
+            continue
         if only and bench.name not in only:
             if bench.name in kept:
                 results.append(kept[bench.name])

@@ -118,10 +118,18 @@ class BundleCache:
         fetch: Callable[[], Awaitable[bytes | None]],
         stop: asyncio.Event,
         interval: float = REFRESH_SECONDS,
+        *,
+        empty_interval: float | None = None,
+        on_change: Callable[[VerifiedBundle], None] | None = None,
+        held: Callable[[int | None], Awaitable[object]] | None = None,
     ) -> None:
         """Offer what the distributor has every `interval` until `stop`; never raises.
 
-        The distributor is optional: its absence or failure keeps the cached bundle.
+        While the cache holds no bundle (a fresh node) it asks every `empty_interval`
+        instead, when given. `on_change` hears every newly accepted bundle. The
+        distributor is optional: its absence or failure keeps the cached bundle.
+        `held` is told the serial held after each round (None: no valid bundle), e.g. a
+        HoldingReporter's report (contracts/holders.py); its failures are its own.
         """
         while not stop.is_set():
             try:
@@ -134,8 +142,19 @@ class BundleCache:
                 if result.changed or not result.accepted:
                     level = logging.INFO if result.accepted else logging.ERROR
                     log.log(level, "bundle refresh: %s", result.reason)
+                if result.changed and result.bundle is not None and on_change is not None:
+                    on_change(result.bundle)
+            wait = interval
+            if empty_interval is not None and self._last_good is None:
+                wait = min(interval, empty_interval)
+            if held is not None:
+                bundle = self.current()
+                try:
+                    await held(bundle.serial if bundle else None)
+                except Exception as exc:  # reporting must never stop the refresh
+                    log.warning("reporting the held bundle failed: %s", exc)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=interval)
+                await asyncio.wait_for(stop.wait(), timeout=wait)
 
     def _verify(self, raw: bytes) -> VerifiedBundle:
         return verify(raw, self._trust, now=self._clock(), max_age=self._max_age)

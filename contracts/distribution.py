@@ -15,6 +15,8 @@ from typing import Any
 import nats
 from nats.js.errors import BucketNotFoundError, NotFoundError, ObjectNotFoundError
 
+from contracts.holders import ensure_bucket
+
 OBJECT_NAME = "bundle.json"
 
 
@@ -45,6 +47,8 @@ async def publish(
         except BucketNotFoundError:
             store = await js.create_object_store(bucket, description="SCO contract bundles")
         info = await store.put(OBJECT_NAME, raw)
+        # Where consumers report the serial they hold (agents cannot make the bucket).
+        await ensure_bucket(js, region)
         return Published(bucket, OBJECT_NAME, info.size or len(raw), info.digest or "")
     finally:
         await nc.close()

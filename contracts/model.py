@@ -11,7 +11,16 @@ import enum
 import re
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializationInfo,
+    SerializerFunctionWrapHandler,
+    StringConstraints,
+    model_serializer,
+    model_validator,
+)
 
 from contracts.region import Size
 
@@ -47,6 +56,15 @@ class DrainAction(enum.StrEnum):
     DECOMMISSION = "decommission"  # Spark executor decommission: migrate blocks, exit
     CHECKPOINT = "checkpoint"  # checkpoint now (PyTorch DCP), then exit
     REQUEUE = "requeue"  # stateless: requeue / evict
+
+
+class EarlyWarningAction(enum.StrEnum):
+    """What a workload does on an early warning (a reclaim planned ahead, its hard notice
+    still to come) while its node is still fully usable."""
+
+    NONE = "none"  # nothing until the hard notice
+    CHECKPOINT = "checkpoint"  # save a checkpoint now and keep running (drain: checkpoint)
+    DECOMMISSION = "decommission"  # leave now: Spark decommission (drain: decommission)
 
 
 #: The drain a kind normally wants; another choice is allowed but reported as a warning.
@@ -105,12 +123,30 @@ class Drain(_Strict):
     action: DrainAction
     grace_seconds: int = Field(gt=0, le=3600)
     checkpoint_uri: Annotated[str, StringConstraints(pattern=r"^(s3|file)://\S+$")] | None = None
+    early_warning: EarlyWarningAction = EarlyWarningAction.NONE
 
     @model_validator(mode="after")
     def _checkpoint_needs_target(self) -> Drain:
         if self.action is DrainAction.CHECKPOINT and self.checkpoint_uri is None:
             raise ValueError("checkpoint_uri is required when action is checkpoint")
+        early = self.early_warning
+        if early is not EarlyWarningAction.NONE and early.value != self.action.value:
+            raise ValueError(
+                f"early_warning: {early.value} needs action {early.value} (the workload's "
+                f"adapter does it), this drain's action is {self.action.value}"
+            )
         return self
+
+    @model_serializer(mode="wrap")
+    def _no_early_warning_when_none(
+        self, handler: SerializerFunctionWrapHandler, info: SerializationInfo
+    ) -> dict[str, object]:
+        # Without an opt-in a contract's bundle bytes stay those from before the field, so
+        # agents that predate it keep accepting bundles (they forbid unknown fields).
+        out: dict[str, object] = handler(self)
+        if self.early_warning is EarlyWarningAction.NONE:
+            out.pop("early_warning", None)
+        return out
 
 
 class Contract(_Strict):

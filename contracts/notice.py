@@ -13,8 +13,16 @@ from __future__ import annotations
 import hashlib
 import re
 from datetime import datetime
+from enum import StrEnum
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializationInfo,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+)
 
 _TOKEN = re.compile(r"^[A-Za-z0-9_-]+$")
 
@@ -41,9 +49,25 @@ def notice_stream(region: str) -> str:
     return f"SCO_NOTICES_{_token(region, 'region').upper()}"
 
 
+class NoticeStage(StrEnum):
+    """HARD: the node goes at `deadline`, within the region's notice lead: drain now.
+    EARLY: a planned reclaim (`sco reclaim --at`, a Blazar lease known in advance) whose
+    hard notice follows at deadline - lead; the node stays fully usable until then, and
+    only contracts that opt in (`drain.early_warning`) act on it."""
+
+    HARD = "hard"
+    EARLY = "early"
+
+
 class ReclaimNotice(BaseModel):
     """One reclaim of one node. `notice_id` is stable: a repeat of the same reclaim has the
-    same id, so agents act once."""
+    same id, so agents act once. An early warning has its own id (the hard notice that
+    follows is acted on separately).
+
+    A hard notice serialises without `stage`, byte for byte what agents before early
+    warnings sign-check and accept. An early warning carries `"stage": "early"`: an agent
+    that predates it forbids the unknown field and refuses the notice as malformed (logged,
+    never cordons or drains), then acts on the hard notice as it always did."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -55,11 +79,31 @@ class ReclaimNotice(BaseModel):
     issued_at: datetime
     deadline: datetime  # the instance is deleted at this time
     reason: str = ""
+    stage: NoticeStage = NoticeStage.HARD
+
+    @model_serializer(mode="wrap")
+    def _hard_without_stage(
+        self, handler: SerializerFunctionWrapHandler, info: SerializationInfo
+    ) -> dict[str, object]:
+        out: dict[str, object] = handler(self)
+        if self.stage is NoticeStage.HARD:
+            out.pop("stage", None)
+        return out
 
     @staticmethod
     def stable_id(region: str, node: str, noticed_at: datetime) -> str:
         raw = f"{region}/{node}/{noticed_at.isoformat()}".encode()
         return hashlib.sha256(raw).hexdigest()[:24]
+
+    @staticmethod
+    def early_id(region: str, node: str, reclaim_at: datetime) -> str:
+        """The early warning of one planned reclaim: stable across republishes."""
+        raw = f"early/{region}/{node}/{reclaim_at.isoformat()}".encode()
+        return hashlib.sha256(raw).hexdigest()[:24]
+
+    @property
+    def early(self) -> bool:
+        return self.stage is NoticeStage.EARLY
 
     @property
     def subject(self) -> str:
@@ -67,7 +111,9 @@ class ReclaimNotice(BaseModel):
 
 
 class ReclaimRequest(BaseModel):
-    """An operator's `sco reclaim`: instances by name, or every instance of a pool."""
+    """An operator's `sco reclaim`: instances by name, or every instance of a pool. With
+    `at`, a planned reclaim: an early warning now, the hard notice at `at` - lead. (A relay
+    that predates `at` refuses such a request as malformed: nothing is noticed early.)"""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -75,6 +121,17 @@ class ReclaimRequest(BaseModel):
     pool_id: str | None = None
     reason: str = Field(default="operator reclaim", max_length=200)
     requested_by: str = ""
+    at: datetime | None = None
+
+    @model_serializer(mode="wrap")
+    def _now_without_at(
+        self, handler: SerializerFunctionWrapHandler, info: SerializationInfo
+    ) -> dict[str, object]:
+        # A reclaim for now reads exactly as before, so relays of any age take it.
+        out: dict[str, object] = handler(self)
+        if self.at is None:
+            out.pop("at", None)
+        return out
 
 
 class NoticePolicy(BaseModel):

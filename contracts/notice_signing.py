@@ -29,6 +29,10 @@ from contracts.notice import ReclaimNotice
 DOMAIN = b"sco-reclaim-notice-v1\n"
 #: Clock skew allowed between relay and node on top of the region's notice lead.
 DEFAULT_MARGIN = timedelta(seconds=30)
+#: How far ahead an early warning may announce a reclaim. It cordons nothing and drains
+#: only opted-in workloads, so a forged-looking far deadline buys an attacker nothing: the
+#: bound just keeps a nonsense date (year 9999) out of the node's state.
+EARLY_WARNING_HORIZON = timedelta(days=31)
 
 
 class RefusalReason(StrEnum):
@@ -85,7 +89,8 @@ def check(
     margin: timedelta = DEFAULT_MARGIN,
 ) -> Accepted | Refusal:
     """Accept the notice only if a key of this region's bundle policy signed it, it is for
-    this node, and its deadline lies between now and now + lead + margin."""
+    this node, and its deadline lies between now and now + lead + margin (an early
+    warning's: between now and now + EARLY_WARNING_HORIZON)."""
     try:
         doc = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -130,6 +135,15 @@ def check(
         return Refusal(
             RefusalReason.EXPIRED, f"deadline {notice.deadline} passed", notice.notice_id, kid
         )
+    if notice.early:
+        if notice.deadline > now + EARLY_WARNING_HORIZON:
+            return Refusal(
+                RefusalReason.DEADLINE_TOO_FAR,
+                f"early warning for {notice.deadline}: beyond {EARLY_WARNING_HORIZON.days} days",
+                notice.notice_id,
+                kid,
+            )
+        return Accepted(notice, kid)
     latest = now + timedelta(seconds=policy.lead_seconds) + margin
     if notice.deadline > latest:
         return Refusal(

@@ -53,6 +53,9 @@ class EstateConfig(BaseModel):
     rate_window_days: int = Field(default=7, ge=1)
     exclusion_window_minutes: int = Field(default=60, ge=1)
     exclusion_threshold: int = Field(default=3, ge=1)
+    burst_merge_minutes: int = Field(default=3, ge=0)
+    """Co-reclaims within this many minutes of a burst's first are one event (the workflow's
+    burst_merge_seconds)."""
     base_cooldown_minutes: int = Field(default=15, ge=1)
     max_cooldown_minutes: int = Field(default=1440, ge=1)
     cooldown_jitter: float = Field(default=0.2, ge=0, lt=1)

@@ -52,7 +52,13 @@ class ExclusionCycle:
             return
         if c.state != "admitted":
             return
-        count = policy.count_in_window(c.notices, now, self.window, c.counted_since)
+        count = policy.count_bursts(
+            c.notices,
+            now,
+            self.window,
+            c.counted_since,
+            timedelta(minutes=self.cfg.burst_merge_minutes),
+        )
         if policy.over_threshold(count, self.cfg.exclusion_threshold):
             self._exclude(pool, minute)
 

@@ -52,6 +52,26 @@ def count_in_window(
     return sum(1 for at in notices.values() if start <= at <= now)
 
 
+def count_bursts(
+    notices: Mapping[str, datetime],
+    now: datetime,
+    window: timedelta,
+    since: datetime | None = None,
+    merge: timedelta = timedelta(0),
+) -> int:
+    """Reclaim events in the window: notices within `merge` of the first notice of a
+    burst count once. A provider taking back a slice of a pool at once (a co-reclaim)
+    says one thing about the pool, however many instances it hits; a pool that keeps
+    reclaiming says it again and again."""
+    start = window_start(now, window, since)
+    times = sorted(at for at in notices.values() if start <= at <= now)
+    bursts, first = 0, None
+    for at in times:
+        if first is None or at - first > merge:
+            bursts, first = bursts + 1, at
+    return bursts
+
+
 def over_threshold(count: int, threshold: int) -> bool:
     return count >= threshold
 

@@ -12,10 +12,6 @@ from pathlib import Path
 from typing import Any
 
 from psycopg.conninfo import make_conninfo
-from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.runtime import Runtime
-from temporalio.service import TLSConfig
 
 from workers.settings import KafkaSettings, Settings, TLSSettings
 
@@ -34,26 +30,6 @@ def read_file(path: Path, setting: str) -> bytes:
 def read_secret(path: Path, setting: str) -> str:
     """A password or token file's content, without the trailing newline editors add."""
     return read_file(path, setting).decode().rstrip("\r\n")
-
-
-def temporal_tls(s: Settings) -> TLSConfig | bool:
-    t = s.temporal.tls
-    if not t.enabled:
-        return False
-    return TLSConfig(
-        server_root_ca_cert=read_file(t.ca_file, "temporal.tls.ca_file") if t.ca_file else None,
-        domain=t.server_name or None,
-        client_cert=(
-            read_file(t.client_cert_file, "temporal.tls.client_cert_file")
-            if t.client_cert_file
-            else None
-        ),
-        client_private_key=(
-            read_file(t.client_key_file, "temporal.tls.client_key_file")
-            if t.client_key_file
-            else None
-        ),
-    )
 
 
 def ssl_context(t: TLSSettings, setting: str) -> ssl.SSLContext | None:
@@ -142,16 +118,3 @@ def ledger_options(s: Settings) -> dict[str, Any]:
     if s.ledger.password_file is not None:
         out["password"] = read_secret(s.ledger.password_file, "ledger.password_file")
     return out
-
-
-async def connect_temporal(
-    s: Settings, namespace: str = "default", runtime: Runtime | None = None
-) -> Client:
-    """A Temporal client on `namespace`, over TLS (with the client certificate) when set."""
-    return await Client.connect(
-        s.temporal.address,
-        namespace=namespace,
-        data_converter=pydantic_data_converter,
-        runtime=runtime,
-        tls=temporal_tls(s),
-    )

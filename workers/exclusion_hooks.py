@@ -42,7 +42,11 @@ class ExclusionHookQueue:
         call_timeout: float = 5.0,
         max_queued: int = 10_000,
         backoff: CappedBackoff | None = None,
+        tell: Callable[[Client, ReclaimNotice], Awaitable[None]] | None = None,
+        name: str = "exclusion hooks",
     ) -> None:
+        """`tell`: what one notice makes of the client (default: signal the pool's
+        exclusion cycle); the same queue wakes the controllers on early warnings."""
         self._connect = connect
         self._region, self._task_queue = region, task_queue
         self._call_timeout = call_timeout
@@ -51,6 +55,8 @@ class ExclusionHookQueue:
         self._client: Client | None = None
         self._task: asyncio.Task[None] | None = None
         self._in_flight = False
+        self._tell_one = tell
+        self._name = name
         self.counts = HookCounts()
 
     @property
@@ -67,7 +73,7 @@ class ExclusionHookQueue:
         self._queue.put_nowait(notice)
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="exclusion-hooks")
+        self._task = asyncio.create_task(self._run(), name=self._name.replace(" ", "-"))
 
     async def close(self) -> None:
         if self._task is not None:
@@ -76,7 +82,7 @@ class ExclusionHookQueue:
                 await self._task
         if self.pending:
             self.counts.dropped += self.pending
-            log.info("exclusion hooks: %d not told at stop (the cycle catches up)", self.pending)
+            log.info("%s: %d not told at stop (caught up later)", self._name, self.pending)
 
     async def _run(self) -> None:
         while True:
@@ -95,17 +101,18 @@ class ExclusionHookQueue:
         try:
             if self._client is None:
                 self._client = await asyncio.wait_for(self._connect(), self._call_timeout)
-            await asyncio.wait_for(
-                notify_reclaim(
+            if self._tell_one is not None:
+                call = self._tell_one(self._client, notice)
+            else:
+                call = notify_reclaim(
                     self._client,
                     self._region,
                     self._task_queue,
                     notice.pool_id,
                     notice.node,
                     notice.issued_at,
-                ),
-                self._call_timeout,
-            )
+                )
+            await asyncio.wait_for(call, self._call_timeout)
         except ValueError as exc:  # a pool of another region: retrying cannot help
             log.error("exclusion hook for %s dropped: %s", notice.node, exc)
             self.counts.dropped += 1

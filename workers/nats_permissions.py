@@ -7,7 +7,8 @@ rendered here (`sco nats-users`). Roles, for region R:
     relay-R-<hall>     a hall's notice relay: publishes notices for its hall only, hears
                        its hall's reclaim requests, answers them, calls the simulated cloud
     agent-R-<node>     a node's agent: its own notice subject and durable consumer, its own
-                       drain reports, the region's bundle object store (read only)
+                       drain reports, the region's bundle object store (read only), the serial it
+                       holds (its own key of the holders bucket)
 Reclaim requests are authenticated by these transport permissions: only control-R and
 operator-R may publish on `sco.R.reclaim.>`, so the relay acts only on what the server
 let through from an authenticated identity.
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from contracts.distribution import bucket_for
+from contracts.holders import holder_subject
 from contracts.notice import notice_stream, notice_subject, reclaim_subject
 
 
@@ -73,6 +75,8 @@ def agent_user(region: str, hall: str, node: str) -> User:
             f"$JS.API.CONSUMER.CREATE.{objects}.>",
             f"$JS.API.CONSUMER.DELETE.{objects}.>",
             f"$JS.FC.{objects}.>",
+            # The serial it holds, under its own key (`sco contracts status`).
+            holder_subject(region, "agent", node),
         ],
         subscribe=[subject, f"{agent_inbox(node)}.>"],
     )

@@ -8,25 +8,31 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from datetime import timedelta
+from datetime import UTC, timedelta
 
 import nats
 import psycopg
 from nacl.signing import SigningKey
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
-from prometheus_client import Gauge, start_http_server
+from prometheus_client import Counter, Gauge
 from temporalio.client import Client
 
 from activities.backoff import CappedBackoff
 from activities.fleet.db import open_pool
 from activities.fleet.repository import FleetRepository
-from activities.notice_relay import NoticeRelay
-from contracts.notice import ReclaimRequest, reclaim_subject
+from activities.notice_relay import (
+    DEADLINE_DELETES,
+    NOTICES_PUBLISHED,
+    PUBLISH_SLACK,
+    NoticeRelay,
+)
+from contracts.notice import ReclaimNotice, ReclaimRequest, reclaim_subject
 from contracts.region import Region
 from workers.client_security import nats_options, postgres_conninfo
+from workers.controller_wake import wake_controllers
+from workers.endpoints import serve_health, start_metrics
 from workers.exclusion_hooks import ExclusionHookQueue
-from workers.health import serve_health
 from workers.provider_factory import open_provider
 from workers.settings import Settings
 from workers.shutdown import async_stop_event
@@ -38,6 +44,11 @@ DEGRADED = Gauge(
     "sco_notice_relay_degraded",
     "1 while the hall's notice relay cannot reach a dependency (and retries), else 0",
     ["region", "hall"],
+)
+ERRORS = Counter(
+    "sco_notice_relay_errors",
+    "Failed relay steps (a dependency away), by the exception's type",
+    ["region", "hall", "error"],
 )
 
 # The faults the loop outlives: fleet state (PostgreSQL, the pool's PoolTimeout included),
@@ -80,6 +91,21 @@ async def run(
             )
             hooks.start()
             opened.push_async_callback(hooks.close)
+            partitions = settings.control.partitions
+
+            async def wake(client: Client, notice: ReclaimNotice) -> None:
+                await wake_controllers(client, region.id, partitions, notice)
+
+            wakes = ExclusionHookQueue(
+                lambda: _temporal(settings, region.id),
+                region.id,
+                settings.temporal.task_queue(region.id),
+                call_timeout=settings.notice_relay.hook_timeout_seconds,
+                tell=wake,
+                name="controller wakes",
+            )
+            wakes.start()
+            opened.push_async_callback(wakes.close)
             relay = NoticeRelay(
                 region=region.id,
                 hall=hall,
@@ -89,13 +115,15 @@ async def run(
                 js=nc.jetstream(),
                 signing_key=signing_key,
                 on_notice=hooks.submit,
+                on_planned=wakes.submit,
             )
             await nc.subscribe(reclaim_subject(region.id, hall), cb=_request_handler(relay, hooks))
             backoff = CappedBackoff(initial=0.5, cap=settings.notice_relay.max_backoff_seconds)
             stream_ready = recovered = False
             degraded = DEGRADED.labels(region=region.id, hall=hall)
-            if settings.notice_relay.metrics_port:
-                start_http_server(settings.notice_relay.metrics_port)
+            for family in (NOTICES_PUBLISHED, DEADLINE_DELETES, PUBLISH_SLACK):
+                family.labels(region.id, hall)  # every series from the start, at zero
+            start_metrics(settings.notice_relay.metrics_port)
             if settings.notice_relay.health_port:
                 health = await serve_health(
                     "0.0.0.0",
@@ -117,6 +145,12 @@ async def run(
                         log.info(
                             "noticed %s (deadline %s)", notice.node, f"{notice.deadline:%H:%M:%S}"
                         )
+                    for notice in await relay.notice_planned():
+                        log.info(
+                            "planned reclaim due: noticed %s (deadline %s)",
+                            notice.node,
+                            f"{notice.deadline:%H:%M:%S}",
+                        )
                     for iid in await relay.sweep():
                         log.info("deadline passed: deleted %s", iid)
                     if backoff.failures:
@@ -127,6 +161,7 @@ async def run(
                     # A notice recorded but not published in the outage goes out on recovery.
                     recovered = False
                     degraded.set(1)
+                    ERRORS.labels(region.id, hall, type(exc).__name__).inc()
                     wait = backoff.next()
                     log.warning(
                         "notice relay %s/%s degraded (%s: %s); retrying in %.1f s",
@@ -147,7 +182,7 @@ async def run(
 async def _temporal(settings: Settings, region: str) -> Client:
     from workers.temporal_connect import connect
 
-    return await connect(settings, region)
+    return await connect(settings, region, process="notice-relay")
 
 
 async def _connect_nats(settings: Settings, stop: asyncio.Event) -> NATS | None:
@@ -182,7 +217,16 @@ def _request_handler(
     async def answer(msg: Msg) -> None:
         try:
             notices = await relay.handle_request(ReclaimRequest.model_validate_json(msg.data))
-            reply = f"{len(notices)} noticed: {', '.join(n.node for n in notices)}"
+            early = [n for n in notices if n.early]
+            hard = [n for n in notices if not n.early]
+            reply = f"{len(hard)} noticed: {', '.join(n.node for n in hard)}"
+            if early:
+                at = early[0].deadline.astimezone(UTC).isoformat(timespec="seconds")
+                reply = (
+                    f"{len(early)} warned early (reclaim at {at}, hard notice "
+                    f"{relay.lead.total_seconds():.0f} s before): "
+                    f"{', '.join(n.node for n in early)}"
+                )
             if hooks.pending:
                 reply += f" (exclusion cycle: {hooks.pending} notices queued to tell it)"
         except ValueError as exc:

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import logging
 
-from prometheus_client import start_http_server
-
 from activities.events import region_topics
 from activities.fleet.relay import OutboxRelay, RelayProgress
 from activities.kafka import TopicSpec
 from workers.client_security import kafka_config, postgres_conninfo
+from workers.endpoints import health_thread, start_metrics
+from workers.outbox_metrics import OutboxGauges
 from workers.settings import Settings
 from workers.shutdown import thread_stop_event
 
@@ -29,8 +29,14 @@ def run(settings: Settings) -> RelayProgress:
         if p.batches % _REPORT_EVERY == 1:
             log.info("relay: %d events published in %d batches", p.published, p.batches)
 
-    if settings.outbox.metrics_port:
-        start_http_server(settings.outbox.metrics_port)
+    start_metrics(settings.outbox.metrics_port)
+    gauges = OutboxGauges(
+        postgres_conninfo(settings),
+        settings.kafka.bootstrap_servers,
+        kafka_security=kafka_config(settings.kafka),
+    )
+    gauges.start()
+    health = health_thread(settings.outbox.health_port, lambda: gauges.ready)
     with thread_stop_event() as stop:
         relay = OutboxRelay(
             postgres_conninfo(settings),
@@ -54,4 +60,7 @@ def run(settings: Settings) -> RelayProgress:
             relay.run(stop)
         finally:
             relay.close()
+            gauges.close()
+            if health is not None:
+                health.close()
     return relay.progress

@@ -8,6 +8,7 @@ and on SIGTERM stops polling and lets running activities finish (graceful shutdo
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import contextlib
 import logging
@@ -41,8 +42,10 @@ from workers.client_security import (
     postgres_conninfo,
 )
 from workers.demand_sources import sources_for
-from workers.health import serve_health
+from workers.endpoints import serve_health, start_metrics
+from workers.logs import prepare_temporal_logging, temporal_core_logging
 from workers.provider_factory import open_provider
+from workers.region_metrics import RegionCollector
 from workers.settings import Settings
 from workers.shutdown import async_stop_event
 from workers.temporal_connect import connect
@@ -270,15 +273,18 @@ async def run_worker(settings: Settings, region: str) -> None:
     """Serve the region's task queue until SIGTERM/SIGINT; everything opened here (the
     fleet-state pool, the provider, the ledger client, the health endpoint) is closed
     after, whatever ends the run."""
-    runtime = None
-    if settings.worker.metrics_port:
-        runtime = Runtime(
-            telemetry=TelemetryConfig(
-                metrics=PrometheusConfig(bind_address=f"0.0.0.0:{settings.worker.metrics_port}")
-            )
+    prepare_temporal_logging(settings.log)
+    runtime = Runtime(
+        telemetry=TelemetryConfig(
+            # The SDK core's own warnings in the process's log format, not raw on stderr.
+            logging=temporal_core_logging(),
+            metrics=PrometheusConfig(bind_address=f"0.0.0.0:{settings.worker.metrics_port}")
+            if settings.worker.metrics_port
+            else None,
         )
+    )
     with async_stop_event() as stop:
-        client = await connect(settings, region, runtime)
+        client = await connect(settings, region, runtime, process="worker")
         async with contextlib.AsyncExitStack() as opened:
             pool = open_pool(postgres_conninfo(settings), timeouts=settings.fleet_db.timeouts())
             opened.callback(pool.close)
@@ -298,6 +304,8 @@ async def run_worker(settings: Settings, region: str) -> None:
             if settings.worker.health_port:
                 health = await serve_health("0.0.0.0", settings.worker.health_port, lambda: running)
                 opened.callback(health.close)
+            # Served from the start: a scrape answers while the first plans are made.
+            start_metrics(settings.worker.state_metrics_port)
             executor = opened.enter_context(concurrent.futures.ThreadPoolExecutor(max_workers=16))
             worker = Worker(
                 client,
@@ -329,7 +337,13 @@ async def run_worker(settings: Settings, region: str) -> None:
                     ids += await ensure_intake(client, settings, region)
                     ids += await ensure_reconciler(client, settings, region)
                     log.info("running: %s", ", ".join(ids))
+                collecting = None
+                if settings.worker.state_metrics_port:
+                    collector = RegionCollector(settings, region, client, pool)
+                    collecting = asyncio.create_task(collector.run(stop))
                 await stop.wait()
+                if collecting is not None:
+                    await collecting
                 running = False
                 log.info(
                     "stopping: no new tasks; running activities get %.0f s",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
@@ -31,6 +32,7 @@ from pydantic_settings import (
 )
 
 from activities.fleet.db import DbTimeouts
+from contracts.logformat import LogFormat
 
 CONFIG_ENV = "SCO_CONFIG"
 DEFAULT_CONFIG_FILE = Path("sco.toml")
@@ -66,6 +68,9 @@ class TemporalSettings(BaseModel):
     address: str = "127.0.0.1:7233"
     tls: TLSSettings = TLSSettings()
     ui_port: int = 8233
+    # The Temporal UI as operators reach it, for the links the CLI prints; empty:
+    # http://127.0.0.1:<ui_port> (the region in a box).
+    ui_url: str = ""
     # Each region has its own namespace so regions share nothing on the control path.
     namespace_prefix: str = ""
     retention_days: int = Field(default=7, ge=1)
@@ -75,6 +80,9 @@ class TemporalSettings(BaseModel):
 
     def task_queue(self, region: str) -> str:
         return f"sco-{region}"
+
+    def effective_ui_url(self) -> str:
+        return (self.ui_url or f"http://127.0.0.1:{self.ui_port}").rstrip("/")
 
 
 class KafkaSettings(BaseModel):
@@ -103,6 +111,10 @@ class ProviderSettings(BaseModel):
     network: str = "none"
     # NATS subject prefix of the simulated cloud service (<prefix>.<region>.sim.*).
     simulator_prefix: str = "sco"
+    # The simulated cloud service's Prometheus metrics and GET /healthz, /readyz (503
+    # while NATS is away); 0 turns each off.
+    simulator_metrics_port: int = Field(default=0, ge=0, le=65535)
+    simulator_health_port: int = Field(default=0, ge=0, le=65535)
 
 
 class OutboxSettings(BaseModel):
@@ -119,8 +131,25 @@ class OutboxSettings(BaseModel):
     # A message not acknowledged in this long expires in the producer; the relay then
     # makes a new producer (the broker may have lost its state) and sends the row again.
     message_timeout_seconds: float = Field(default=30.0, gt=0)
-    # Prometheus metrics of the relay (sco_dead_letters_total); 0 turns them off.
+    # Prometheus metrics of the relay (sco_outbox_*, sco_dead_letters_total) and its
+    # GET /healthz, /readyz (503 unless PostgreSQL and Kafka answer); 0 turns each off.
     metrics_port: int = Field(default=0, ge=0, le=65535)
+    health_port: int = Field(default=0, ge=0, le=65535)
+
+
+class PrometheusSettings(BaseModel):
+    """The region in a box's Prometheus (`sco dev up --workers`, Debian's `prometheus`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    port: int = Field(default=9090, ge=1, le=65535)
+    # Recording and alert rules it loads (every *.yml here).
+    rules_dir: Path = Path("deploy/prometheus/rules")
+    scrape_seconds: float = Field(default=5.0, gt=0)
+    evaluation_seconds: float = Field(default=5.0, gt=0)
+    # The box's processes serve metrics and health on consecutive ports from here (the
+    # order of `sco dev status`); the scrape config names the same ports.
+    box_ports_from: int = Field(default=9470, ge=1024, le=65000)
 
 
 class NoticeRelaySettings(BaseModel):
@@ -194,6 +223,14 @@ class LedgerSettings(BaseModel):
 
     tls: TLSSettings = TLSSettings()
     password_file: Path | None = None
+    # Embedded chDB only: once the consumer's resident memory (VmRSS) is over this many MB
+    # it starts itself afresh between batches (same pid, exec; the group resumes from the
+    # committed offsets): each time the engine is let go for a `sco ledger` reader it
+    # leaks ~2.3 MB that nothing gives back. A fresh consumer's working set is 350-430 MB
+    # (chDB's library ~235 MB resident, its engine ~150 MB), so the default leaves room
+    # for ~40 readers between restarts (at 384, 15 restarts an hour and still over it at
+    # each warm-up: bench/ledger_soak_bench.py). Never within its first minute. 0: off.
+    recycle_rss_mb: int = Field(default=512, ge=0)
 
 
 class ContractSettings(BaseModel):
@@ -253,6 +290,11 @@ class WorkerSettings(BaseModel):
 
     # Prometheus metrics (Temporal runtime telemetry and SCO's counters); 0 turns them off.
     metrics_port: int = Field(default=9464, ge=0, le=65535)
+    # SCO's gauges and histograms of the region (floors, budget, acquisitions, exclusions:
+    # prometheus_client, a collector reading fleet state and the keepers' queries every
+    # `collect_seconds`); Temporal's runtime owns `metrics_port`. 0 turns it off.
+    state_metrics_port: int = Field(default=9465, ge=0, le=65535)
+    collect_seconds: float = Field(default=15.0, gt=0)
     # Liveness/readiness (GET /healthz, /readyz); 0 turns it off.
     health_port: int = Field(default=8080, ge=0, le=65535)
     graceful_shutdown_seconds: float = Field(default=20.0, ge=0)
@@ -278,6 +320,28 @@ class WorkerSettings(BaseModel):
             return importlib.metadata.version("sco")
         except importlib.metadata.PackageNotFoundError:
             return "unknown"
+
+
+class LogSettings(BaseModel):
+    """The log of every long-running process (contracts/logformat.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # json: one object per line (ts, level, logger, message; workflow and activity ids on
+    # the Temporal SDK's lines); text: one readable line; auto: text on a terminal, else json.
+    format: LogFormat = "auto"
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+
+class TracingSettings(BaseModel):
+    """OpenTelemetry traces of workflows and activities (workers/tracing.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # OTLP over HTTP, e.g. http://otel-collector:4318/v1/traces; empty turns tracing off.
+    otlp_endpoint: str = ""
+    # The `service.name` resource attribute; empty: sco-<process>, e.g. sco-worker.
+    service_name: str = ""
 
 
 #: Cloud-init for an instance behind a Slurm CLOUD node: it takes the node's name and
@@ -405,17 +469,26 @@ class Settings(BaseSettings):
     # Empty means "<data_dir>/ledger" on the embedded chDB backend.
     ledger_dsn: str = ""
     ledger: LedgerSettings = LedgerSettings()
-    # Prometheus metrics of the ledger consumer (sco_dead_letters_total); 0 turns them off.
+    # Prometheus metrics of the ledger consumer (sco_ledger_*, sco_dead_letters_total) and
+    # its GET /healthz, /readyz (503 while Kafka or the ledger fails it); 0 turns each off.
     ledger_metrics_port: int = Field(default=0, ge=0, le=65535)
+    ledger_health_port: int = Field(default=0, ge=0, le=65535)
+    # The same for the drain intake (`sco ledger book-drains`: sco_drain_reports_*; ready
+    # while NATS answers and its last step went through).
+    drain_intake_metrics_port: int = Field(default=0, ge=0, le=65535)
+    drain_intake_health_port: int = Field(default=0, ge=0, le=65535)
     temporal: TemporalSettings = TemporalSettings()
     kafka: KafkaSettings = KafkaSettings()
     outbox: OutboxSettings = OutboxSettings()
     notice_relay: NoticeRelaySettings = NoticeRelaySettings()
+    prometheus: PrometheusSettings = PrometheusSettings()
     provider: ProviderSettings = ProviderSettings()
     contracts: ContractSettings = ContractSettings()
     notices: NoticeSettings = NoticeSettings()
     control: ControlSettings = ControlSettings()
     worker: WorkerSettings = WorkerSettings()
+    log: LogSettings = LogSettings()
+    tracing: TracingSettings = TracingSettings()
     intake: IntakeSettings = IntakeSettings()
     slurm: SlurmSettings = SlurmSettings()
     kubernetes: KubernetesSettings = KubernetesSettings()
@@ -456,9 +529,15 @@ class Settings(BaseSettings):
 _URL_FIELDS = frozenset({"postgres_dsn", "ledger_dsn", "nats_url"})
 
 
+#: `password=...` in a key=value connection string (a multi-host Patroni DSN, say).
+_CONNINFO_PASSWORD = re.compile(r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)")
+
+
 def _redact_url(value: object) -> object:
     if not isinstance(value, str):
         return value
+    if "://" not in value:
+        return _CONNINFO_PASSWORD.sub(r"\1***", value)
     parts = urlsplit(value)
     if parts.password is None:
         return value

@@ -13,6 +13,7 @@ from activities.provider.sim_service import serve
 from activities.provider.simulator import Faults, Latency, SimulatedCloud
 from contracts.region import Region
 from workers.client_security import nats_options
+from workers.endpoints import serve_health, start_metrics
 from workers.settings import Settings
 from workers.shutdown import async_stop_event
 
@@ -35,6 +36,12 @@ async def run(
     )
     with async_stop_event() as stop:
         nc = await nats.connect(settings.nats_url, **nats_options(settings))
+        start_metrics(settings.provider.simulator_metrics_port)
+        health = None
+        if settings.provider.simulator_health_port:
+            health = await serve_health(
+                "0.0.0.0", settings.provider.simulator_health_port, lambda: nc.is_connected
+            )
         try:
             serving = asyncio.create_task(
                 serve(cloud, nc, prefix=settings.provider.simulator_prefix)
@@ -47,5 +54,7 @@ async def run(
             with contextlib.suppress(asyncio.CancelledError):
                 await serving  # re-raises a failure of the service itself
         finally:
+            if health is not None:
+                health.close()
             await nc.close()
     log.info("simulated cloud for %s stopped", region.id)

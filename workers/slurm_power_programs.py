@@ -49,11 +49,9 @@ from activities.fleet.control_state import FINISHED_ACQUISITION_STATES
 from activities.fleet.repository import InstanceRow
 from contracts.cache import installed_bundle
 from contracts.region import RegionFileError, load_region
-from workers.client_security import (
-    connect_temporal,
-    postgres_conninfo,
-)
+from workers.client_security import postgres_conninfo
 from workers.settings import Settings, SettingsError, load_settings
+from workers.temporal_connect import connect_temporal
 from workflows.acquisition.models import AcquisitionInput, LaunchItem, OperatorInput
 from workflows.slurm.models import NodeInstance, ReleaseReason, SlurmReleaseInput
 

@@ -113,7 +113,7 @@ class ControlActivities:
             if inp.region in c.regions and partition_of(c.name, inp.partitions) == inp.partition
         ]
         names = [c.name for c in contracts]
-        demand, live, open_acqs, excluded, declines = await asyncio.to_thread(
+        demand, live, open_acqs, excluded, declines, leaving = await asyncio.to_thread(
             self._fleet_view, inp.region, inp.partition, names
         )
         recorded = await asyncio.to_thread(
@@ -153,7 +153,15 @@ class ControlActivities:
         for c in contracts:
             # Instances with a hostname are Slurm CLOUD nodes: Slurm's power saving owns
             # them (ResumeProgram/SuspendProgram), so they neither cover nor count as surplus.
-            mine = [r for r in live if r.workload == c.name and r.hostname is None]
+            # Instances with a planned reclaim (an early warning went out) are leaving:
+            # they cover nothing, so the replacement starts now, make-before-break, within
+            # the contract's caps and budget like any other demand. They still fill their
+            # pool until they go (live_per_pool above).
+            mine = [
+                r
+                for r in live
+                if r.workload == c.name and r.hostname is None and r.instance_id not in leaving
+            ]
             reclaimable = [r for r in mine if r.capacity_type is CapacityType.RECLAIMABLE]
             existing: dict[str, int] = {}
             for r in reclaimable:
@@ -215,6 +223,7 @@ class ControlActivities:
         list[AcquisitionRow],
         set[str],
         dict[str, datetime],
+        set[str],
     ]:
         demand = self._control.demand_by_contract(region)
         wanted = set(names)
@@ -224,7 +233,8 @@ class ControlActivities:
         ]
         excluded = self._control.excluded_pools(region)
         declines = self._control.last_fallback_decline(region, names)
-        return demand, live, open_acqs, excluded, declines
+        leaving = {p.instance_id for p in self._fleet.planned_reclaims(region, workloads=names)}
+        return demand, live, open_acqs, excluded, declines, leaving
 
     async def _free_capacity(self, pool_ids: list[str]) -> dict[str, int]:
         gate = asyncio.Semaphore(_FREE_CAPACITY_CONCURRENCY)

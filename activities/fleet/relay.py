@@ -27,6 +27,7 @@ from typing import Any
 
 import psycopg
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
+from prometheus_client import Counter
 
 from activities.backoff import CappedBackoff
 from activities.fleet import dead_letters
@@ -63,6 +64,14 @@ _BROKER_STATE_ERRORS = frozenset(
 
 def is_broker_state_error(err: KafkaError) -> bool:
     return bool(err.fatal() or err.retriable() or err.code() in _BROKER_STATE_ERRORS)
+
+
+PUBLISHED = Counter("sco_outbox_published", "Outbox events published to Kafka (acknowledged)")
+ERRORS = Counter(
+    "sco_outbox_errors",
+    "Relay failures: postgres, kafka (unavailable), refused (one row)",
+    ["kind"],
+)
 
 
 @dataclass
@@ -157,6 +166,7 @@ class OutboxRelay:
             conn.execute("UPDATE outbox SET sent_at = now() WHERE id = ANY(%s)", (delivered,))
             conn.commit()
         self.progress.published += len(delivered)
+        PUBLISHED.inc(len(delivered))
         self.progress.batches += 1
         for row_id, reason in refused.items():
             self._refused(conn, row_id, values[row_id], reason)
@@ -196,6 +206,7 @@ class OutboxRelay:
         reason: str,
     ) -> None:
         attempts = self._attempts.get(row_id, 0) + 1
+        ERRORS.labels("refused").inc()
         if attempts < self._max_attempts:
             self._attempts[row_id] = attempts
             log.warning("relay: Kafka refused outbox id %d (try %d): %s", row_id, attempts, reason)
@@ -291,10 +302,12 @@ class OutboxRelay:
                             for _ in conn.notifies(timeout=self._idle, stop_after=1):
                                 pass
             except psycopg.Error as exc:
+                ERRORS.labels("postgres").inc()
                 wait = self._backoff.next()
                 log.warning("relay: PostgreSQL unavailable (%s); retrying in %.1f s", exc, wait)
                 stop.wait(wait)
             except KafkaUnavailable as exc:
+                ERRORS.labels("kafka").inc()
                 wait = self._backoff.next()
                 log.warning("relay: %s; retrying in %.1f s", exc, wait)
                 stop.wait(wait)

@@ -103,6 +103,19 @@ class PoolRow(BaseModel):
     live_instances: int
 
 
+class PlannedReclaim(BaseModel):
+    """A reclaim known ahead: its early warning went out when planned, its hard notice
+    goes at `reclaim_at` - the region's lead (`noticed_at` set then)."""
+
+    instance_id: str
+    region: str
+    hall: str
+    reclaim_at: datetime
+    reason: str
+    planned_at: datetime
+    noticed_at: datetime | None = None
+
+
 class FleetRepository:
     def __init__(self, pool: ConnectionPool) -> None:
         self._pool = pool
@@ -284,6 +297,62 @@ class FleetRepository:
                    ORDER BY hostname, created_at""",
                 (region, list(hostnames), terminal),
             ).fetchall()
+
+    # -- planned reclaims ----------------------------------------------------------------
+
+    def plan_reclaim(
+        self, instance_id: str, reclaim_at: datetime, reason: str = ""
+    ) -> PlannedReclaim | None:
+        """Plan the instance's reclaim at `reclaim_at`; idempotent. Planned again while its
+        hard notice is still to come, the earlier time stands. None: no such instance."""
+        with self._pool.connection() as conn:
+            cur = conn.cursor(row_factory=class_row(PlannedReclaim))
+            return cur.execute(
+                """INSERT INTO planned_reclaims (instance_id, region, hall, reclaim_at, reason)
+                   SELECT instance_id, region, hall, %s, %s FROM instances
+                   WHERE instance_id = %s
+                   ON CONFLICT (instance_id) DO UPDATE
+                       SET reclaim_at = least(planned_reclaims.reclaim_at, EXCLUDED.reclaim_at)
+                       WHERE planned_reclaims.noticed_at IS NULL
+                   RETURNING *""",
+                (reclaim_at, reason, instance_id),
+            ).fetchone() or self.planned_reclaim(instance_id)
+
+    def planned_reclaim(self, instance_id: str) -> PlannedReclaim | None:
+        with self._pool.connection() as conn:
+            cur = conn.cursor(row_factory=class_row(PlannedReclaim))
+            return cur.execute(
+                "SELECT * FROM planned_reclaims WHERE instance_id = %s", (instance_id,)
+            ).fetchone()
+
+    def planned_reclaims(
+        self, region: str, *, hall: str | None = None, workloads: Sequence[str] | None = None
+    ) -> list[PlannedReclaim]:
+        """Planned reclaims whose hard notice is still to come, soonest first (of live
+        instances: a deleted instance has nothing left to reclaim)."""
+        with self._pool.connection() as conn:
+            cur = conn.cursor(row_factory=class_row(PlannedReclaim))
+            return cur.execute(
+                """SELECT r.* FROM planned_reclaims r JOIN instances i USING (instance_id)
+                   WHERE r.region = %(region)s AND r.noticed_at IS NULL
+                     AND (%(hall)s::text IS NULL OR r.hall = %(hall)s)
+                     AND (%(workloads)s::text[] IS NULL OR i.workload = ANY(%(workloads)s))
+                     AND i.state NOT IN ('deleted', 'failed')
+                   ORDER BY r.reclaim_at, r.instance_id""",
+                {
+                    "region": region,
+                    "hall": hall,
+                    "workloads": list(workloads) if workloads is not None else None,
+                },
+            ).fetchall()
+
+    def mark_planned_noticed(self, instance_id: str) -> None:
+        with self._pool.connection() as conn:
+            conn.execute(
+                """UPDATE planned_reclaims SET noticed_at = now()
+                   WHERE instance_id = %s AND noticed_at IS NULL""",
+                (instance_id,),
+            )
 
     # -- outbox --------------------------------------------------------------------------
 

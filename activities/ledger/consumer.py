@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from prometheus_client import Counter, Gauge
 from pydantic import ValidationError
 
 from activities.backoff import CappedBackoff
@@ -27,6 +29,18 @@ from activities.fleet import dead_letters
 from activities.ledger.store import LedgerStore
 
 log = logging.getLogger(__name__)
+
+ROWS_WRITTEN = Counter("sco_ledger_rows_written", "Rows inserted into the ledger", ["table"])
+REFUSED = Counter(
+    "sco_ledger_events_refused", "Events the ledger refused (unparsable: parked as dead letters)"
+)
+LAG = Gauge(
+    "sco_ledger_consumer_lag",
+    "Messages on the broker not yet consumed, per topic (the group's assigned partitions)",
+    ["topic"],
+)
+#: The lag is measured at most this often (it asks the broker for each partition's end).
+LAG_EVERY_SECONDS = 5.0
 
 
 @dataclass
@@ -74,6 +88,12 @@ class LedgerConsumer:
         self._dead_letter_dsn = dead_letter_dsn
         self._stop = threading.Event()
         self.progress = ConsumerProgress()
+        self._topics = list(topics)
+        self._next_lag = 0.0
+        #: False after Kafka failed the last poll or commit, True after one succeeded.
+        self.healthy = False
+        for table in ("events", "decisions"):
+            ROWS_WRITTEN.labels(table)
 
     def poll_batch(self, timeout: float = 1.0) -> int:
         """Consume up to one batch, write it to the ledger, commit; return events inserted."""
@@ -102,6 +122,7 @@ class LedgerConsumer:
             except ValidationError as exc:
                 # A malformed event must not wedge the ledger: it is parked, counted, logged.
                 self.progress.malformed += 1
+                REFUSED.inc()
                 malformed.append((msg, str(exc).splitlines()[0] if str(exc) else repr(exc)))
                 log.error(
                     "ledger: malformed event at %s[%s]@%s: %s",
@@ -113,9 +134,11 @@ class LedgerConsumer:
         if events:
             self._store.insert_events(events)
             self.progress.inserted += len(events)
+            ROWS_WRITTEN.labels("events").inc(len(events))
         if decisions:
             self._store.insert_decisions(decisions)
             self.progress.inserted += len(decisions)
+            ROWS_WRITTEN.labels("decisions").inc(len(decisions))
         if malformed:
             self._park(malformed)
         if any(msg.error() is None for msg in messages):
@@ -149,21 +172,56 @@ class LedgerConsumer:
                 if self._stop.wait(wait):
                     raise
 
-    def run(self, stop: threading.Event, poll_seconds: float = 0.2) -> None:
-        """Consume until `stop`. A broker that is away or restarting (a failed commit or
-        fetch) is waited out with capped backoff: what was inserted but not committed is
-        committed with the next batch, or read again and deduplicated by the ledger."""
+    def run(
+        self,
+        stop: threading.Event,
+        poll_seconds: float = 0.2,
+        recycle: Callable[[], bool] = lambda: False,
+    ) -> bool:
+        """Consume until `stop`, or until `recycle()` says so between batches (then True:
+        everything read so far is in the ledger and committed). A broker that is away or
+        restarting (a failed commit or fetch) is waited out with capped backoff: what was
+        inserted but not committed is committed with the next batch, or read again and
+        deduplicated by the ledger."""
         self._stop = stop
         backoff = CappedBackoff(initial=0.5, cap=10.0)
         # A short poll keeps commit-to-ledger latency low; under load batches fill anyway.
         while not stop.is_set():
+            if recycle():
+                return True
             try:
                 self.poll_batch(timeout=poll_seconds)
+                if time.monotonic() >= self._next_lag:
+                    self._next_lag = time.monotonic() + LAG_EVERY_SECONDS
+                    self.measure_lag()
+                self.healthy = True
                 backoff.reset()
+                # A held embedded ledger is let go between batches when a CLI waits.
+                self._store.release_if_wanted()
             except KafkaException as exc:
+                self.healthy = False
                 wait = backoff.next()
                 log.warning("ledger: Kafka unavailable (%s); retrying in %.1f s", exc, wait)
                 stop.wait(wait)
+        return False
+
+    def measure_lag(self) -> dict[str, int]:
+        """Per topic: the partitions' end offsets minus the group's position (its
+        committed offset before the first fetch, the partition's start before any)."""
+        lag = dict.fromkeys(self._topics, 0)
+        assigned = self._consumer.assignment()
+        positions = {
+            (tp.topic, tp.partition): tp.offset for tp in self._consumer.position(assigned)
+        }
+        for tp in assigned:
+            low, high = self._consumer.get_watermark_offsets(
+                TopicPartition(tp.topic, tp.partition), timeout=2
+            )
+            at = positions.get((tp.topic, tp.partition), -1)
+            lag[tp.topic] = lag.get(tp.topic, 0) + max(high - (at if at >= 0 else low), 0)
+        for topic, n in lag.items():
+            LAG.labels(topic).set(n)
+        return lag
 
     def close(self) -> None:
         self._consumer.close()

@@ -14,8 +14,9 @@ Contract of every implementation:
   exactly the region's leases named so (nobody else's), each with its hall, flavor name
   and owner parsed back from the name.
 - `free_capacity` is the number of instances of the pool's shape that could start now.
-- `pending_reclaims` returns each reclaim decision once; deciding is the provider's
-  business, noticing and deleting is the notice relay's.
+- `pending_reclaims` returns each reclaim decision once, as soon as it is known (with
+  `at` when it takes effect later); deciding is the provider's business, noticing and
+  deleting is the notice relay's.
 - Errors are the typed ProviderError subclasses in `errors`; nothing else escapes.
 """
 
@@ -103,6 +104,10 @@ class ReclaimDecision(BaseModel):
 
     provider_id: str
     reason: str
+    # When the provider takes it back; None: now. A time beyond the region's notice lead
+    # (a Blazar host lease that starts later) becomes an early warning now and the hard
+    # notice at at - lead.
+    at: datetime | None = None
 
 
 @runtime_checkable

@@ -344,23 +344,43 @@ class OpenStackProvider:
             return
 
     async def pending_reclaims(self, region: str, hall: str) -> list[ReclaimDecision]:
-        """Reclaimable instances on hosts that a started Blazar host lease now claims."""
+        """Reclaimable instances on hosts that a Blazar host lease claims: one that started
+        (reclaim now), or one still PENDING (reclaim at its start: known in advance, so the
+        relay sends an early warning now)."""
 
         def go() -> list[ReclaimDecision]:
-            live = {
-                lease["id"]
-                for lease in self._blazar("get", "/leases")["leases"]
-                if lease["status"] in ("STARTING", "ACTIVE")
+            leases = self._blazar("get", "/leases")["leases"]
+            live = {lease["id"] for lease in leases if lease["status"] in ("STARTING", "ACTIVE")}
+            upcoming = {
+                lease["id"]: _blazar_time(lease["start_date"])
+                for lease in leases
+                if lease["status"] == "PENDING" and lease.get("start_date")
+            }
+            # /os-hosts/allocations also lists instance reservations (SCO's own committed
+            # capacity): those reserve slots on a host, they do not claim it.
+            host_reservations = {
+                r["id"]
+                for lease in leases
+                for r in lease.get("reservations", [])
+                if r.get("resource_type") == "physical:host"
             }
             names = {
                 str(h["id"]): h["hypervisor_hostname"]
                 for h in self._blazar("get", "/os-hosts")["hosts"]
             }
-            claimed = {
-                names.get(str(alloc["resource_id"]), "")
-                for alloc in self._blazar("get", "/os-hosts/allocations")["allocations"]
-                if any(r.get("lease_id") in live for r in alloc.get("reservations", []))
-            }
+            # host -> None (claimed now) or the earliest start of a lease that will claim it
+            claimed: dict[str, datetime | None] = {}
+            for alloc in self._blazar("get", "/os-hosts/allocations")["allocations"]:
+                host = names.get(str(alloc["resource_id"]), "")
+                for r in alloc.get("reservations", []):
+                    if r.get("id") not in host_reservations:
+                        continue
+                    lease_id = r.get("lease_id")
+                    if lease_id in live:
+                        claimed[host] = None
+                    elif lease_id in upcoming and (host not in claimed or claimed[host]):
+                        start = upcoming[lease_id]
+                        claimed[host] = min(start, claimed.get(host) or start)
             out = []
             for server in self._conn.compute.servers(details=True):
                 meta = server.metadata or {}
@@ -372,10 +392,13 @@ class OpenStackProvider:
                     and server.id not in self._decided
                 ):
                     self._decided.add(server.id)
+                    at = claimed[server.compute_host]
                     out.append(
                         ReclaimDecision(
                             provider_id=server.id,
-                            reason=f"Blazar lease claims host {server.compute_host}",
+                            reason=f"Blazar lease claims host {server.compute_host}"
+                            + (f" from {at.isoformat()}" if at is not None else ""),
+                            at=at,
                         )
                     )
             return out

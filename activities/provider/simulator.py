@@ -137,6 +137,7 @@ class SimulatedCloud:
         # What each create passed as user-data, by instance name: what cloud-init would run.
         self.user_data: dict[str, str | None] = {}
         self._reclaim_due: list[tuple[float, str]] = []  # (clock time, provider id)
+        self._planned: list[ReclaimDecision] = []  # known ahead, told once with their time
         self._reclaim_sampled_until: float | None = None
 
     # -- fault control -------------------------------------------------------------------
@@ -271,6 +272,13 @@ class SimulatedCloud:
         when = self.clock() if at is None else at
         self._reclaim_due += [(when, pid) for pid in provider_ids]
 
+    def plan_reclaim(self, provider_ids: list[str], at: datetime, reason: str) -> None:
+        """A reclaim known ahead (a Blazar host lease that starts at `at`): the next
+        `pending_reclaims` of the instance's hall tells it once, with its time."""
+        self._planned += [
+            ReclaimDecision(provider_id=p, reason=reason, at=at) for p in provider_ids
+        ]
+
     def _sample_reclaims(self) -> None:
         """Advance the reclaim processes of every pool to now."""
         now = self.clock()
@@ -304,7 +312,13 @@ class SimulatedCloud:
             seen.add(pid)
             out.append(ReclaimDecision(provider_id=pid, reason="simulated reclaim"))
         self._reclaim_due = later
-        return out
+        mine = [
+            d
+            for d in self._planned
+            if (i := self._by_id.get(d.provider_id)) and i.info.hall == hall
+        ]
+        self._planned = [d for d in self._planned if d not in mine]
+        return out + mine
 
     def instances_in_pool(self, pool_id: str) -> list[str]:
         return [i.info.provider_id for i in self._by_id.values() if i.info.pool_id == pool_id]

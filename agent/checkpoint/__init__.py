@@ -25,7 +25,9 @@ agent connects:
 
 Ops: `checkpoint` (save state now, the agent then requeues the job), `decommission`
 (Spark: leave gracefully — migrate shuffle/cached blocks and exit; the agent waits for the
-job to end, see `agent.checkpoint.spark`), `ping` (liveness, answers ok with path "").
+job to end, see `agent.checkpoint.spark`), `early_checkpoint` (an early warning: run the
+checkpoint callback and keep running; the hard notice follows), `ping` (liveness,
+answers ok with path "").
 `deadline` is Unix seconds: the agent stops waiting at that time and forces the job off
 the node (requeue or kill). A request with another `v` is answered
 {"v": 1, "ok": false, "error": "unsupported protocol version ..."}; a later version adds

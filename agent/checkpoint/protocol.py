@@ -7,7 +7,9 @@ from dataclasses import dataclass
 from typing import Any
 
 VERSION = 1
-OPS = ("checkpoint", "decommission", "ping")
+#: `early_checkpoint` (an early warning): save now with the checkpoint callback and keep
+#: running; a workload built before it answers "unknown op", which costs only the early save.
+OPS = ("checkpoint", "early_checkpoint", "decommission", "ping")
 MAX_LINE = 64 * 1024
 
 

@@ -39,7 +39,11 @@ class CheckpointServer:
     `answered` is set once an ok reply to `checkpoint` or `decommission` has been sent
     (`answered_path` holds its path): from then on the agent knows where the state went
     and the workload may exit. Exiting from inside the callback instead would race the
-    reply, and the agent would force a job that had in fact saved.
+    reply, and the agent would force a job that had in fact saved. An `early_checkpoint`
+    runs the checkpoint callback too but sets nothing: the workload keeps running on its
+    still usable node (`early_saves` counts them). `draining` is set as a drain's
+    request arrives: `while not server.draining.is_set(): step()` then
+    `server.answered.wait()` loses no step to the time the reply takes.
     """
 
     def __init__(self, path: Path, handlers: dict[str, Callback]) -> None:
@@ -47,6 +51,11 @@ class CheckpointServer:
         self._handlers = handlers
         self.answered = threading.Event()
         self.answered_path = ""
+        self.early_saves = 0  # early checkpoints answered (the workload kept running)
+        # Set when a drain's checkpoint or decommission request arrives, before its callback
+        # runs: a training loop that checks it takes no step after the one being saved
+        # (none is lost), then waits for `answered` to exit.
+        self.draining = threading.Event()
         path.parent.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
             path.unlink()  # a socket left by an earlier run of this job
@@ -87,19 +96,26 @@ class CheckpointServer:
         if request.op == "ping":
             conn.sendall(Reply(True).encode())
             return
-        handler = self._handlers.get(request.op)
+        early = request.op == "early_checkpoint"
+        handler = self._handlers.get("checkpoint" if early else request.op)
         if handler is None:
             conn.sendall(Reply(False, error=f"no handler for {request.op}").encode())
             return
+        if not early:
+            self.draining.set()
         try:
             result = handler(request.reason, request.deadline)
         except Exception as exc:  # the workload's failure goes back to the agent
             log.exception("%s callback failed", request.op)
+            self.draining.clear()  # nothing saved: the job goes on until forced
             conn.sendall(Reply(False, error=f"{type(exc).__name__}: {exc}").encode())
             return
         saved = result if isinstance(result, Saved) else Saved(str(result))
         reply = Reply(True, saved.path, lost_steps=saved.lost_steps, lost_tasks=saved.lost_tasks)
         conn.sendall(reply.encode())
+        if early:  # the node stays usable: the workload goes on, the hard notice follows
+            self.early_saves += 1
+            return
         self.answered_path = saved.path
         self.answered.set()
 

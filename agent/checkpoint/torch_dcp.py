@@ -7,9 +7,10 @@
     resumed = load_latest(state, "file:///shared/ckpt/run-7")   # None on a fresh start
     server = register_dcp(lambda: {...current state...}, "file:///shared/ckpt/run-7",
                           step=lambda: step, lock=lock)
-    while not server.answered.is_set():  # the agent has the path: leave, it requeues us
+    while not server.draining.is_set():  # a drain's save is asked: no step after it
         with lock:
             train_one_step()
+    server.answered.wait()               # the agent has the path: leave, it requeues us
 
 On a checkpoint request the adapter takes `lock` (when given, so no optimizer step runs
 half-saved), saves `state()` with `torch.distributed.checkpoint.save` to

@@ -1,21 +1,26 @@
 """Slurm through its command-line clients (scontrol, squeue), as the node's admin would.
 
 Jobs are listed with `squeue --nodelist <node> -o` in a fixed `|`-separated format (the
-JSON output needs a plugin not every site builds). Clients read SLURM_CONF from the
-environment as usual.
+JSON output needs a plugin not every site builds), start times as Unix seconds
+(SLURM_TIME_FORMAT=%s: the controller's local time has no zone in it). Clients read
+SLURM_CONF from the environment as usual.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+from datetime import UTC, datetime
 
 from agent.scheduler import SchedulerError, Workload
 
 log = logging.getLogger(__name__)
 
-# %i job id, %a account, %P partition, %T state, %k comment (last: it may contain '|').
-_FORMAT = "%i|%a|%P|%T|%k"
+# %i job id, %a account, %P partition, %T state, %S start time (Unix seconds, see
+# _TIME_ENV), %k comment (last: it may contain '|').
+_FORMAT = "%i|%a|%P|%T|%S|%k"
+_TIME_ENV = {"SLURM_TIME_FORMAT": "%s"}
 _ACTIVE = {"RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "STOPPED", "RESIZING"}
 _GONE = ("invalid job id", "already completed", "is pending execution", "job has finished")
 
@@ -30,7 +35,10 @@ class SlurmScheduler:
     async def _run(self, *args: str) -> str:
         try:
             proc = await asyncio.create_subprocess_exec(
-                *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+                *args,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env={**os.environ, **_TIME_ENV},
             )
         except OSError as exc:
             raise SchedulerError(f"{args[0]}: {exc.strerror}") from exc
@@ -57,10 +65,10 @@ class SlurmScheduler:
         out = await self._run("squeue", "--noheader", "--nodelist", node, "-o", _FORMAT)
         found = []
         for line in out.splitlines():
-            parts = line.split("|", 4)
-            if len(parts) != 5 or parts[3] not in _ACTIVE:
+            parts = line.split("|", 5)
+            if len(parts) != 6 or parts[3] not in _ACTIVE:
                 continue
-            job_id, account, partition, _, comment = parts
+            job_id, account, partition, _, start, comment = parts
             found.append(
                 Workload(
                     id=job_id,
@@ -68,6 +76,7 @@ class SlurmScheduler:
                     account=account,
                     partition=partition,
                     comment="" if comment == "(null)" else comment,
+                    started_at=_started_at(start),
                 )
             )
         return found
@@ -89,3 +98,12 @@ class SlurmScheduler:
                 return
             log.warning("requeue of %s failed (%s); cancelling it", workload.id, exc)
             await self._run("scancel", "--signal=KILL", "--full", workload.id)
+
+
+def _started_at(field: str) -> datetime | None:
+    """`%S` under SLURM_TIME_FORMAT=%s; "N/A", "Unknown" or 0 (not started): None."""
+    try:
+        seconds = int(field)
+    except ValueError:
+        return None
+    return datetime.fromtimestamp(seconds, UTC) if seconds > 0 else None

@@ -1,176 +1,229 @@
 #!/usr/bin/env bash
-# Build the node agent's Debian package with plain dpkg-deb (no debhelper needed).
+# Build the node agent's Debian package for one Debian release (plain dpkg-deb, no debhelper
+# needed; the maintainer scripts are debhelper's own systemd snippets).
 #
-#   deploy/agent/build-deb.sh [--no-venv] [--out DIR]       (from anywhere in the repo)
+#   deploy/agent/build-deb.sh [--target debian12|debian13] [--out DIR]   (default debian12)
+#
+# Targets: debian12 (bookworm, python3.11, glibc 2.36), debian13 (trixie, python3.13,
+# glibc 2.41). pydantic-core, pynacl, cffi and pyyaml are binary wheels for one CPython
+# minor version, so each release gets its own package, version <upstream>-1~deb12 or ~deb13.
+# The wheels for the target's Python are taken from PyPI (or PIP_ARGS, e.g. "--no-index
+# --find-links /srv/wheels" offline) with pip's --python-version/--platform: no target
+# interpreter or container is needed on the build host.
 #
 # Layout of the package:
-#   /opt/sco-agent/wheels/*.whl       wheelhouse: `pip wheel deploy/agent` (the agent and
-#                                     every dependency; --no-venv: the agent wheel only)
-#   /opt/sco-agent/venv/              NOT in the package: postinst makes it with
-#                                     `python3.X -m venv` and `pip install --no-index
-#                                     --find-links /opt/sco-agent/wheels sco-agent==V`
-#   /usr/bin/sco-agent                symlink into the venv
-#   /lib/systemd/system/sco-agent.service
-#   /usr/share/doc/sco-agent/         README.md, agent.toml.example, copyright
+#   /usr/lib/sco-agent/               the agent, contracts and every dependency, installed
+#                                     with `pip install --target` at the versions of
+#                                     requirements.lock; byte-compiled by postinst
+#   /usr/bin/sco-agent                `#!/usr/bin/python3 -I` launcher onto that directory
+#                                     (Depends: python3 (>= 3.X~), python3 (<< 3.X+1~):
+#                                     the release's own python3 is the wheels' CPython)
+#   /lib/systemd/system/sco-agent.service        (debian13: /usr/lib/systemd/system)
+#   /usr/share/sco-agent/agent.toml.example      copied to /etc/sco-agent/agent.toml by
+#                                                postinst when there is none
+#   /usr/share/man/man8/sco-agent.8.gz
+#   /usr/share/doc/sco-agent/         README.md, copyright, changelog.Debian.gz
+#   /usr/share/lintian/overrides/sco-agent       each override says why
 # postinst creates the `sco-agent` system user, /etc/sco-agent{,/trust},
-# /var/lib/sco-agent{,/bundle}, copies agent.toml.example to /etc/sco-agent/agent.toml when
-# there is none, builds the venv and enables the unit (started only on upgrade, or once
-# agent.toml has been edited: a fresh node needs its region, hall and trust keys first).
-# prerm stops the unit; postrm removes the venv, and on purge the state and agent.toml.
+# /var/lib/sco-agent{,/bundle}, enables the unit with deb-systemd-helper and restarts it on
+# an upgrade (a fresh node needs its region, hall and trust keys first: it is started once
+# agent.toml is edited). prerm stops it on removal; postrm masks/purges the unit state and
+# on purge removes the state and agent.toml.
 #
-# Why a wheelhouse and a venv made on the node, not a venv made here: a venv is not
-# relocatable (console-script shebangs and pyvenv.cfg name the interpreter that made
-# it), so one built in a staging directory would point at this machine's Python. The
-# wheels are built once here (from pip's cache / find-links / index: pass e.g.
-# PIP_WHEEL_ARGS="--no-index --find-links /srv/wheels" to build fully offline) and the
-# node installs them with --no-index: installing the .deb never needs the network.
-#
-# Architecture and Python: pydantic-core, pynacl, cffi and pyyaml are binary wheels for
-# this machine's CPU and Python (cp311 here), so the full package is `amd64` (`dpkg
-# --print-architecture`) and depends on that exact python3.X; it is `all` only when every
-# wheel is pure (py3-none-any). `--no-venv` ships the agent wheel only (pure: `all`, any
-# python3 >= 3.11): postinst then resolves the dependencies through the node's pip
-# configuration (an index or mirror), so that variant needs one at install time.
-#
-# Environment: PYTHON (default .venv/bin/python, else python3) builds the wheels and
-# fixes the target Python version; DEB_MAINTAINER sets the Maintainer field.
+# Environment: PYTHON (default .venv/bin/python, else python3) runs pip on the build host;
+# DEB_MAINTAINER sets the Maintainer field.
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 out="$repo/dist"
-full=1
+target=debian12
 while [[ $# -gt 0 ]]; do
     case "$1" in
-        --no-venv) full=0 ;;
+        --target) target="$2"; shift ;;
         --out) out="$2"; shift ;;
         -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
         *) echo "build-deb.sh: unknown argument $1" >&2; exit 2 ;;
     esac
     shift
 done
+case "$target" in
+    debian12) codename=bookworm; pyver=3.11; next=3.12; glibc=36; unitdir=lib/systemd/system ;;
+    debian13) codename=trixie; pyver=3.13; next=3.14; glibc=41; unitdir=usr/lib/systemd/system ;;
+    *) echo "build-deb.sh: --target: $target is not debian12 or debian13" >&2; exit 2 ;;
+esac
 command -v dpkg-deb >/dev/null || { echo "build-deb.sh: dpkg-deb is needed" >&2; exit 1; }
 
 if [[ -z "${PYTHON:-}" ]]; then
     if [[ -x "$repo/.venv/bin/python" ]]; then PYTHON="$repo/.venv/bin/python"; else PYTHON=python3; fi
 fi
-version="$(sed -n 's/^version = "\(.*\)"$/\1/p' "$here/pyproject.toml" | head -1)"
-[[ -n "$version" ]] || { echo "build-deb.sh: no version in pyproject.toml" >&2; exit 1; }
-pyver="$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
-maintainer="${DEB_MAINTAINER:-SCO maintainers <sco-agent@localhost>}"
+upstream="$(sed -n 's/^version = "\(.*\)"$/\1/p' "$here/pyproject.toml" | head -1)"
+[[ -n "$upstream" ]] || { echo "build-deb.sh: no version in pyproject.toml" >&2; exit 1; }
+release="${target#debian}"
+version="$upstream-1~deb$release"
+arch="$(dpkg --print-architecture)"
+case "$arch" in
+    amd64) machine=x86_64 ;;
+    arm64) machine=aarch64 ;;
+    *) echo "build-deb.sh: no manylinux wheels known for $arch" >&2; exit 1 ;;
+esac
+maintainer="${DEB_MAINTAINER:-SCO maintainers <sco-maintainers@example.com>}"
 
 work="$(mktemp -d)"
-trap 'rm -rf "$work" "$here/build" "$here/sco_agent.egg-info"' EXIT
+trap 'rm -rf "$work"' EXIT
 root="$work/root"
-wheels="$root/opt/sco-agent/wheels"
-mkdir -p "$wheels" "$root/DEBIAN" "$root/lib/systemd/system" "$root/usr/bin" \
-    "$root/usr/share/doc/sco-agent"
+lib="$root/usr/lib/sco-agent"
+mkdir -p "$lib" "$root/DEBIAN" "$root/$unitdir" "$root/usr/bin" "$root/usr/share/sco-agent" \
+    "$root/usr/share/doc/sco-agent" "$root/usr/share/man/man8" "$root/usr/share/lintian/overrides"
 
-# shellcheck disable=SC2086  # PIP_WHEEL_ARGS is a list of pip options
-if [[ $full -eq 1 ]]; then
-    "$PYTHON" -m pip wheel --quiet ${PIP_WHEEL_ARGS:-} -w "$wheels" "$here" 2>"$work/pip.log" \
-        || { cat "$work/pip.log" >&2; exit 1; }
-else
-    "$PYTHON" -m pip wheel --quiet --no-deps ${PIP_WHEEL_ARGS:-} -w "$wheels" "$here" \
-        2>"$work/pip.log" || { cat "$work/pip.log" >&2; exit 1; }
+# The agent wheel (pure), from a copy of its sources (setuptools writes build/ and
+# egg-info beside pyproject.toml: builds for two targets at once must not share them), then it and its dependencies for the target's CPython, pinned to
+# the versions the repository locked (requirements.lock, without its hashes).
+isolation=()  # setuptools already here: no isolated build environment to download
+if "$PYTHON" -c 'import setuptools, wheel' 2>/dev/null; then isolation=(--no-build-isolation); fi
+mkdir -p "$work/src/deploy/agent"
+cp "$here/pyproject.toml" "$work/src/deploy/agent/"
+cp -r "$repo/agent" "$repo/contracts" "$work/src/"
+find "$work/src" -name __pycache__ -type d -prune -exec rm -rf {} +
+"$PYTHON" -m pip wheel --quiet --no-deps "${isolation[@]}" -w "$work/wheel" "$work/src/deploy/agent" 2>"$work/pip.log" \
+    || { cat "$work/pip.log" >&2; exit 1; }
+sed -n 's/^\([A-Za-z0-9_.-]*==[^ ]*\).*/\1/p' "$repo/requirements.lock" >"$work/constraints.txt"
+platforms=(--platform "manylinux2014_$machine")
+for minor in $(seq 17 "$glibc"); do platforms+=(--platform "manylinux_2_${minor}_$machine"); done
+# shellcheck disable=SC2086  # PIP_ARGS is a list of pip options
+"$PYTHON" -m pip install --quiet --disable-pip-version-check --no-compile ${PIP_ARGS:-} \
+    --target "$lib" --python-version "$pyver" --implementation cp --only-binary=:all: \
+    "${platforms[@]}" -c "$work/constraints.txt" "$work"/wheel/sco_agent-"$upstream"-*.whl \
+    2>"$work/pip.log" || { cat "$work/pip.log" >&2; exit 1; }
+rm -rf "$lib/bin"  # console scripts of the dependencies: not for this package
+# dist-info RECORD files list paths relative to a site-packages this package has not got.
+find "$lib" -name RECORD -path '*.dist-info/*' -delete
+# PyYAML's optional C speedup links libyaml statically (an embedded copy of a Debian
+# library): the agent uses PyYAML's pure-Python loader instead.
+rm -f "$lib"/yaml/_yaml.*.so
+find "$lib" -type f -exec chmod 0644 {} + && find "$lib" -type d -exec chmod 0755 {} +
+# What dh_strip does: the wheels' extension modules carry symbols and .comment sections.
+if command -v strip >/dev/null; then
+    find "$lib" -name '*.so' -exec strip --remove-section=.comment --remove-section=.note \
+        --strip-unneeded {} +
 fi
-ls "$wheels"/sco_agent-"$version"-*.whl >/dev/null
 
-if ls "$wheels"/*.whl | grep -qv -- '-none-any\.whl$'; then
-    arch="$(dpkg --print-architecture)"
-    depends="python$pyver, python$pyver-venv, passwd"
-    python_bin="/usr/bin/python$pyver"
-else
-    arch=all
-    depends="python3 (>= 3.11), python3-venv, passwd"
-    python_bin=/usr/bin/python3
-fi
-if [[ $full -eq 1 ]]; then pip_index="--no-index"; else pip_index=""; fi
+cat >"$root/usr/bin/sco-agent" <<EOF
+#!/usr/bin/python3 -I
+# The SCO node agent, from /usr/lib/sco-agent (-I: no user site, no PYTHON* variables).
+import sys
 
-install -m 0644 "$here/sco-agent.service" "$root/lib/systemd/system/sco-agent.service"
-install -m 0644 "$here/README.md" "$here/agent.toml.example" "$root/usr/share/doc/sco-agent/"
-ln -s /opt/sco-agent/venv/bin/sco-agent "$root/usr/bin/sco-agent"
+sys.path.insert(0, "/usr/lib/sco-agent")
+from agent.cli import main  # noqa: E402
+
+sys.exit(main())
+EOF
+chmod 0755 "$root/usr/bin/sco-agent"
+install -m 0644 "$here/sco-agent.service" "$root/$unitdir/sco-agent.service"
+install -m 0644 "$here/agent.toml.example" "$root/usr/share/sco-agent/agent.toml.example"
+install -m 0644 "$here/README.md" "$root/usr/share/doc/sco-agent/README.md"
+gzip -9n <"$here/sco-agent.8" >"$root/usr/share/man/man8/sco-agent.8.gz"
+# The changelog's newest entry is this build: upstream revision 1 for the target release.
+sed -e "1s/^sco-agent ($upstream-1) unstable;/sco-agent ($version) $codename;/" \
+    -e "s/^ -- SCO maintainers <[^>]*>/ -- $maintainer/" "$here/changelog" | gzip -9n >"$root/usr/share/doc/sco-agent/changelog.Debian.gz"
+zcat "$root/usr/share/doc/sco-agent/changelog.Debian.gz" | head -1 | grep -qF "($version) $codename;" \
+    || { echo "build-deb.sh: deploy/agent/changelog does not start with sco-agent ($upstream-1) unstable;" >&2; exit 1; }
+install -m 0644 "$here/lintian-overrides" "$root/usr/share/lintian/overrides/sco-agent"
+chmod 0644 "$root/usr/share/man/man8/sco-agent.8.gz" "$root/usr/share/doc/sco-agent/changelog.Debian.gz"
 cat >"$root/usr/share/doc/sco-agent/copyright" <<EOF
 Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/
 Upstream-Name: sco-agent
-Comment: the SCO node agent and the wheels of its dependencies (nats-py, pynacl,
- pydantic, pyyaml and theirs) under /opt/sco-agent/wheels, each under its own licence
- (see the wheel's .dist-info).
+Comment: the SCO node agent, and under /usr/lib/sco-agent the Python packages it needs
+ (nats-py, pynacl, pydantic, pydantic-core, pyyaml, cffi and theirs), each under its own
+ licence: see its .dist-info directory there.
 
 Files: *
-Copyright: SCO maintainers
+Copyright: 2026 SCO maintainers
 License: proprietary
+ All rights reserved by the SCO maintainers; for use on the operator's own nodes.
 EOF
 
-cat >"$root/DEBIAN/postinst" <<EOF
+cat >"$root/DEBIAN/postinst" <<'EOF'
 #!/bin/sh
 set -e
-case "\$1" in
-configure)
+if [ "$1" = "configure" ]; then
     if ! getent passwd sco-agent >/dev/null; then
-        useradd --system --user-group --home-dir /var/lib/sco-agent --no-create-home \\
+        useradd --system --user-group --home-dir /var/lib/sco-agent --no-create-home \
             --shell /usr/sbin/nologin --comment "SCO node agent" sco-agent
     fi
     install -d -m 0755 /etc/sco-agent /etc/sco-agent/trust
     install -d -o sco-agent -g sco-agent -m 0750 /var/lib/sco-agent /var/lib/sco-agent/bundle
     fresh=0
     if [ ! -e /etc/sco-agent/agent.toml ]; then
-        install -m 0640 -g sco-agent /usr/share/doc/sco-agent/agent.toml.example \\
+        install -m 0640 -g sco-agent /usr/share/sco-agent/agent.toml.example \
             /etc/sco-agent/agent.toml
         fresh=1
     fi
-    # The venv is made here, on the node, from the wheels this package carries.
-    rm -rf /opt/sco-agent/venv
-    $python_bin -m venv /opt/sco-agent/venv
-    /opt/sco-agent/venv/bin/pip install --quiet --disable-pip-version-check $pip_index \\
-        --find-links /opt/sco-agent/wheels "sco-agent==$version"
-    if [ -d /run/systemd/system ]; then
-        systemctl daemon-reload || true
-        systemctl enable sco-agent.service || true
-        if [ "\$fresh" = 0 ] && [ -n "\$2" ]; then
-            systemctl try-restart sco-agent.service || true
-        fi
-    fi
-    if [ "\$fresh" = 1 ]; then
-        echo "sco-agent: edit /etc/sco-agent/agent.toml, put the region's signing keys in" \\
+    # Byte-compile once here: the unit runs with a read-only /usr (ProtectSystem=strict).
+    PYTHON -m compileall -q -j 0 /usr/lib/sco-agent >/dev/null || true
+    if [ "$fresh" = 1 ]; then
+        echo "sco-agent: edit /etc/sco-agent/agent.toml, put the region's signing keys in" \
             "/etc/sco-agent/trust, run 'sco-agent --check', then 'systemctl start sco-agent'."
     fi
-    ;;
-esac
+fi
+# Automatically added by dh_installsystemd (debhelper's snippet): enable, never start a
+# fresh install (it needs its agent.toml first), restart on an upgrade.
+if [ "$1" = "configure" ] || [ "$1" = "abort-upgrade" ] || [ "$1" = "abort-deconfigure" ] || [ "$1" = "abort-remove" ] ; then
+    # This will only remove masks created by d-s-h on package removal.
+    deb-systemd-helper unmask 'sco-agent.service' >/dev/null || true
+    # was-enabled defaults to true, so new installations run enable.
+    if deb-systemd-helper --quiet was-enabled 'sco-agent.service'; then
+        deb-systemd-helper enable 'sco-agent.service' >/dev/null || true
+    else
+        deb-systemd-helper update-state 'sco-agent.service' >/dev/null || true
+    fi
+fi
+if [ "$1" = "configure" ] || [ "$1" = "abort-upgrade" ] || [ "$1" = "abort-deconfigure" ] || [ "$1" = "abort-remove" ] ; then
+    if [ -d /run/systemd/system ]; then
+        systemctl --system daemon-reload >/dev/null || true
+        if [ -n "$2" ]; then
+            deb-systemd-invoke try-restart 'sco-agent.service' >/dev/null || true
+        fi
+    fi
+fi
 exit 0
 EOF
+sed -i "s|PYTHON -m compileall|python$pyver -m compileall|" "$root/DEBIAN/postinst"
 
 cat >"$root/DEBIAN/prerm" <<'EOF'
 #!/bin/sh
 set -e
-case "$1" in
-remove|upgrade|deconfigure)
-    if [ -d /run/systemd/system ]; then
-        systemctl stop sco-agent.service || true
-    fi
-    ;;
-esac
+if [ -d /run/systemd/system ] && [ "$1" = remove ]; then
+    deb-systemd-invoke stop 'sco-agent.service' >/dev/null || true
+fi
+if [ "$1" = remove ] || [ "$1" = upgrade ]; then
+    # What postinst byte-compiled: not in the package's file list.
+    find /usr/lib/sco-agent -name __pycache__ -type d -prune -exec rm -rf {} + 2>/dev/null || true
+fi
 exit 0
 EOF
 
 cat >"$root/DEBIAN/postrm" <<'EOF'
 #!/bin/sh
 set -e
-case "$1" in
-remove)
-    rm -rf /opt/sco-agent/venv
-    if [ -d /run/systemd/system ]; then
-        systemctl disable sco-agent.service >/dev/null 2>&1 || true
-        systemctl daemon-reload || true
+if [ "$1" = "remove" ]; then
+    if [ -x "/usr/bin/deb-systemd-helper" ]; then
+        deb-systemd-helper mask 'sco-agent.service' >/dev/null || true
     fi
-    ;;
-purge)
-    rm -rf /opt/sco-agent/venv /var/lib/sco-agent
+fi
+if [ "$1" = "purge" ]; then
+    if [ -x "/usr/bin/deb-systemd-helper" ]; then
+        deb-systemd-helper purge 'sco-agent.service' >/dev/null || true
+        deb-systemd-helper unmask 'sco-agent.service' >/dev/null || true
+    fi
+    rm -rf /var/lib/sco-agent
     rm -f /etc/sco-agent/agent.toml
-    rmdir /etc/sco-agent/trust /etc/sco-agent /opt/sco-agent 2>/dev/null || true
+    rmdir /etc/sco-agent/trust /etc/sco-agent 2>/dev/null || true
     # The sco-agent user stays: files it owned may remain (Debian policy keeps system users).
-    ;;
-esac
+fi
+if [ -d /run/systemd/system ]; then
+    systemctl --system daemon-reload >/dev/null || true
+fi
 exit 0
 EOF
 chmod 0755 "$root/DEBIAN/postinst" "$root/DEBIAN/prerm" "$root/DEBIAN/postrm"
@@ -182,17 +235,19 @@ Version: $version
 Architecture: $arch
 Maintainer: $maintainer
 Installed-Size: $installed_kb
-Depends: $depends
+Depends: python3 (>= $pyver~), python3 (<< $next~), libc6, passwd, init-system-helpers (>= 1.52)
 Section: admin
 Priority: optional
 Description: SCO node agent: drains a reclaimable node on a reclaim notice
- Runs on every compute node lent as reclaimable capacity. On a reclaim notice it
- cordons the node, tells every workload per its contract (checkpoint, decommission,
- requeue) over a Unix socket, waits a bounded time and forces what is left.
- Installed into /opt/sco-agent/venv from the wheels under /opt/sco-agent/wheels.
+ Runs on every compute node lent as reclaimable capacity. On a reclaim notice
+ it cordons the node, tells every workload per its contract (checkpoint,
+ decommission, requeue) over a Unix socket, waits a bounded time and forces
+ what is left.
+ Built for Debian $release ($codename, Python $pyver).
 EOF
 (cd "$root" && find . -type f ! -path './DEBIAN/*' -printf '%P\0' | sort -z \
     | xargs -0 md5sum >DEBIAN/md5sums)
+chmod 0644 "$root/DEBIAN/control" "$root/DEBIAN/md5sums"
 
 mkdir -p "$out"
 deb="$out/sco-agent_${version}_${arch}.deb"

@@ -5,11 +5,15 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import timedelta
+from typing import Any
 
 import nats
 import psycopg
 from nacl.signing import SigningKey
+from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
 from activities.events import CapacityType, EventKind, InstanceState
@@ -46,22 +50,40 @@ async def launch(cloud: SimulatedCloud, repo: FleetRepository, region: Region, p
     return name
 
 
-async def test_a_reclaim_notices_the_node_then_deletes_it_after_the_deadline(
-    fleet_repo: FleetRepository, region_r1: Region, pg_dsn: str
-) -> None:
-    cloud = SimulatedCloud(region_r1, clock=lambda: 0.0)
+@asynccontextmanager
+async def relay_on_nats(
+    repo: FleetRepository,
+    cloud: SimulatedCloud,
+    hall: str,
+    *,
+    lead: timedelta = timedelta(seconds=120),
+    **extra: Any,
+) -> AsyncIterator[tuple[NoticeRelay, NatsClient]]:
+    """r1's relay for `hall`, its stream ensured, on a NATS connection of its own (closed
+    afterwards)."""
     nc = await nats.connect(NATS_URL)
     try:
         relay = NoticeRelay(
             region="r1",
-            hall="D",
-            lead=timedelta(seconds=120),
-            repo=fleet_repo,
+            hall=hall,
+            lead=lead,
+            repo=repo,
             provider=cloud,
             js=nc.jetstream(),
             signing_key=KEY,
+            **extra,
         )
         await relay.ensure_stream()
+        yield relay, nc
+    finally:
+        await nc.close()
+
+
+async def test_a_reclaim_notices_the_node_then_deletes_it_after_the_deadline(
+    fleet_repo: FleetRepository, region_r1: Region, pg_dsn: str
+) -> None:
+    cloud = SimulatedCloud(region_r1, clock=lambda: 0.0)
+    async with relay_on_nats(fleet_repo, cloud, "D") as (relay, nc):
         pool_id = "r1.D.cpu.l"
         nodes = [await launch(cloud, fleet_repo, region_r1, pool_id) for _ in range(3)]
         received: list[ReclaimNotice] = []
@@ -106,8 +128,6 @@ async def test_a_reclaim_notices_the_node_then_deletes_it_after_the_deadline(
             raise AssertionError("the instance should be gone")
         except NotFound:
             pass
-    finally:
-        await nc.close()
 
 
 def notice_reason(dsn: str, instance_id: str) -> str:
@@ -128,18 +148,7 @@ async def test_provider_reclaim_decisions_become_notices(
         clock=lambda: now[0],
         reclaims=ReclaimModel(base_per_instance_hour=3600.0, bursts_per_pool_hour=0.0),
     )
-    nc = await nats.connect(NATS_URL)
-    try:
-        relay = NoticeRelay(
-            region="r1",
-            hall="A",
-            lead=timedelta(seconds=120),
-            repo=fleet_repo,
-            provider=cloud,
-            js=nc.jetstream(),
-            signing_key=KEY,
-        )
-        await relay.ensure_stream()
+    async with relay_on_nats(fleet_repo, cloud, "A") as (relay, _):
         node = await launch(cloud, fleet_repo, region_r1, "r1.A.mem.xl")
         assert await relay.poll_provider() == []  # starts the reclaim clock
         now[0] += 60.0  # at one reclaim per instance-second, a minute reclaims it
@@ -148,8 +157,6 @@ async def test_provider_reclaim_decisions_become_notices(
         assert await relay.poll_provider() == []  # each decision is acted on once
         row = fleet_repo.get_instance(node)
         assert row is not None and row.state is InstanceState.NOTICED
-    finally:
-        await nc.close()
 
 
 async def test_the_notice_streams_duplicate_window_covers_the_lead(
@@ -188,18 +195,7 @@ async def test_a_relay_down_past_the_deadline_republishes_nothing_stale(
     fleet_repo: FleetRepository, region_r1: Region
 ) -> None:
     cloud = SimulatedCloud(region_r1, clock=lambda: 0.0)
-    nc = await nats.connect(NATS_URL)
-    try:
-        relay = NoticeRelay(
-            region="r1",
-            hall="C",
-            lead=timedelta(seconds=120),
-            repo=fleet_repo,
-            provider=cloud,
-            js=nc.jetstream(),
-            signing_key=KEY,
-        )
-        await relay.ensure_stream()
+    async with relay_on_nats(fleet_repo, cloud, "C") as (relay, _):
         node = await launch(cloud, fleet_repo, region_r1, "r1.C.cpu.l")
         [notice] = await relay.reclaim([node], "test")
         assert await relay.recover(now=notice.issued_at) >= 1
@@ -207,5 +203,3 @@ async def test_a_relay_down_past_the_deadline_republishes_nothing_stale(
         # instead of a second copy reaching the node.
         assert await relay.recover(now=notice.deadline + timedelta(days=365)) == 0
         assert node in await relay.sweep(now=notice.deadline + timedelta(seconds=1))
-    finally:
-        await nc.close()

@@ -112,7 +112,7 @@ async def test_dry_run_mutates_nothing(tmp_path: Path) -> None:
     class Spy(SlurmScheduler):
         async def _run(self, *args: str) -> str:
             calls.append(args)
-            return "42|ci|spot|RUNNING|sco-contract=ci\n" if args[0] == "squeue" else ""
+            return "42|ci|spot|RUNNING|1700000000|sco-contract=ci\n" if args[0] == "squeue" else ""
 
     agent = Agent(
         agent_config(tmp_path, node="n", dry_run=True),
@@ -160,6 +160,7 @@ def test_check_exits_0_with_a_valid_bundle_and_1_without(tmp_path: Path) -> None
             region = "r1"
             hall = "D"
             scheduler = "none"
+            nats_urls = []
             cache_dir = "{tmp_path / "cache"}"
             trust_dir = "{trust}"
             """)

@@ -79,7 +79,8 @@ def train(base_uri: str, report: Path, steps: int | None, max_seconds: float) ->
     server = register_dcp(to_save, base_uri, step=lambda: step, lock=lock)
     end = time.monotonic() + max_seconds
     first = step
-    while not server.answered.is_set() and time.monotonic() < end:
+    # No step once a drain's checkpoint is asked for: the save is of the last step.
+    while not server.draining.is_set() and time.monotonic() < end:
         if steps is not None and step >= first + steps:
             break
         with lock:
@@ -90,6 +91,8 @@ def train(base_uri: str, report: Path, steps: int | None, max_seconds: float) ->
             optim.step()
             step += 1
         time.sleep(0.005)
+    if server.draining.is_set():
+        server.answered.wait(max(0.0, end - time.monotonic()))  # the reply is out: leave
     server.close()
     out.update(final_step=step, answered_path=server.answered_path)
     report.write_text(json.dumps(out))

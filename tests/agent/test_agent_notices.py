@@ -5,12 +5,9 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import uuid
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import nats
 import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -25,27 +22,12 @@ from agent.sources.metadata import MetadataFileSource
 from agent.sources.nats import NatsNoticeSource
 from contracts.cache import BundleCache
 from contracts.keys import TrustStore
-from contracts.notice import ReclaimNotice, notice_stream
+from contracts.notice import ReclaimNotice
 from contracts.notice_signing import sign
 from tests.support.agent_fakes import RecordingScheduler, agent_config, notice_key, signed_bundle
 
 NATS_URL = "nats://127.0.0.1:4222"
 pytestmark = pytest.mark.timeout(50)
-
-
-@pytest.fixture
-async def nats_region() -> AsyncIterator[tuple[Client, str]]:
-    """A client and a region of our own (its notice stream created, deleted after)."""
-    try:
-        nc = await nats.connect(NATS_URL, connect_timeout=2, max_reconnect_attempts=0)
-    except Exception as exc:
-        pytest.skip(f"no NATS at {NATS_URL}: {exc}")
-    region = f"t{uuid.uuid4().hex[:8]}"
-    js = nc.jetstream()
-    await js.add_stream(name=notice_stream(region), subjects=[f"sco.{region}.notice.>"])
-    yield nc, region
-    await js.delete_stream(notice_stream(region))
-    await nc.close()
 
 
 def install_bundle(tmp: Path, region: str = "r1") -> None:

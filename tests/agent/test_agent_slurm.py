@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import nats
 import pytest
+from nats.aio.client import Client
 
 from agent.daemon import Agent
 from agent.natslink import NatsLink
@@ -19,7 +19,7 @@ from agent.scheduler.slurm import SlurmScheduler
 from agent.sources.nats import NatsNoticeSource
 from contracts.cache import BundleCache
 from contracts.keys import TrustStore
-from contracts.notice import ReclaimNotice, notice_stream
+from contracts.notice import ReclaimNotice
 from contracts.notice_signing import sign
 from tests.support import tools
 from tests.support.agent_fakes import agent_config, notice_key, signed_bundle
@@ -41,16 +41,8 @@ def slurm() -> Iterator[SlurmCluster]:
 
 
 @pytest.fixture
-async def region() -> AsyncIterator[str]:
-    try:
-        nc = await nats.connect(NATS_URL, connect_timeout=2, max_reconnect_attempts=0)
-    except Exception as exc:
-        pytest.skip(f"no NATS at {NATS_URL}: {exc}")
-    name = f"t{uuid.uuid4().hex[:8]}"
-    await nc.jetstream().add_stream(name=notice_stream(name), subjects=[f"sco.{name}.notice.>"])
-    yield name
-    await nc.jetstream().delete_stream(notice_stream(name))
-    await nc.close()
+def region(nats_region: tuple[Client, str]) -> str:
+    return nats_region[1]
 
 
 def job_field(slurm: SlurmCluster, job: str, key: str) -> str:
@@ -73,6 +65,7 @@ async def test_a_notice_drains_the_node_and_requeues_the_job(
     )  # fmt: skip
     assert submitted.returncode == 0, submitted.stderr
     job = submitted.stdout.strip().split(";")[0]
+    queued = time.monotonic()
     end = time.monotonic() + 20
     while job_field(slurm, job, "JobState") != "RUNNING":
         assert time.monotonic() < end, f"job never ran: {slurm.log()[-2000:]}"
@@ -113,6 +106,10 @@ async def test_a_notice_drains_the_node_and_requeues_the_job(
     assert [(w.workload, w.contract, w.result) for w in report.workloads] == [
         (job, "ci-runners", "requeued")
     ]
+    # Requeued with nothing saved: its run time so far is lost, from squeue's start time
+    # (the job ran before the agent started; a generous bound for a loaded machine).
+    lost = report.workloads[0].lost_seconds
+    assert lost is not None and 0 < lost < time.monotonic() - queued + 2, lost
     assert node_state(slurm).startswith("drain")
     assert job_field(slurm, job, "Restarts") == "1"
     assert job_field(slurm, job, "JobState") in ("PENDING", "REQUEUED")

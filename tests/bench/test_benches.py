@@ -5,6 +5,8 @@ A bench whose tool is missing (bench/needs.py) skips with the reason."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,7 @@ from bench.run_all import (
     BEGIN,
     BENCHES,
     END,
-    TINY_TIMEOUT_S,
+    ROOT,
     Bench,
     markdown,
     replace_section,
@@ -22,10 +24,12 @@ from bench.run_all import (
 )
 
 
-# The runner stops a tiny bench after TINY_TIMEOUT_S; the slowest (control: a dev server
-# and a `sco` process) takes ~35 s on this machine.
-@pytest.mark.timeout(TINY_TIMEOUT_S + 10)
-@pytest.mark.parametrize("bench", BENCHES, ids=[b.name for b in BENCHES])
+# The runner stops a tiny bench after its tiny_timeout_s (TINY_TIMEOUT_S unless the bench
+# starts several processes); control (a dev server and a `sco` process) takes ~35 s here.
+@pytest.mark.parametrize(
+    "bench",
+    [pytest.param(b, id=b.name, marks=pytest.mark.timeout(b.tiny_timeout_s + 10)) for b in BENCHES],
+)
 def test_tiny_bench_measures_every_figure(bench: Bench) -> None:
     if (reason := bench.needs()) is not None:
         pytest.skip(f"{bench.name}: {reason}")
@@ -88,3 +92,67 @@ def test_report_table_marks_met_missed_and_not_run_and_replaces_readme_section(
     replace_section(readme, table)
     text = readme.read_text()
     assert "old table" not in text and table in text and text.endswith("after\n")
+
+
+RUNS = ROOT / "bench" / "results" / "runs"
+
+
+def _run_all(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "bench/run_all.py", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_a_recorded_run_joins_the_report_and_the_readme_without_running_anything(
+    tmp_path: Path,
+) -> None:
+    earlier = {
+        "generated_at": "2026-12-01 21:37 UTC",
+        "tiny": False,
+        "benches": [{"bench": "planner", "status": "not run", "reason": "kept as it was"}],
+    }
+    (tmp_path / "latest.json").write_text(json.dumps(earlier))
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{BEGIN}\nold\n{END}\nrest\n")
+    soak = RUNS / "2026-12-02-ledger_soak_cap512.json"
+    proc = _run_all(
+        "--out", str(tmp_path), "--readme", str(readme), "--record", f"ledger_soak={soak}"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "bench " not in proc.stderr  # nothing ran
+    report = json.loads((tmp_path / "latest.json").read_text())
+    assert [b["bench"] for b in report["benches"]] == ["planner", "ledger_soak"]
+    row = report["benches"][1]
+    assert row["status"] == "ok" and row["run_at"] == f"recorded in {soak}"
+    assert row["figures"] == json.loads(soak.read_text())["figures"]
+    text = readme.read_text()
+    assert text.startswith("intro\n") and text.endswith("rest\n") and "old" not in text
+    assert f"run recorded in {soak}" in text and "| planner | — |" in text
+
+
+@pytest.mark.parametrize(
+    ("spec", "says"),
+    [
+        ("ledger_soak", "expected NAME=FILE"),
+        ("nosuch=x.json", "unknown bench nosuch"),
+        ("ledger_soak=/nonexistent.json", "/nonexistent.json: No such file or directory"),
+        (f"saturation={RUNS / '2026-12-02-early_warning.json'}", "field bench is 'early_warning'"),
+        ("ledger_soak={bad}", "not JSON"),
+    ],
+)
+def test_a_bad_record_is_one_line_naming_it_and_leaves_the_report_alone(
+    tmp_path: Path, spec: str, says: str
+) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    (tmp_path / "latest.json").write_text("{}")
+    proc = _run_all("--out", str(tmp_path), "--record", spec.format(bad=bad))
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0] and "--record" in lines[0], proc.stderr
+    assert (tmp_path / "latest.json").read_text() == "{}"

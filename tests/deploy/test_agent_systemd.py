@@ -68,7 +68,10 @@ def test_the_daemon_says_ready_pings_the_watchdog_and_says_stopping(
     got: list[str] = []
     try:
         _receive_until(sock, "READY=1", got)
-        assert got[0].split("\n") == ["READY=1", "STATUS=watching for reclaim notices"]
+        assert got[0].split("\n") == [  # no trust, no NATS: it says it drains conservatively
+            "READY=1",
+            "STATUS=watching for reclaim notices; NO CONTRACT BUNDLE YET: draining conservatively",
+        ]
         ready_at = time.monotonic()
         for _ in range(3):
             got.append(sock.recv(4096).decode())
@@ -118,8 +121,8 @@ needs_systemd_analyze = pytest.mark.skipif(
 
 @needs_systemd_analyze
 def test_the_unit_file_verifies_clean(tmp_path: Path) -> None:
-    # The executable the unit runs, where the package's postinst puts it.
-    exe = tmp_path / "opt" / "sco-agent" / "venv" / "bin" / "sco-agent"
+    # The executable the unit runs, where the package puts it.
+    exe = tmp_path / "usr" / "bin" / "sco-agent"
     exe.parent.mkdir(parents=True)
     exe.write_text("#!/bin/sh\n")
     exe.chmod(0o755)

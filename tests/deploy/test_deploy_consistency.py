@@ -39,6 +39,7 @@ NEEDS: dict[tuple[str, str], set[str]] = {
     ("notice-relay", "--region"): {"temporal", "postgres", "nats", "openstack", "notice-key"},
     ("outbox", "relay"): {"postgres", "kafka"},
     ("ledger", "consume"): {"kafka", "ledger"},
+    ("ledger", "book-drains"): {"nats", "ledger"},
     ("temporal", "bootstrap"): {"temporal"},
     ("db", "migrate"): {"postgres"},
     ("contracts", "pull"): {"nats", "contracts"},

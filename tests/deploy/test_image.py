@@ -10,11 +10,10 @@ import subprocess
 
 import pytest
 
+from tests.support.image import IMAGE, current_image
 from tests.support.paths import REPO
-from workers.settings import WorkerSettings
 
 PODMAN = shutil.which("podman")
-IMAGE = f"registry.sco.internal/sco/sco:{WorkerSettings().effective_build_id()}"
 ENV = {**os.environ, "CONTAINERS_CONF": str(REPO / "deploy" / "image" / "containers.conf")}
 
 
@@ -26,8 +25,7 @@ def _podman(*args: str) -> subprocess.CompletedProcess[str]:
 def _image_or_skip() -> None:
     if PODMAN is None:
         pytest.skip("podman not installed (apt-get install podman runc): image tests skipped")
-    if _podman("image", "exists", IMAGE).returncode != 0:
-        pytest.skip(f"{IMAGE} not built (`make image`, ~40 s): image tests skipped")
+    current_image()  # this tree's, never one an earlier checkout left under the same tag
 
 
 def _name(project: str) -> str:
@@ -62,3 +60,19 @@ def test_image_holds_exactly_the_locked_dependencies() -> None:
     }
     assert locked
     assert {n: v for n, v in locked.items() if installed.get(n) != v} == {}
+
+
+def test_the_lock_holds_every_dependency_of_pyproject() -> None:
+    """The image installs requirements.lock only (--no-deps): a dependency added to
+    pyproject.toml but not locked (`make lock`) is missing at run time."""
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    wanted = {_name(re.split(r"[\[<>=!~; ]", d, maxsplit=1)[0]) for d in project["dependencies"]}
+    locked = {
+        _name(m.group(1))
+        for m in re.finditer(
+            r"^([A-Za-z0-9_.-]+)==", (REPO / "requirements.lock").read_text(), re.M
+        )
+    }
+    assert sorted(wanted - locked) == []

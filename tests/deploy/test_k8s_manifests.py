@@ -27,11 +27,10 @@ HALL_LABEL = "topology.kubernetes.io/zone"
 GUARANTEED = "guaranteed"
 KUBECTL = shutil.which("kubectl")
 
-needs_kubectl = pytest.mark.skipif(
-    KUBECTL is None, reason="kubectl not installed: cannot render the Kustomize overlays"
-)
+needs_kubectl = pytest.mark.tools("kubectl")
 
 Doc = dict[str, Any]
+MONITORING = "monitoring.coreos.com/"
 
 
 @cache
@@ -103,6 +102,8 @@ def test_overlay_renders_with_no_placeholder_left(region: str) -> None:
         "Namespace",
         "NetworkPolicy",
         "PodDisruptionBudget",
+        "PodMonitor",
+        "PrometheusRule",
         "ServiceAccount",
     ]
     # The local-config values are consumed, never applied.
@@ -116,6 +117,8 @@ def test_overlay_validates_against_the_kubernetes_schemas(region: str) -> None:
         "kubernetes_validate", reason="kubernetes-validate not installed: schema check skipped"
     )
     for doc in render(region):
+        if doc["apiVersion"].startswith(MONITORING):
+            continue  # the Prometheus Operator's CRDs: checked by test_every_process_is_scraped
         kv.validate(doc, "1.32", strict=True)
 
 
@@ -182,7 +185,11 @@ def test_workers_spread_over_three_halls_with_two_always_available(region: str) 
     assert container["resources"]["limits"]["cpu"] == "2"
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     defaults = Settings().worker
-    assert ports == {"health": defaults.health_port, "metrics": defaults.metrics_port}
+    assert ports == {
+        "health": defaults.health_port,
+        "metrics": defaults.metrics_port,
+        "state-metrics": defaults.state_metrics_port,
+    }
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     annotations = worker["spec"]["template"]["metadata"]["annotations"]
@@ -338,3 +345,62 @@ def test_deploy_readme_names_the_rollout_commands() -> None:
         "kubectl kustomize deploy/k8s/overlays/r1",
     ):
         assert command in text
+
+
+@needs_kubectl
+@pytest.mark.parametrize("region", REGIONS)
+def test_every_process_is_scraped_and_probed(region: str) -> None:
+    """Each long-running process declares the ports its settings (sco.toml) give its
+    metrics and health, is probed on /readyz and /healthz, and the PodMonitor selects it
+    and scrapes its metrics ports."""
+    docs = render(region)
+    (config,) = named(docs, "ConfigMap", "sco-config-")
+    s = Settings(**tomllib.loads(config["data"]["sco.toml"]))
+    expected = {
+        "sco-worker": {
+            "health": s.worker.health_port,
+            "metrics": s.worker.metrics_port,
+            "state-metrics": s.worker.state_metrics_port,
+        },
+        "sco-notice-relay": {
+            "health": s.notice_relay.health_port,
+            "metrics": s.notice_relay.metrics_port,
+        },
+        "sco-outbox-relay": {"health": s.outbox.health_port, "metrics": s.outbox.metrics_port},
+        "sco-ledger-consumer": {
+            "health": s.ledger_health_port,
+            "metrics": s.ledger_metrics_port,
+        },
+    }
+    (monitor,) = of_kind(docs, "PodMonitor")
+    (selector,) = monitor["spec"]["selector"]["matchExpressions"]
+    assert set(selector["values"]) == set(expected)
+    scraped = {e["port"] for e in monitor["spec"]["podMetricsEndpoints"]}
+    seen = set()
+    for doc in of_kind(docs, "Deployment"):
+        name = doc["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"]
+        if name not in expected:
+            continue
+        seen.add(name)
+        container = pod_spec(doc)["containers"][0]
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        assert ports == expected[name], doc["metadata"]["name"]
+        assert all(v for v in ports.values()), f"{name}: a port is off in sco.toml"
+        assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
+        assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+        assert set(ports) - {"health"} <= scraped
+    assert seen == set(expected)
+    # The drain intake, the ledger consumer's pod's second process.
+    (ledger,) = [
+        d for d in of_kind(docs, "Deployment") if d["metadata"]["name"].endswith("ledger-consumer")
+    ]
+    (intake,) = [c for c in pod_spec(ledger)["containers"] if c["name"] == "sco-drain-intake"]
+    ports = {p["name"]: p["containerPort"] for p in intake["ports"]}
+    assert ports == {
+        "intake-health": s.drain_intake_health_port,
+        "intake-metrics": s.drain_intake_metrics_port,
+    }
+    assert intake["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "intake-health"}
+    assert "intake-metrics" in scraped
+    (rule,) = of_kind(docs, "PrometheusRule")
+    assert rule["spec"]["groups"], "the rules of deploy/prometheus/rules/sco.yml"

@@ -1,6 +1,7 @@
-"""The shipped Patroni configuration passes `patroni --validate-config` (Patroni from PyPI
-in a throwaway venv), apart from what only the real hosts can satisfy (their names
-resolving, port 5432 free, PostgreSQL 16's binaries), and keeps TLS wired end to end."""
+"""The shipped Patroni configuration passes `patroni --validate-config` (the venv's Patroni,
+or Patroni from PyPI in a throwaway venv), apart from what only the real hosts can satisfy
+(their names resolving, port 5432 free, PostgreSQL 16's binaries), and keeps TLS wired end
+to end."""
 
 from __future__ import annotations
 
@@ -20,6 +21,10 @@ HOST_ONLY = ("Name or service not known", "is already in use", "does not exist")
 
 @pytest.fixture(scope="module")
 def patroni(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # The dev extra has it (the failover tests' cluster); else a throwaway venv.
+    ours = Path(sys.executable).parent / "patroni"
+    if ours.exists():
+        return ours
     venv = tmp_path_factory.mktemp("patroni-venv")
     made = subprocess.run([sys.executable, "-m", "venv", str(venv)], capture_output=True)
     pip = subprocess.run(

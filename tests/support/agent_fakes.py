@@ -19,6 +19,7 @@ from agent.scheduler import NodeScheduler, SchedulerError, Workload
 from contracts import bundle, keys
 from contracts.cache import BundleCache
 from contracts.keys import TrustStore
+from contracts.model import EarlyWarningAction
 from contracts.notice import NoticePolicy
 from contracts.source import read_contracts
 from tests.support.paths import EXAMPLES
@@ -74,10 +75,15 @@ def notice_key(directory: Path) -> SigningKey:
 
 
 def signed_bundle(
-    directory: Path, *, serial: int = 1, notice_regions: Sequence[str] = ()
+    directory: Path,
+    *,
+    serial: int = 1,
+    notice_regions: Sequence[str] = (),
+    early_warning: dict[str, EarlyWarningAction] | None = None,
 ) -> tuple[bytes, Path, SigningKey]:
     """The example contracts signed by a fresh key; returns (raw, trust dir, key). For each
-    of `notice_regions` the bundle lists `notice_key(directory)` as a notice signer."""
+    of `notice_regions` the bundle lists `notice_key(directory)` as a notice signer.
+    `early_warning`: contract name -> its `drain.early_warning` opt-in."""
     trust = directory / "trust"
     if trust.is_dir() and any(trust.glob("*.key")):
         key = keys.load_signing_key(next(trust.glob("*.key")))
@@ -86,8 +92,16 @@ def signed_bundle(
         key = keys.load_signing_key(private)
     sources, findings = read_contracts(EXAMPLES)
     assert not findings
+    contracts = [s.contract for s in sources]
+    for name, action in (early_warning or {}).items():
+        contracts = [
+            c.model_copy(update={"drain": c.drain.model_copy(update={"early_warning": action})})
+            if c.name == name
+            else c
+            for c in contracts
+        ]
     raw = bundle.build(
-        [s.contract for s in sources],
+        contracts,
         serial=serial,
         created_at=datetime.now(UTC) - timedelta(minutes=1),
         key=key,
@@ -147,8 +161,17 @@ def wait_for_path(path: Path, seconds: float = 10) -> None:
         time.sleep(0.02)
 
 
-def training_agent(tmp_path: Path, job: str, **over: Any) -> tuple[Agent, RecordingScheduler]:
-    raw, trust, _ = signed_bundle(tmp_path, notice_regions=["r1"])
+def training_agent(
+    tmp_path: Path,
+    job: str,
+    *,
+    early_warning: EarlyWarningAction | None = None,
+    **over: Any,
+) -> tuple[Agent, RecordingScheduler]:
+    """An agent on node g1 (r1/D) with job `job` of llm-train (opted in to `early_warning`
+    when given) on its recording scheduler."""
+    opt_in = {"llm-train": early_warning} if early_warning is not None else None
+    raw, trust, _ = signed_bundle(tmp_path, notice_regions=["r1"], early_warning=opt_in)
     assert BundleCache(tmp_path / "cache", TrustStore.load(trust)).offer(raw).accepted
     scheduler = RecordingScheduler(
         [

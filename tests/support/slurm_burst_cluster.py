@@ -41,10 +41,11 @@ _BASE = "ClusterName=sco-burst-test\n" + COMMON_CONF + SLURMD_CONF
 
 
 def fragment(
-    directory: Path, *, resume_timeout: int, suspend_time: int, programs: bool = True
+    directory: Path, *, resume_timeout: int, suspend_time: int | None, programs: bool = True
 ) -> str:
     """The shipped fragment with this directory's programs and test-sized times;
-    `programs=False`: Slurm calls /bin/true instead (benchmarks call them by hand)."""
+    `programs=False`: Slurm calls /bin/true instead (benchmarks call them by hand);
+    `suspend_time=None` keeps the shipped global SuspendTime (INFINITE: partitions set it)."""
     text = (REPO / "deploy" / "slurm" / "slurm.conf.fragment").read_text()
     if programs:
         text = text.replace("/usr/lib/sco/slurm/", f"{directory}/")
@@ -56,7 +57,7 @@ def fragment(
         key = line.split("=", 1)[0]
         if key == "ResumeTimeout":
             line = f"ResumeTimeout={resume_timeout}"
-        elif key == "SuspendTime":
+        elif key == "SuspendTime" and suspend_time is not None:
             line = f"SuspendTime={suspend_time}"
         elif key == "SuspendTimeout":
             line = "SuspendTimeout=5"

@@ -29,10 +29,12 @@ REQUIRED = os.environ.get("SCO_REQUIRE_TOOLS") == "1"
 @dataclass(frozen=True)
 class Tool:
     name: str  # the Debian package, or the pip distribution
-    via: Literal["apt", "pip"]
-    provides: tuple[str, ...]  # executables on PATH (apt), or the modules to import (pip)
+    # machine: on PATH as the machine comes (python-svc), in no archive `make deps` uses
+    via: Literal["apt", "pip", "machine"]
+    provides: tuple[str, ...]  # executables on PATH (apt, machine), or modules (pip)
     tests: str  # which tests skip without it
     pin: str = ""  # what the installer is asked for, when not just `name`
+    how: str = ""  # machine: where it comes from
 
     @property
     def requirement(self) -> str:
@@ -45,6 +47,8 @@ _SLURMCTLD_TESTS = (
 )
 _SLURMD_TESTS = "tests/workflows/test_slurm_bursting.py, tests/agent/test_agent_slurm.py"
 
+_CONTAINER_TESTS = "tests/deploy/test_agent_deb_container.py, tests/deploy/test_kube_play.py"
+_SPARK_TESTS = "tests/agent/test_agent_spark.py"
 _RGW_TESTS = "tests/agent/test_agent_dcp_rgw.py, tests/workers/test_cli_checkpoints.py"
 #: A Ceph cluster with the RADOS Gateway (tests/support/rgw.py).
 CEPH_RGW = ("ceph-mon", "ceph-osd", "radosgw", "ceph-common")
@@ -58,6 +62,8 @@ TOOLS: tuple[Tool, ...] = (
     Tool("munge", "apt", ("munged",), _SLURMCTLD_TESTS),
     Tool("slurmd", "apt", ("slurmd",), _SLURMD_TESTS),
     Tool("slurmrestd", "apt", ("slurmrestd",), "tests/activities/test_demand_intake.py (rest)"),
+    # The DCS of the test Patroni cluster (tests/support/patroni_cluster.py).
+    Tool("etcd-server", "apt", ("etcd",), "tests/deploy/test_patroni_failover.py"),
     Tool("lua5.1", "apt", ("lua5.1", "luac5.1"), "tests/contracts/test_slurm_admission.py (lua)"),
     # Ceph Pacific from Debian 12 (~290 MB): one mon, one memstore OSD and the RADOS Gateway
     # as the suite's S3 (tests/support/rgw.py); ceph-mgr is optional and left out.
@@ -65,6 +71,45 @@ TOOLS: tuple[Tool, ...] = (
     Tool("ceph-osd", "apt", ("ceph-osd",), _RGW_TESTS),
     Tool("radosgw", "apt", ("radosgw", "radosgw-admin"), _RGW_TESTS),
     Tool("ceph-common", "apt", ("ceph",), _RGW_TESTS),
+    # Debian 12's Prometheus 2.42 with promtool: the box's Prometheus and the rule tests.
+    Tool(
+        "prometheus",
+        "apt",
+        ("prometheus", "promtool"),
+        "tests/deploy/test_prometheus_rules.py, tests/workers/test_box_prometheus.py",
+    ),
+    Tool("lintian", "apt", ("lintian",), "tests/deploy/test_agent_deb.py (lintian)"),
+    # TLS in front of Temporal with client-certificate verification and grpc_pass.
+    Tool("nginx", "apt", ("nginx",), "tests/workers/test_tls_clients.py (Temporal behind nginx)"),
+    Tool(
+        "openssl",
+        "apt",
+        ("openssl",),
+        "tests/workers/test_tls_clients.py, tests/deploy/test_nats_permissions.py",
+    ),
+    # Renders the Kustomize overlays; Debian 12 has no kubectl package.
+    Tool(
+        "kubectl",
+        "machine",
+        ("kubectl",),
+        "tests/deploy/test_k8s_manifests.py, tests/deploy/test_kube_play.py",
+        how="https://kubernetes.io/docs/tasks/tools/ (python-svc machines have it)",
+    ),
+    # Podman runs the image, the agent's .deb in a Debian 12 container and the rendered
+    # manifests (`podman kube play`) with no registry and no API server
+    # (deploy/image/README.md); runc: hybrid cgroups defeat crun; debootstrap makes the
+    # Debian base image; slirp4netns gives each pod its own network.
+    Tool("podman", "apt", ("podman",), _CONTAINER_TESTS),
+    Tool("runc", "apt", ("runc",), _CONTAINER_TESTS),
+    Tool("debootstrap", "apt", ("debootstrap",), _CONTAINER_TESTS),
+    Tool("slirp4netns", "apt", ("slirp4netns",), _CONTAINER_TESTS),
+    # A pod's infra container: `podman kube play` builds its pause image around catatonit
+    # (a Recommends of podman that --no-install-recommends leaves out).
+    Tool("catatonit", "apt", ("catatonit",), "tests/deploy/test_kube_play.py"),
+    # Real Spark (tests/support/spark_cluster.py): the pyspark sdist (~434 MB download,
+    # ~1 min to build its wheel: it carries Spark's jars) on Debian 12's Java 17.
+    Tool("openjdk-17-jre-headless", "apt", ("java",), _SPARK_TESTS),
+    Tool("pyspark", "pip", ("pyspark",), _SPARK_TESTS, pin="pyspark==4.0.1"),
     # The +cpu build (~190 MB, no CUDA): the machine's wheel cache (/opt/wheels) has it;
     # plain `torch==2.13.0` from PyPI is the CUDA build with a dozen nvidia-* wheels.
     Tool("torch", "pip", ("torch",), "tests/agent/test_agent_dcp.py", pin="torch==2.13.0+cpu"),
@@ -82,7 +127,7 @@ SLURMCTLD_SLURMD = (*SLURMCTLD, "slurmd")
 
 
 def present(tool: Tool) -> bool:
-    if tool.via == "apt":
+    if tool.via in ("apt", "machine"):
         return all(shutil.which(exe) for exe in tool.provides)
     return all(importlib.util.find_spec(module) for module in tool.provides)
 
@@ -102,6 +147,7 @@ def install_command(tools: list[Tool]) -> str:
         commands.append(f"{sudo}apt-get install -y --no-install-recommends {' '.join(apt)}")
     if pip:
         commands.append(f"{shlex.quote(sys.executable)} -m pip install {shlex.join(pip)}")
+    commands += [f"install {t.name} from {t.how}" for t in tools if t.via == "machine"]
     return " && ".join(commands)
 
 

@@ -3,12 +3,14 @@
 One test performs each action with the real `sco` command against a real `sco worker` (dev
 server, scratch PostgreSQL, its own NATS with JetStream, the simulated cloud), a real
 `sco notice-relay`, then carries the outbox through Kafka (tansu) into the ledger and finds
-each action's decision there.
+each action's decision there. Each command that names a workflow prints its Temporal UI
+link, and the worker and relay, writing to a file, log one JSON object per line.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -28,6 +30,8 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
+from activities.budget import budget_workflow_id
+from activities.control.models import partition_of
 from activities.decisions import Decision, decisions_topic
 from activities.fleet.db import open_pool
 from activities.fleet.migrate import migrate
@@ -45,10 +49,12 @@ from tests.support.control_harness import fallback_above_authority, install_exam
 from tests.support.paths import BASE_DSN, EXAMPLES, REGIONS_DIR, REPO
 from workers.devbox import process
 from workers.devbox.services import NatsService
-from workers.settings import Settings
+from workers.settings import ControlSettings, Settings
 from workers.temporal_bootstrap import bootstrap_namespace
 from workflows.acquisition.models import AcquisitionInput, AcquisitionProgress, FallbackState
 from workflows.acquisition.workflow import AcquisitionWorkflow
+from workflows.controller.models import controller_workflow_id
+from workflows.exclusion.models import exclusion_workflow_id
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -185,7 +191,12 @@ async def test_every_operator_action_is_a_ledger_decision(
         "SCO_WORKER__HEALTH_PORT": str(health),
         "SCO_WORKER__METRICS_PORT": "0",
         "SCO_WORKER__GRACEFUL_SHUTDOWN_SECONDS": "5",
+        "SCO_TEMPORAL__UI_URL": "http://temporal-ui.test:8080/",
     }
+
+    def link(workflow_id: str) -> str:
+        return f"http://temporal-ui.test:8080/namespaces/{ns_prefix}r1/workflows/{workflow_id}"
+
     # A second signed bundle (serial 2) for `contracts install` and `publish`.
     key = next((tmp_path / "contracts" / "keys").glob("*.key"))
     bundle = tmp_path / "serial2.json"
@@ -213,27 +224,39 @@ async def test_every_operator_action_is_a_ledger_decision(
                 break
             await asyncio.sleep(0.1)
         r1 = ("--region", "r1")
-        await sco("demand", "set", "ci-runners", "2", *r1, "--by", who["alice"], "--reason", "d")
-        await sco("floor", "start", *r1)
+        out = await sco(
+            "demand", "set", "ci-runners", "2", *r1, "--by", who["alice"], "--reason", "d"
+        )
+        partition = partition_of("ci-runners", ControlSettings().partitions)
+        assert link(controller_workflow_id("r1", partition)) in out
+        assert link("floor-r1-") in await sco("floor", "start", *r1)
         approve = await waiting_for_approval(client, f"au-approve-{tag}", "spark-etl")
         decline = await waiting_for_approval(client, f"au-decline-{tag}", "spark-etl")
         cancel = await waiting_for_approval(client, f"au-cancel-{tag}", "spark-etl")
         bob = ("--by", who["bob"])
-        await sco("acquisitions", "pause", approve, *r1, *bob, "--reason", "p")
+        assert link(approve) in await sco(
+            "acquisitions", "pause", approve, *r1, *bob, "--reason", "p"
+        )
         await sco("acquisitions", "resume", approve, *r1, *bob, "--reason", "r")
         carol = ("--by", who["carol"])
         await sco("acquisitions", "approve", approve, *r1, *carol, "--reason", "a")
         await sco("acquisitions", "approve", decline, *r1, *carol, "--reason", "n", "--decline")
-        await sco("acquisitions", "cancel", cancel, *r1, "--by", who["dave"], "--reason", "c")
+        out = await sco("acquisitions", "cancel", cancel, *r1, "--by", who["dave"], "--reason", "c")
+        assert link(cancel) in out
         erin = ("--by", who["erin"])
-        await sco("hall", "lost", "r1", "D", *erin, "--reason", "l")
+        assert link("floor-r1-") in await sco("hall", "lost", "r1", "D", *erin, "--reason", "l")
         await sco("hall", "restored", "r1", "D", *erin, "--reason", "b")
         frank = ("--by", who["frank"])
-        await sco("pool", "exclude", "r1.D.gp.l", *frank, "--reason", "x")
+        out = await sco("pool", "exclude", "r1.D.gp.l", *frank, "--reason", "x")
+        assert link(exclusion_workflow_id("r1.D.gp.l")) in out
         await sco("pool", "readmit", "r1.D.gp.l", *frank, "--reason", "y")
-        await sco("reclaim", "--pool", "r1.D.gp.l", *r1, "--by", who["gina"], "--reason", "g")
+        out = await sco("reclaim", "--pool", "r1.D.gp.l", *r1, "--by", who["gina"], "--reason", "g")
+        assert link(exclusion_workflow_id("r1.D.gp.l")) in out
         # The budget workflow exists once an acquisition has asked it for tokens.
-        await sco("budget", "set-rate", "20", "40", *r1, "--by", who["alice"], "--reason", "b")
+        out = await sco(
+            "budget", "set-rate", "20", "40", *r1, "--by", who["alice"], "--reason", "b"
+        )
+        assert link(budget_workflow_id("r1")) in out
         hank = ("--by", f"hank-{tag}")
         await sco("contracts", "install", str(bundle), *hank, "--reason", "i")
         await sco("contracts", "publish", str(bundle), "--trust", str(trust), *r1, *hank)
@@ -243,6 +266,14 @@ async def test_every_operator_action_is_a_ledger_decision(
         stop(worker)
         worker_log.close()
         relay_log.close()
+
+    # Not a terminal: JSON, one object per line, the SDK's lines with their workflow's ids.
+    for log_file in ("worker.log", "relay.log"):
+        lines = [json.loads(x) for x in (tmp_path / log_file).read_text().splitlines() if x]
+        assert lines and all({"ts", "level", "logger", "message"} <= x.keys() for x in lines)
+        for x in lines:
+            if x["logger"] in {"temporalio.workflow", "temporalio.activity"}:
+                assert x.get("workflow_id") and x.get("run_id"), x
 
     want = {
         ("demand", "set", who["alice"]),

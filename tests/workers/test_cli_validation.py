@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from tests.support import services
 from tests.support.paths import REGIONS_DIR, REPO
 from workers.cli.main import COMMANDS, app
+from workflows.exclusion.models import exclusion_workflow_id
 
 runner = CliRunner()
 
@@ -103,4 +104,9 @@ async def test_status_of_a_pool_that_never_had_a_notice(region_client: Client) -
     }
     code, out = await services.run_sco(env, "pool", "status", "r1.A.gp.l", cwd=REPO)
     assert code == 0, out
-    assert out.splitlines()[:2] == ["r1.A.gp.l: admitted", "  no notices, no transitions"]
+    ui = f"http://127.0.0.1:8233/namespaces/{env['SCO_TEMPORAL__NAMESPACE_PREFIX']}r1/workflows"
+    assert out.splitlines()[:3] == [
+        "r1.A.gp.l: admitted",
+        f"  Temporal UI: {ui}/{exclusion_workflow_id('r1.A.gp.l')}",
+        "  no notices, no transitions",
+    ]

@@ -55,6 +55,20 @@ def test_settings_repr_shows_no_secret(secret_files: dict[str, Path]) -> None:
     assert "postgresql://sco:***@127.0.0.1:1/sco" in repr(s)
 
 
+def test_a_multi_host_conninfo_shows_no_password() -> None:
+    """Patroni's members in one key=value connection string: the password is redacted."""
+    dsn = (
+        "host=10.0.0.1,10.0.0.2,10.0.0.3 port=5432,5432,5432 dbname=sco user=sco "
+        "password='s3 cret' target_session_attrs=read-write"
+    )
+    shown = repr(Settings(postgres_dsn=dsn))
+    assert "s3 cret" not in shown
+    assert "password=*** target_session_attrs=read-write" in shown
+    url = "postgresql://sco:s3cret@10.0.0.1:5432,10.0.0.2:5432/sco?target_session_attrs=read-write"
+    shown = repr(Settings(postgres_dsn=url))
+    assert "s3cret" not in shown and "sco:***@10.0.0.1:5432,10.0.0.2:5432/sco" in shown
+
+
 def test_secret_files_reach_the_clients(secret_files: dict[str, Path]) -> None:
     s = secret_settings(secret_files)
     conninfo = postgres_conninfo(s)

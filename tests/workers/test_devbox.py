@@ -38,6 +38,8 @@ def box_env(tmp_path: Path) -> Iterator[dict[str, str]]:
         "SCO_TEMPORAL__ADDRESS": f"127.0.0.1:{services.free_port()}",
         "SCO_TEMPORAL__UI_PORT": str(services.free_port()),
         "SCO_KAFKA__BOOTSTRAP_SERVERS": f"127.0.0.1:{services.free_port()}",
+        "SCO_PROMETHEUS__PORT": str(services.free_port()),
+        "SCO_PROMETHEUS__BOX_PORTS_FROM": str(services.free_port_range(16)),
     }
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
@@ -62,6 +64,8 @@ def sco(env: dict[str, str], *args: str, timeout: float = 180) -> subprocess.Com
     )
 
 
+# The whole box with its workers and Prometheus, up twice and down: minutes on a loaded machine.
+@pytest.mark.timeout(420)
 def test_up_is_idempotent_status_is_healthy_and_down_leaves_nothing(
     box_env: dict[str, str],
 ) -> None:

@@ -40,17 +40,18 @@ from activities.fleet.repository import FleetRepository
 from activities.provider.simulator import SimulatedCloud
 from contracts.distribution import publish
 from contracts.region import Region
-from tests.support import services
+from tests.support import services, tools
 from tests.support.control_harness import (
     fallback_above_authority,
     install_example_bundle,
     region_worker,
 )
 from tests.support.paths import REGIONS_DIR, REPO
-from workers.client_security import connect_temporal, nats_options, postgres_conninfo
+from workers.client_security import nats_options, postgres_conninfo
 from workers.devbox.process import port_open
 from workers.settings import Settings
 from workers.temporal_bootstrap import bootstrap_namespace, ensure_search_attributes
+from workers.temporal_connect import connect_temporal
 from workflows.acquisition.models import (
     AcquisitionInput,
     AcquisitionProgress,
@@ -67,6 +68,8 @@ OPERATOR_SUBJECT = "CN=dana,O=sco-operators"
 
 
 def need(tool: str, path: str | None = None) -> str:
+    if tool in tools.BY_NAME:
+        tools.require(tool)  # a skip, or under SCO_REQUIRE_TOOLS=1 (CI) a failure
     found = path if path and Path(path).is_file() else shutil.which(tool)
     if not found:
         pytest.skip(f"{tool} missing: apt-get install -y {tool}")

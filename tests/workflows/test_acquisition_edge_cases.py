@@ -4,7 +4,6 @@ budget tokens (no create after the operator's word is accepted)."""
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -14,13 +13,16 @@ from temporalio.client import WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
 from activities.events import InstanceState
-from activities.fleet.control_state import ControlRepository
 from activities.fleet.repository import FleetRepository
 from activities.provider.interface import InstanceStatus
-from activities.provider.simulator import Latency, SimulatedCloud
 from contracts.region import Region
 from planning.arbiter import FallbackItem, FallbackPlan
-from tests.support.control_harness import Harness, poll_until, region_worker, skip_time
+from tests.support.control_harness import (
+    Harness,
+    instant_boot_worker,
+    poll_until,
+    skip_time,
+)
 from workflows.acquisition.models import (
     AcquisitionInput,
     AcquisitionResult,
@@ -40,16 +42,11 @@ async def harness(
     request: pytest.FixtureRequest,
 ) -> AsyncIterator[Harness]:
     rate, burst = getattr(request, "param", (50.0, 50))
-    cloud = SimulatedCloud(
-        region_r1, latency=Latency(boot_s=0.0), clock=asyncio.get_running_loop().time
-    )
-    async with region_worker(
+    async with instant_boot_worker(
         workflow_env.client,
-        cloud,
+        region_r1,
         fleet_repo,
-        ControlRepository(fleet_repo._pool),
-        bundle_dir=tmp_path / "cache",
-        trust_dir=tmp_path / "trust",
+        tmp_path,
         rate_per_second=rate,
         burst=burst,
     ) as h:

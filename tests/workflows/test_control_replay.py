@@ -16,6 +16,7 @@ from workflows.slurm.workflow import SlurmReleaseWorkflow
 RECORDED = [
     "acquisition_approved",
     "acquisition_cancelled",
+    "acquisition_compensated",  # failed on its state writes: deletes what it created
     "acquisition_paused",  # from before pause/resume decisions: replays under the patch
     "region_controller",
     "slurm_acquisition",

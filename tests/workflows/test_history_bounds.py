@@ -17,20 +17,17 @@ from temporalio.testing import WorkflowEnvironment
 
 from activities.control.models import partition_of
 from activities.fleet.control_state import ControlRepository
-from activities.fleet.db import open_pool
-from activities.fleet.migrate import migrate
 from activities.fleet.repository import FleetRepository
 from activities.provider.simulator import Latency, SimulatedCloud
 from contracts.region import Region
-from tests.support import services
 from tests.support.control_harness import (
     Harness,
+    fleet_repositories,
     install_example_bundle,
     poll_until,
     region_worker,
     skip_time,
 )
-from tests.support.paths import BASE_DSN
 from workflows.acquisition.models import AcquisitionInput, AcquisitionState, LaunchItem
 from workflows.acquisition.workflow import AcquisitionWorkflow
 from workflows.controller.models import ControllerConfig, ControllerInput
@@ -45,14 +42,8 @@ WARN_BYTES = 10 * 1024 * 1024
 
 @pytest.fixture
 def fresh_fleet(region_r1: Region) -> Iterator[tuple[FleetRepository, ControlRepository]]:
-    dsn = services.scratch_database(BASE_DSN)
-    migrate(dsn)
-    pool = open_pool(dsn, max_size=8)
-    repo = FleetRepository(pool)
-    repo.sync_pools(region_r1)
-    yield repo, ControlRepository(pool)
-    pool.close()
-    services.drop_database(dsn)
+    with fleet_repositories(region_r1) as repos:
+        yield repos
 
 
 @pytest.fixture

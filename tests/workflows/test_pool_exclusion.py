@@ -34,7 +34,7 @@ from activities.provider.simulator import Latency, SimulatedCloud
 from contracts.region import Region
 from planning import exclusion_policy as policy
 from tests.support import histories
-from tests.support.control_harness import poll_until, region_worker
+from tests.support.control_harness import poll_until, region_worker, skip_time
 from workflows import search_attributes as sa
 from workflows.acquisition.workflow import AcquisitionWorkflow
 from workflows.budget.workflow import TokenBudgetWorkflow
@@ -51,7 +51,9 @@ from workflows.exclusion.workflow import PoolExclusionWorkflow
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 MIN = timedelta(minutes=1)
-CFG = ExclusionConfig()  # production defaults: 3 notices / 1 h, 15 min base, 10 min probe
+# Production defaults (3 events / 1 h, 15 min base, 10 min probe) but every notice its own
+# event: these tests send notices seconds apart; burst counting has its own test.
+CFG = ExclusionConfig(burst_merge_seconds=0)
 
 Handle = WorkflowHandle[PoolExclusionWorkflow, None]
 
@@ -74,6 +76,23 @@ def test_window_dedupes_by_instance_and_slides() -> None:
     # A notice from a fast clock counts as now.
     assert policy.add_notice(notices, "i-3", T0 + 99 * MIN, T0 + 20 * MIN, w)
     assert notices["i-3"] == T0 + 20 * MIN
+
+
+def test_a_burst_of_co_reclaims_counts_once() -> None:
+    w, merge = timedelta(hours=1), timedelta(minutes=3)
+    burst = {f"b-{n}": T0 + timedelta(seconds=20 * n) for n in range(6)}  # 6 within 100 s
+    assert policy.count_bursts(burst, T0 + 10 * MIN, w, merge=merge) == 1
+    assert policy.count_in_window(burst, T0 + 10 * MIN, w) == 6
+    # A pool that keeps reclaiming: three notices minutes apart are three events.
+    spread = {"s-1": T0, "s-2": T0 + 4 * MIN, "s-3": T0 + 9 * MIN}
+    assert policy.count_bursts(spread, T0 + 10 * MIN, w, merge=merge) == 3
+    # A burst is measured from its first notice, so a steady trickle never merges forever.
+    trickle = {f"t-{n}": T0 + timedelta(minutes=2 * n) for n in range(5)}  # 0,2,4,6,8 min
+    assert policy.count_bursts(trickle, T0 + 10 * MIN, w, merge=merge) == 3
+    # No merge: every instance is its own event, as before.
+    assert policy.count_bursts(burst, T0 + 10 * MIN, w) == 6
+    # The window and the last re-admission bound it like count_in_window.
+    assert policy.count_bursts(spread, T0 + 10 * MIN, w, since=T0 + MIN, merge=merge) == 2
 
 
 def test_threshold() -> None:
@@ -471,7 +490,7 @@ async def test_safety_net_counts_notices_no_signal_brought(env: Env) -> None:
 async def test_state_survives_continue_as_new(env: Env) -> None:
     pool_id = "r1.B.hmem.l"
     h = env
-    cfg = ExclusionConfig(continue_after_events=3)
+    cfg = ExclusionConfig(continue_after_events=3, burst_merge_seconds=0)
     try:
         for n in range(3):
             await h.notice(pool_id, f"can-{n}", cfg)
@@ -488,6 +507,34 @@ async def test_state_survives_continue_as_new(env: Env) -> None:
         assert after.state is PoolState.EXCLUDED and after.strikes == 1
         assert after.excluded_until == st.excluded_until and after.reason == st.reason
         assert [t.to_state for t in after.history] == [PoolState.EXCLUDED]
+    finally:
+        await terminate(h, pool_id)
+
+
+async def test_a_co_reclaim_burst_does_not_exclude_a_pool_a_trickle_does(env: Env) -> None:
+    """Production defaults: five instances of one pool reclaimed together are one event
+    (a slice taken back once); three events minutes apart exclude the pool."""
+    pool_id = "r1.D.hmem.l"
+    h = env
+    cfg = ExclusionConfig()
+    try:
+        for n in range(5):
+            await h.notice(pool_id, f"burst-{n}", cfg)
+        st = await h.until(pool_id, lambda s: s.notices_in_window == 5)
+        # The skips never end on the safety net's check (every `check_seconds` from the
+        # start: 60 + 240 was exactly 300 s). The test server fires a timer that falls due
+        # a few ms after a skip in real time, while the next notice's workflow task cancels
+        # it; it then rejects the CancelTimer ("invalid history builder state for action")
+        # on every retry, and the stuck task holds time-skipping for good. The real server
+        # fails that task with an unhandled command, and the retry sees the timer fired.
+        await skip_time(h.time, 60)
+        st = await h.status(pool_id)
+        assert st.state is PoolState.ADMITTED
+        for n in range(2):
+            await skip_time(h.time, cfg.burst_merge_seconds + 47)  # at 287 s, then 514 s
+            await h.notice(pool_id, f"later-{n}", cfg)
+        st = await h.until(pool_id, lambda s: s.state is PoolState.EXCLUDED)
+        assert st.reason.startswith("3 reclaim events"), st.reason
     finally:
         await terminate(h, pool_id)
 

@@ -18,8 +18,6 @@ from temporalio.testing import WorkflowEnvironment
 
 from activities.events import CapacityType, EventKind, InstanceState
 from activities.fleet.control_state import ControlRepository
-from activities.fleet.db import open_pool
-from activities.fleet.migrate import migrate
 from activities.fleet.repository import FleetRepository, InstanceSpec
 from activities.provider.interface import CreateRequest, ReservationRequest
 from activities.provider.leases import fallback_owner, lease_name
@@ -27,9 +25,8 @@ from activities.provider.simulator import Latency, SimulatedCloud
 from activities.reconciler.activities import ReconcilerActivities, reconciler_activities
 from activities.reconciler.models import FleetEntry, ReconcileSnapshot
 from contracts.region import Region
-from tests.support import services
+from tests.support import control_harness
 from tests.support.control_harness import region_worker
-from tests.support.paths import BASE_DSN
 from workflows.reconciler.compare import plan_reconcile
 from workflows.reconciler.models import ReconcilerConfig, ReconcileReport, ReconcilerInput
 from workflows.reconciler.workflow import ReconcilerWorkflow
@@ -46,14 +43,8 @@ class Env:
 
 @pytest.fixture
 def scratch_fleet(region_r1: Region) -> Iterator[tuple[FleetRepository, ConnectionPool]]:
-    dsn = services.scratch_database(BASE_DSN)
-    migrate(dsn)
-    pool = open_pool(dsn, max_size=8)
-    repo = FleetRepository(pool)
-    repo.sync_pools(region_r1)
-    yield repo, pool
-    pool.close()
-    services.drop_database(dsn)
+    with control_harness.scratch_fleet(region_r1) as (_, pool, repo):
+        yield repo, pool
 
 
 @pytest.fixture

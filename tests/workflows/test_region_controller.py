@@ -15,21 +15,19 @@ from temporalio.testing import WorkflowEnvironment
 from activities.control.models import partition_of
 from activities.events import InstanceState
 from activities.fleet.control_state import ControlRepository
-from activities.fleet.db import open_pool
-from activities.fleet.migrate import migrate
 from activities.fleet.repository import FleetRepository
 from activities.provider.simulator import Latency, SimulatedCloud
 from contracts.node_labels import kubelet_join_args
 from contracts.region import Region
-from tests.support import histories, services
+from tests.support import histories
 from tests.support.control_harness import (
     Harness,
+    fleet_repositories,
     install_example_bundle,
     poll_until,
     region_worker,
     skip_time,
 )
-from tests.support.paths import BASE_DSN
 from workflows.controller.models import ControllerConfig, ControllerInput, DemandChanged
 from workflows.controller.workflow import RegionControllerWorkflow
 
@@ -39,14 +37,8 @@ CONTRACT = "spark-etl"  # 4 vCPU / 16 GiB units on gp|mem x xl|2xl: 2 or 4 units
 @pytest.fixture
 def fresh_fleet(region_r1: Region) -> Iterator[tuple[FleetRepository, ControlRepository]]:
     """A database of its own: the controller plans the example contracts' whole fleet."""
-    dsn = services.scratch_database(BASE_DSN)
-    migrate(dsn)
-    pool = open_pool(dsn, max_size=8)
-    repo = FleetRepository(pool)
-    repo.sync_pools(region_r1)
-    yield repo, ControlRepository(pool)
-    pool.close()
-    services.drop_database(dsn)
+    with fleet_repositories(region_r1) as repos:
+        yield repos
 
 
 @pytest.fixture

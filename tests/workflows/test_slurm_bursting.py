@@ -16,6 +16,7 @@ import asyncio
 import json
 import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,12 @@ from activities.provider.interface import HOSTNAME_KEY, InstanceStatus
 from activities.provider.simulator import Latency, SimulatedCloud
 from contracts.region import Region
 from tests.support import histories, tools
-from tests.support.control_harness import install_example_bundle, poll_until, region_worker
+from tests.support.control_harness import (
+    install_example_bundle,
+    poll_until,
+    region_worker,
+    scratch_fleet,
+)
 from tests.support.paths import REGIONS_DIR, REPO
 from tests.support.services import namespace_prefix
 from tests.support.slurm_burst_cluster import BurstCluster, burst_cluster
@@ -273,15 +279,24 @@ async def test_a_job_without_a_contract_gets_its_node_set_down_with_the_reason(
         ctx.__exit__(None, None, None)
 
 
+@pytest.fixture
+def own_fleet(region_r1: Region) -> Iterator[tuple[str, FleetRepository]]:
+    """A fleet database of the test's own: the exclusion cycle's safety net counts every
+    NOTICE of the pool in the last hour from fleet state, and the session's database
+    holds other tests' notices for the same pool."""
+    with scratch_fleet(region_r1, max_size=4) as (dsn, _, repo):
+        yield dsn, repo
+
+
 async def test_a_failed_resume_releases_the_instance_and_counts_against_the_pool(
     region_client: Client,
     region_r1: Region,
-    pg_dsn: str,
-    fleet_repo: FleetRepository,
+    own_fleet: tuple[str, FleetRepository],
     tmp_path: Path,
 ) -> None:
     """ResumeFailProgram: the instance is deleted and the pool's exclusion cycle counts
     the failure like a reclaim notice."""
+    pg_dsn, fleet_repo = own_fleet
     cache, trust = install_example_bundle(tmp_path)
     cloud = SimulatedCloud(region_r1, latency=Latency(boot_s=0.0))
     pool = open_pool(pg_dsn, max_size=4)
@@ -313,14 +328,14 @@ async def test_a_failed_resume_releases_the_instance_and_counts_against_the_pool
                 inst = fleet_repo.get_instance(row.instance_id)
                 return inst is not None and inst.state is InstanceState.DELETED
 
-            await poll_until(gone, 30)
+            await poll_until(gone, 90)
             handle = region_client.get_workflow_handle(exclusion_workflow_id(POOL))
 
             async def counted() -> bool:
                 status = await handle.query(PoolExclusionWorkflow.status)
                 return status.notices_in_window == 1
 
-            await poll_until(counted, 30)
+            await poll_until(counted, 90)
             await handle.terminate()
     finally:
         pool.close()

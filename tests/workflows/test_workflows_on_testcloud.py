@@ -94,6 +94,14 @@ class Cloud:
 
 
 @pytest.fixture(scope="module")
+async def workflow_env() -> AsyncIterator[WorkflowEnvironment]:
+    """One time-skipping server for the module: `tc` keeps a worker on it for every test."""
+    env = await services.start_workflow_env()
+    yield env
+    await env.shutdown()
+
+
+@pytest.fixture(scope="module")
 async def tc(
     workflow_env: WorkflowEnvironment, region_r1: Region, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Cloud]:
@@ -267,7 +275,9 @@ async def test_exclusion_cycle_probes_with_a_canary_on_nova(
     tc: Cloud, workflow_env: WorkflowEnvironment
 ) -> None:
     pool_id = "r1.C.hmem.l"
-    cfg = ExclusionConfig(base_cooldown_seconds=3, jitter=0, probe_seconds=10)
+    cfg = ExclusionConfig(
+        base_cooldown_seconds=3, jitter=0, probe_seconds=10, burst_merge_seconds=0
+    )
     handle = tc.client.get_workflow_handle_for(
         PoolExclusionWorkflow.run, exclusion_workflow_id(pool_id)
     )

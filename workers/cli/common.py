@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from workers.logs import configure_owned
 from workers.settings import Settings, SettingsError, load_settings
 
 if TYPE_CHECKING:
@@ -42,9 +43,11 @@ def fail(message: str, code: int = 1) -> NoReturn:
 
 def settings(**overrides: Any) -> Settings:
     try:
-        return load_settings(**{k: v for k, v in overrides.items() if v is not None})
+        s = load_settings(**{k: v for k, v in overrides.items() if v is not None})
     except SettingsError as exc:
         fail(str(exc))
+    configure_owned(s.log)
+    return s
 
 
 def known_region(s: Settings, name: str | None) -> str:
@@ -77,6 +80,36 @@ def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[object]]) 
 
 def print_json(data: object) -> None:
     typer.echo(json.dumps(data, indent=2, default=str))
+
+
+def workflow_url(s: Settings, region: str, workflow_id: str) -> str:
+    """The workflow's page in the Temporal UI (`temporal.ui_url`), in the region's namespace."""
+    from urllib.parse import quote
+
+    namespace = quote(s.temporal.namespace(region), safe="")
+    return (
+        f"{s.temporal.effective_ui_url()}/namespaces/{namespace}"
+        f"/workflows/{quote(workflow_id, safe='')}"
+    )
+
+
+def print_workflow_link(s: Settings, region: str, workflow_id: str) -> None:
+    """`  Temporal UI: <url>` under a line that names the workflow; never wrapped, so a
+    terminal keeps the link clickable."""
+    console.print(
+        f"  Temporal UI: {workflow_url(s, region, workflow_id)}",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
+def print_workflow_urls(s: Settings, region: str, workflow_ids: Sequence[str]) -> None:
+    """`<id>: <url>` per workflow, under a table that lists them (a column would be too wide)."""
+    for wid in workflow_ids:
+        console.print(
+            f"{wid}: {workflow_url(s, region, wid)}", markup=False, highlight=False, soft_wrap=True
+        )
 
 
 @contextmanager

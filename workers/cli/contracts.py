@@ -1,13 +1,17 @@
-"""`sco contracts`: keys, compile and sign, verify, publish, render admission."""
+"""`sco contracts`: keys, compile and sign, verify, publish, pull, status, admission."""
 
 from __future__ import annotations
 
 import asyncio
-from datetime import UTC, datetime
+import os
+import socket
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.markup import escape
+from rich.table import Table
 
 from activities.decisions import DecisionKind
 from contracts import keys
@@ -141,12 +145,18 @@ def pull(
     every: float = typer.Option(
         0.0, help="Seconds between pulls, until SIGTERM; 0: pull once and exit."
     ),
+    name: str = typer.Option(
+        "",
+        help="This consumer's name in `sco contracts status`; default: $HOSTNAME (the pod).",
+    ),
 ) -> None:
     """Pull the region's bundle from the distributor into this control plane's cache,
     verified as a node does (never a rollback). Once: fails unless a valid bundle is
-    installed after (an init container holds the pod until one is published)."""
+    installed after (an init container holds the pod until one is published). Each pull
+    reports the serial held (`sco contracts status`)."""
     from contracts.cache import BundleCache
     from contracts.distribution import NatsBundleSource
+    from contracts.holders import HoldingReporter
     from workers.shutdown import async_stop_event
 
     s = settings()
@@ -155,11 +165,15 @@ def pull(
     except keys.KeyFileError as exc:
         fail(str(exc))
     source = NatsBundleSource(s.nats_url, s.region, nats_options(s))
+    consumer = name or os.environ.get("HOSTNAME") or socket.gethostname()
+    reporter = HoldingReporter(
+        [s.nats_url], s.region, "control", consumer, nats_options(s), create_bucket=True
+    )
     if every > 0:
 
         async def forever() -> None:
             with async_stop_event() as stop:
-                await cache.refresh_forever(source.fetch, stop, every)
+                await cache.refresh_forever(source.fetch, stop, every, held=reporter.report)
 
         asyncio.run(forever())
         return
@@ -171,12 +185,84 @@ def pull(
         held = cache.current()
         if held is None:
             fail(f"{s.nats_url}: no bundle published for {s.region} and none cached")
+        asyncio.run(reporter.report(held.serial))
         console.print(f"{s.bundle_cache_dir}: none published; keeping serial {held.serial}")
         return
     result = cache.offer(raw)
+    held = cache.current()
+    asyncio.run(reporter.report(held.serial if held else None))
     if not result.accepted:
         fail(f"bundle from {s.nats_url}: {result.reason}")
     console.print(f"{s.bundle_cache_dir}: {result.reason}")
+
+
+@app.command()
+def status(
+    silent_after: float = typer.Option(
+        300.0, help="Seconds without a report after which a consumer shows as silent."
+    ),
+    check: bool = typer.Option(
+        False, "--check", help="Exit 1 unless every consumer holds the published serial."
+    ),
+) -> None:
+    """Which bundle serial each consumer holds (control-plane pods, node agents), against
+    the published one: old serials, no bundle and silent consumers are marked."""
+    from contracts.distribution import NatsBundleSource
+    from contracts.holders import State, read_holdings, state
+
+    s = settings()
+
+    async def read() -> tuple[bytes | None, list[Any]]:
+        raw = await NatsBundleSource(s.nats_url, s.region, nats_options(s)).fetch()
+        return raw, await read_holdings(s.nats_url, s.region, nats_options(s))
+
+    try:
+        raw, holdings = asyncio.run(read())
+    except Exception as exc:  # nats raises several unrelated types
+        fail(f"reading {s.nats_url} for {s.region}: {exc}")
+    published, how = _published_serial(raw, s.trust_dir)
+    console.print(f"{s.region}: published serial {published or '-'} {how}")
+    now = datetime.now(UTC)
+    table = Table("consumer", "kind", "serial", "reported", "state")
+    states = []
+    for h in sorted(holdings, key=lambda h: (h.kind, h.name)):
+        st = state(h, published, now, timedelta(seconds=silent_after))
+        states.append(st)
+        colour = "green" if st is State.CURRENT else "red"
+        age = int((now - h.reported_at).total_seconds())
+        table.add_row(
+            escape(h.name),
+            h.kind,
+            "-" if h.serial is None else str(h.serial),
+            f"{age} s ago",
+            f"[{colour}]{st.value}[/]",
+        )
+    if holdings:
+        console.print(table)
+    else:
+        console.print("no consumer has reported a bundle yet")
+    if check and (not holdings or any(st is not State.CURRENT for st in states)):
+        raise typer.Exit(1)
+
+
+def _published_serial(raw: bytes | None, trust_dir: Path) -> tuple[int | None, str]:
+    """The published bundle's serial, verified when this host has the trust keys."""
+    import json
+
+    if raw is None:
+        return None, "(nothing published)"
+    try:
+        return verify(raw, keys.TrustStore.load(trust_dir), max_age=timedelta(days=3650)).serial, (
+            "(verified)"
+        )
+    except keys.KeyFileError:
+        pass  # no trust keys here: read the serial without checking the signature
+    except BundleRejected as exc:
+        return None, f"(refused: {escape(str(exc))})"
+    try:
+        return int(json.loads(raw)["content"]["serial"]), f"(unverified: no trust in {trust_dir})"
+    except (ValueError, KeyError, TypeError):
+        return None, "(not a bundle)"
 
 
 @app.command()

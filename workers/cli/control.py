@@ -17,10 +17,13 @@ from workers.cli.common import (
     fleet_db,
     known_region,
     print_json,
+    print_workflow_link,
+    print_workflow_urls,
     run_temporal,
     settings,
     table,
     temporal_client,
+    workflow_url,
 )
 from workers.settings import Settings
 
@@ -125,6 +128,7 @@ def demand_set(
             f"[yellow]{where} is not running[/]: start the region's workers "
             f"(`sco worker --region {r}`); it plans at its first tick"
         )
+    print_workflow_link(s, r, where)
 
 
 async def _signal_demand(
@@ -245,6 +249,7 @@ def acq_list(
                     "pools": len(attrs.get(sa.POOL) or []),
                     "status": wf.status.name if wf.status else "",
                     "started": f"{wf.start_time:%Y-%m-%d %H:%M:%S}",
+                    "ui_url": workflow_url(s, r, wf.id),
                 }
             )
         return out
@@ -268,8 +273,9 @@ def acq_list(
             "status",
             "started",
         ],
-        [tuple("?" if v is None else v for v in x.values()) for x in rows],
+        [tuple("?" if v is None else v for k, v in x.items() if k != "ui_url") for x in rows],
     )
+    print_workflow_urls(s, r, [x["id"] for x in rows])
 
 
 def _handle(
@@ -302,11 +308,14 @@ def acq_show(
 
     p = run_temporal(go())
     if json_out:
-        print_json(p.model_dump(mode="json"))
+        print_json(
+            {**p.model_dump(mode="json"), "ui_url": workflow_url(s, p.region, acquisition_id)}
+        )
         return
     console.print(
         f"[bold]{p.acquisition_id}[/] {p.contract} in {p.region}: [bold]{p.state.value}[/]"
     )
+    print_workflow_link(s, p.region, acquisition_id)
     console.print(
         f"  instances: {p.active} active / {p.launched} launched / {p.requested_instances} "
         f"requested, {p.failed} failed, {p.deleted} deleted; {p.shortfall_units} units short"
@@ -347,6 +356,7 @@ def _operator_update(name: str) -> Callable[..., None]:
 
         ack = run_temporal(go())
         console.print(f"{acquisition_id}: {ack.message} (state {ack.state.value})")
+        print_workflow_link(s, region or s.region, acquisition_id)
         if name == "cancel":
             # Demand is unchanged, so the controller's next tick plans the shortfall anew.
             console.print(
@@ -392,6 +402,7 @@ def acq_approve(
 
     ack = run_temporal(go())
     console.print(f"{acquisition_id}: {ack.message}")
+    print_workflow_link(s, region or s.region, acquisition_id)
 
 
 # -- controller ----------------------------------------------------------------------------
@@ -410,6 +421,7 @@ def controller_start(region: str = RegionOpt) -> None:
 
     for wid in run_temporal(go()):
         console.print(f"running: {wid}")
+        print_workflow_link(s, r, wid)
 
 
 @controller_app.command("status")
@@ -441,7 +453,15 @@ def controller_status(
     rows = run_temporal(go())
     if json_out:
         print_json(
-            [x.model_dump(mode="json") if isinstance(x, ControllerStatus) else x for x in rows]
+            [
+                {
+                    **x.model_dump(mode="json"),
+                    "ui_url": workflow_url(s, r, controller_workflow_id(r, x.partition)),
+                }
+                if isinstance(x, ControllerStatus)
+                else x
+                for x in rows
+            ]
         )
         return
     lines: list[tuple[object, ...]] = []
@@ -467,6 +487,7 @@ def controller_status(
         ["controller", "ticks", "demand", "held", "planned", "short", "acquisitions", "note"],
         lines,
     )
+    print_workflow_urls(s, r, [controller_workflow_id(r, p) for p in range(s.control.partitions)])
 
 
 # -- budget --------------------------------------------------------------------------------
@@ -489,7 +510,9 @@ def budget_status(region: str = RegionOpt, json_out: bool = typer.Option(False, 
 
     st = run_temporal(go())
     if json_out:
-        print_json(st.model_dump(mode="json"))
+        print_json(
+            {**st.model_dump(mode="json"), "ui_url": workflow_url(s, r, budget_workflow_id(r))}
+        )
         return
     table(
         f"API budget in {r}",
@@ -506,6 +529,7 @@ def budget_status(region: str = RegionOpt, json_out: bool = typer.Option(False, 
             )
         ],
     )
+    print_workflow_urls(s, r, [budget_workflow_id(r)])
 
 
 @budget_app.command("set-rate", context_settings=NUMBERS_MAY_BE_NEGATIVE)
@@ -541,3 +565,4 @@ def budget_set_rate(
     run_temporal(go())
     audit.record(s, decision)
     console.print(f"{r}: budget {rate}/s, burst {burst}")
+    print_workflow_link(s, r, budget_workflow_id(r))

@@ -59,6 +59,8 @@ def up(
     _show(statuses)
     temporal = next(x for x in statuses if x.name == "temporal")
     console.print(f"Temporal UI: http://{temporal.address.split(':')[0]}:{s.temporal.ui_port}")
+    if prom := next((x for x in statuses if x.name == "prometheus"), None):
+        console.print(f"Prometheus: {prom.address} (alerts: {prom.address}/alerts)")
     if foreground:
         done = threading.Event()
         signal.signal(signal.SIGTERM, lambda *_: done.set())
@@ -87,3 +89,11 @@ def down() -> None:
     box = Box(settings(), on_step=lambda name, msg: console.print(f"[cyan]{name:>16}[/] {msg}"))
     stopped = box.down()
     console.print(f"stopped: {', '.join(stopped) if stopped else 'nothing was running'}")
+
+
+@app.command("prometheus-rule")
+def prometheus_rule() -> None:
+    """Print deploy/prometheus/rules/sco.yml as a Kubernetes PrometheusRule."""
+    from workers.devbox.prometheus import RULES_FILE, k8s_prometheus_rule
+
+    typer.echo(k8s_prometheus_rule(RULES_FILE.read_text()), nl=False)

@@ -17,10 +17,12 @@ from workers.cli.common import (
     fleet_db,
     known_region,
     print_json,
+    print_workflow_link,
     run_temporal,
     settings,
     table,
     temporal_client,
+    workflow_url,
 )
 from workers.settings import Settings
 
@@ -74,11 +76,14 @@ async def _running(s: Settings, region: str, pool_id: str) -> WorkflowHandle[Any
     return handle
 
 
-def _print_ack(pool_id: str, ack: ExclusionAck) -> None:
+def _print_ack(s: Settings, region: str, pool_id: str, ack: ExclusionAck) -> None:
+    from workflows.exclusion.models import exclusion_workflow_id
+
     until = f", until {ack.excluded_until:%Y-%m-%d %H:%M:%S} UTC" if ack.excluded_until else ""
     console.print(
         f"{pool_id}: {ack.message} (state {ack.state.value}, strikes {ack.strikes}{until})"
     )
+    print_workflow_link(s, region, exclusion_workflow_id(pool_id))
 
 
 @pool_app.command("exclude")
@@ -105,7 +110,7 @@ def exclude(
         )
         return ack
 
-    _print_ack(pool_id, run_temporal(go()))
+    _print_ack(s, region, pool_id, run_temporal(go()))
 
 
 @pool_app.command("readmit")
@@ -125,7 +130,7 @@ def readmit(pool_id: str = PoolArg, by: str = ByOpt, reason: str = ReasonOpt) ->
         )
         return ack
 
-    _print_ack(pool_id, run_temporal(go()))
+    _print_ack(s, region, pool_id, run_temporal(go()))
 
 
 @pool_app.command("status")
@@ -159,11 +164,13 @@ def status(pool_id: str = PoolArg, json_out: bool = typer.Option(False, "--json"
         return st
 
     st = run_temporal(go())
+    wid = exclusion_workflow_id(pool_id)
     if json_out:
-        print_json(st.model_dump(mode="json"))
+        print_json({**st.model_dump(mode="json"), "ui_url": workflow_url(s, region, wid)})
         return
     until = f" until {st.excluded_until:%Y-%m-%d %H:%M:%S} UTC" if st.excluded_until else ""
     console.print(f"[bold]{st.pool_id}[/]: [bold]{st.state.value}[/]{until}")
+    print_workflow_link(s, region, wid)
     if not st.history and not st.set_by:
         console.print("  no notices, no transitions")
         return

@@ -12,11 +12,14 @@ from workers.cli.common import (
     fail,
     known_region,
     print_json,
+    print_workflow_link,
+    print_workflow_urls,
     region_or_exit,
     run_temporal,
     settings,
     table,
     temporal_client,
+    workflow_url,
 )
 from workers.settings import Settings
 
@@ -74,8 +77,7 @@ def _hall_command(signal: str, verb: str) -> Any:
             )
             return
         console.print(f"hall {hall} in {region} {verb}: told {len(told)} floor keeper(s)")
-        for wid in told:
-            console.print(f"  {wid}")
+        print_workflow_urls(s, region, told)
 
     command.__doc__ = {
         "hall_lost": "Hall lost: every floor keeper of the region rebuilds its share elsewhere.",
@@ -108,6 +110,7 @@ def floor_start(region: str = RegionOpt) -> None:
         console.print(f"no tier-1 contract has a floor in {r} (bundle serial {bundle.serial})")
     for wid in ids:
         console.print(f"running: {wid}")
+        print_workflow_link(s, r, wid)
 
 
 @floor_app.command("status")
@@ -115,6 +118,7 @@ def floor_status(region: str = RegionOpt, json_out: bool = typer.Option(False, "
     """Each floor keeper: floor, units held per hall, lost halls, state and why."""
     from temporalio.service import RPCError
 
+    from activities.floor.models import floor_workflow_id
     from workflows.floor.models import FloorStatus
 
     s = settings()
@@ -135,7 +139,17 @@ def floor_status(region: str = RegionOpt, json_out: bool = typer.Option(False, "
 
     rows = run_temporal(go())
     if json_out:
-        print_json([x.model_dump(mode="json") if isinstance(x, FloorStatus) else x for x in rows])
+        print_json(
+            [
+                {
+                    **x.model_dump(mode="json"),
+                    "ui_url": workflow_url(s, r, floor_workflow_id(x.region, x.contract)),
+                }
+                if isinstance(x, FloorStatus)
+                else x
+                for x in rows
+            ]
+        )
         return
     lines: list[tuple[object, ...]] = []
     for x in rows:
@@ -158,4 +172,9 @@ def floor_status(region: str = RegionOpt, json_out: bool = typer.Option(False, "
         f"floors in {r}",
         ["contract", "held/floor", "by hall", "lost", "state", "last rebuild", "reason"],
         lines,
+    )
+    print_workflow_urls(
+        s,
+        r,
+        [floor_workflow_id(x.region, x.contract) for x in rows if isinstance(x, FloorStatus)],
     )

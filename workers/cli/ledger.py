@@ -145,6 +145,26 @@ def consume_cmd() -> None:
     console.print(f"ledger consumer stopped: {p.inserted} inserted, {p.malformed} malformed")
 
 
+@app.command("book-drains")
+def book_drains_cmd(
+    region: list[str] = typer.Option(
+        None, help="The regions whose drain reports to book (default: every region)."
+    ),
+) -> None:
+    """Book node agents' drain reports from NATS into the ledger until stopped (SIGTERM/Ctrl-C)."""
+    import asyncio
+
+    from workers import drain_intake_service
+
+    s = settings()
+    progress = asyncio.run(drain_intake_service.run(s, region or s.regions))
+    for name, p in progress.items():
+        console.print(
+            f"drain intake {name} stopped: {p.booked_reports} reports "
+            f"({p.booked_rows} workload outcomes) booked, {p.malformed} malformed"
+        )
+
+
 @app.command("record-drains")
 def record_drains_cmd(
     journal: Path = typer.Argument(..., help="A node agent's drain journal (JSON lines)."),

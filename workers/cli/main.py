@@ -101,10 +101,10 @@ def _root(
 
 
 def main() -> None:
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    # Before a command loads its settings; the command configures again from them.
+    from workers.logs import configure_from_env
+
+    configure_from_env()
     code = 0
     try:
         app()
@@ -116,6 +116,10 @@ def main() -> None:
     # (Temporal's core runtime, librdkafka): leave without interpreter finalization, which
     # such threads can crash (PyGILState_Release at exit), so the exit status is the
     # command's own.
+    if "workers.tracing" in sys.modules:
+        from workers import tracing
+
+        tracing.flush()
     sys.stdout.flush()
     sys.stderr.flush()
     logging.shutdown()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import re
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import nats
@@ -12,8 +14,17 @@ import typer
 from activities.fleet.repository import FleetRepository, InstanceRow
 from contracts import keys
 from contracts.notice import ReclaimRequest, reclaim_subject
+from contracts.notice_signing import EARLY_WARNING_HORIZON
 from workers.cli import audit
-from workers.cli.common import console, errors_as_exit, fail, fleet_db, region_or_exit, settings
+from workers.cli.common import (
+    console,
+    errors_as_exit,
+    fail,
+    fleet_db,
+    print_workflow_link,
+    region_or_exit,
+    settings,
+)
 
 
 def notice_relay(
@@ -50,6 +61,35 @@ def _owners(rows: list[InstanceRow]) -> str:
     return ", ".join(sorted({f"{r.workload} via {r.acquisition_id or '?'}" for r in rows}))
 
 
+_RELATIVE = re.compile(r"^\+(\d+)([smhd])$")
+_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
+
+
+def parse_at(text: str, now: datetime) -> datetime:
+    """`--at`: ISO-8601 with a timezone (2026-12-02T10:00:00Z) or from now (+15m, +2h,
+    +1d); in the future and within the early-warning horizon. ValueError: one line."""
+    match = _RELATIVE.match(text.strip())
+    if match:
+        at = now + timedelta(**{_UNITS[match[2]]: int(match[1])})
+    else:
+        try:
+            at = datetime.fromisoformat(text.strip())
+        except ValueError:
+            raise ValueError(
+                f"--at {text!r}: not ISO-8601 (2026-12-02T10:00:00Z) nor +N[smhd] (+15m)"
+            ) from None
+        if at.tzinfo is None:
+            raise ValueError(f"--at {text!r}: no timezone; add Z or an offset like +01:00")
+    if at <= now:
+        raise ValueError(f"--at {text!r}: {at.isoformat()} is not in the future")
+    if at > now + EARLY_WARNING_HORIZON:
+        raise ValueError(
+            f"--at {text!r}: more than {EARLY_WARNING_HORIZON.days} days ahead "
+            "(nodes refuse early warnings that far out)"
+        )
+    return at.astimezone(UTC)
+
+
 def reclaim(
     target: str = typer.Argument(..., help="An instance name, or a pool id with --pool."),
     pool: bool = typer.Option(False, "--pool", help="TARGET is a pool: reclaim all of it."),
@@ -59,15 +99,28 @@ def reclaim(
     force: bool = typer.Option(
         False, "--force", help="Also reclaim committed capacity (a floor's, a fallback's)."
     ),
+    at: str | None = typer.Option(
+        None,
+        "--at",
+        help="Plan the reclaim for TIME (ISO-8601 with zone, or +15m/+2h/+1d): an early "
+        "warning now, the hard notice at TIME minus the region's notice lead.",
+    ),
 ) -> None:
     """Ask the hall's notice relay to reclaim an instance or a whole pool (recorded).
 
     Committed instances (a tier-1 floor, a paid fallback) are refused unless --force: a
-    reclaim there drops a floor below its size until the keeper has rebuilt it."""
+    reclaim there drops a floor below its size until the keeper has rebuilt it. With
+    --at the reclaim is planned: nodes hear a signed early warning at once, the
+    controller starts replacements, and the hard notice follows with the region's lead."""
     from activities.decisions import DecisionKind
     from activities.events import CapacityType, InstanceState
     from workers.client_security import nats_options
+    from workflows.exclusion.models import exclusion_workflow_id
 
+    try:
+        planned_at = parse_at(at, datetime.now(UTC)) if at is not None else None
+    except ValueError as exc:
+        fail(str(exc))
     s = settings()
     region_id = region or s.region
     operator = audit.who(by)
@@ -98,7 +151,10 @@ def reclaim(
                     f"{target}: holds {len(committed)} committed instance(s) "
                     f"({_owners(committed)}); refused without --force"
                 )
-            req = ReclaimRequest(pool_id=target, reason=reason, requested_by=operator)
+            req = ReclaimRequest(
+                pool_id=target, reason=reason, requested_by=operator, at=planned_at
+            )
+            pool_id = target
         else:
             row = repo.get_instance(target)
             if row is None:
@@ -109,7 +165,10 @@ def reclaim(
                     "below its floor until rebuilt; refused without --force"
                 )
             hall = row.hall
-            req = ReclaimRequest(instances=[target], reason=reason, requested_by=operator)
+            pool_id = row.pool_id
+            req = ReclaimRequest(
+                instances=[target], reason=reason, requested_by=operator, at=planned_at
+            )
 
     async def ask() -> str:
         nc = await nats.connect(s.nats_url, **nats_options(s))
@@ -139,6 +198,9 @@ def reclaim(
         fail(f"{region_id}/{hall}: {answer.removeprefix('error: ')}")
     audit.record(s, decision.model_copy(update={"reason": f"{reason} ({answer})"}))
     console.print(answer)
+    # The relay tells the pool's exclusion cycle about each notice: that is where it shows.
+    console.print(f"exclusion cycle of {pool_id}:")
+    print_workflow_link(s, region_id, exclusion_workflow_id(pool_id))
 
 
 def nats_users(

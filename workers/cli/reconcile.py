@@ -12,7 +12,16 @@ from datetime import timedelta
 
 import typer
 
-from workers.cli.common import console, print_json, run_temporal, settings, table, temporal_client
+from workers.cli.common import (
+    console,
+    print_json,
+    print_workflow_link,
+    run_temporal,
+    settings,
+    table,
+    temporal_client,
+    workflow_url,
+)
 from workflows.reconciler.models import ReconcileReport, ReconcilerInput, reconciler_workflow_id
 from workflows.reconciler.workflow import ReconcilerWorkflow
 
@@ -34,20 +43,24 @@ def reconcile(
     if grace_seconds is not None:
         cfg = cfg.model_copy(update={"grace_seconds": grace_seconds})
 
+    wid = f"{reconciler_workflow_id(r)}-once-{uuid.uuid4().hex[:8]}"
+
     async def go() -> ReconcileReport:
         client = await temporal_client(s, r)
         return await client.execute_workflow(
             ReconcilerWorkflow.run,
             ReconcilerInput(region=r, config=cfg, dry_run=dry_run, once=True),
-            id=f"{reconciler_workflow_id(r)}-once-{uuid.uuid4().hex[:8]}",
+            id=wid,
             task_queue=s.temporal.task_queue(r),
             execution_timeout=timedelta(minutes=10),
         )
 
     report = run_temporal(go())
     if json_out:
-        print_json(report.model_dump(mode="json"))
+        print_json({**report.model_dump(mode="json"), "ui_url": workflow_url(s, r, wid)})
         return
+    console.print(f"{wid}:")
+    print_workflow_link(s, r, wid)
     verb = "would delete" if dry_run else "deleted"
     rows: list[tuple[str, str, str]] = []
     rows += [("orphan server", x, verb) for x in report.orphan_servers]

@@ -13,10 +13,12 @@ from workers.cli.common import (
     fail,
     fleet_db,
     print_json,
+    print_workflow_link,
     run_temporal,
     settings,
     table,
     temporal_client,
+    workflow_url,
 )
 
 if TYPE_CHECKING:
@@ -243,17 +245,20 @@ def demand_intake(region: str = RegionOpt, json_out: bool = JsonOpt) -> None:
         return st
 
     status = run_temporal(go())
+    wid = intake_workflow_id(r)
     if json_out:
-        print_json(status.model_dump(mode="json"))
+        print_json({**status.model_dump(mode="json"), "ui_url": workflow_url(s, r, wid)})
         return
     last = status.last
     if last is None:
         console.print(f"intake {r}: no round yet")
+        print_workflow_link(s, r, wid)
         return
     console.print(
         f"intake {r}: round {last.round} at {last.at:%H:%M:%S} (bundle {last.bundle_serial})"
         + (f" [red]{last.problem}[/]" if last.problem else "")
     )
+    print_workflow_link(s, r, wid)
     _reports_table(
         f"last round in {r}",
         CollectResult(bundle_serial=last.bundle_serial, reports=last.reports),
@@ -279,3 +284,4 @@ def demand_collect(region: str = RegionOpt) -> None:
 
     run_temporal(go())
     console.print(f"asked {intake_workflow_id(r)} to collect now")
+    print_workflow_link(s, r, intake_workflow_id(r))

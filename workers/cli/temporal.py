@@ -8,10 +8,8 @@ from datetime import timedelta
 import typer
 
 from workers.cli.common import console, fail, settings, table
-from workers.client_security import (
-    connect_temporal,
-)
 from workers.temporal_bootstrap import bootstrap_namespace
+from workers.temporal_connect import connect_temporal
 
 app = typer.Typer(help="Temporal set-up for a region.", no_args_is_help=True)
 

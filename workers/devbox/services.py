@@ -23,8 +23,9 @@ from activities.events import region_topics
 from activities.fleet.migrate import ensure_database, migrate
 from activities.kafka import ensure_topics, kafka_answers
 from contracts.region import RegionFileError, load_region
-from workers.devbox import process
+from workers.devbox import process, prometheus
 from workers.devbox.process import DevboxError, ProcessRecord
+from workers.devbox.prometheus import PrometheusProcess, Target
 from workers.settings import Settings
 
 
@@ -479,10 +480,20 @@ class ChildProcessService(Service):
 
     managed_only = True
 
-    def __init__(self, settings: Settings, name: str, argv: list[str]) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        name: str,
+        argv: list[str],
+        *,
+        env: dict[str, str] | None = None,
+        targets: list[Target] | None = None,
+    ) -> None:
         super().__init__(settings)
         self.name = name
         self._argv = argv
+        self.env = env or {}  # its metrics and health ports
+        self.targets = targets or []  # what the box's Prometheus scrapes of it
 
     @property
     def address(self) -> str:
@@ -495,7 +506,7 @@ class ChildProcessService(Service):
         # `python -m` rather than the `sco` script: the recorded command line is then the
         # one /proc shows, which is how `down` knows the pid is still ours.
         argv = [sys.executable, "-m", "workers.cli", *self._argv]
-        rec = process.start(argv, self._log(), env=_settings_env(self.s))
+        rec = process.start(argv, self._log(), env={**_settings_env(self.s), **self.env})
         process.wait_until(self.name, lambda: _ran_for(rec, 1.0), timeout=10, record=rec)
         return rec
 
@@ -535,27 +546,115 @@ def infrastructure(settings: Settings) -> list[Service]:
     ]
 
 
+class PrometheusService(Service):
+    """The box's Prometheus, scraping the region's processes (only with them)."""
+
+    name = "prometheus"
+    managed_only = True
+
+    def __init__(self, settings: Settings, targets: list[Target]) -> None:
+        super().__init__(settings)
+        self._prom = PrometheusProcess(settings, targets)
+
+    @property
+    def address(self) -> str:
+        return self._prom.url
+
+    def probe(self) -> Health:
+        return Health(False, "not running")  # liveness comes from the recorded pid
+
+    def start(self) -> ProcessRecord:
+        return self._prom.start(self._log())
+
+
+class _Ports:
+    """The box's processes' metrics and health ports, handed out in order."""
+
+    def __init__(self, first: int) -> None:
+        self._next = first
+
+    def take(self) -> int:
+        self._next += 1
+        return self._next - 1
+
+
 def region_processes(settings: Settings) -> list[Service]:
     """The region's own processes: the simulated cloud (unless OpenStack is configured),
-    the worker, one notice relay per hall, the outbox relay and the ledger consumer."""
+    the worker, one notice relay per hall, the outbox relay, the ledger consumer and the
+    drain intake (agents' drain reports from NATS into the ledger), each with metrics and
+    health on ports of its own; then Prometheus scraping them all, when Debian's
+    `prometheus` is installed."""
     r = settings.region
     try:
         halls = list(load_region(settings.region_file(r)).halls)
     except (RegionFileError, FileNotFoundError) as exc:
         raise DevboxError(f"region {r}: {exc}") from exc
+    ports = _Ports(settings.prometheus.box_ports_from)
+
+    def child(name: str, argv: list[str], job: str, *keys: str) -> Service:
+        """`keys`: the settings' environment names, metrics ports first, health last."""
+        env = {key: str(ports.take()) for key in keys}
+        targets = [
+            Target(job if i == 0 else f"{job}-runtime", int(env[k]))
+            for i, k in enumerate(keys[:-1])
+        ]
+        return ChildProcessService(settings, name, argv, env=env, targets=targets)
+
     cloud: list[Service] = []
     if settings.provider.kind == "simulator":
-        cloud = [ChildProcessService(settings, f"sim-{r}", ["sim", "serve", "--region", r])]
-    relays: list[Service] = [
-        ChildProcessService(
-            settings, f"notice-relay-{r}-{h}", ["notice-relay", "--region", r, "--hall", h]
+        cloud = [
+            child(
+                f"sim-{r}",
+                ["sim", "serve", "--region", r],
+                "sco-simulator",
+                "SCO_PROVIDER__SIMULATOR_METRICS_PORT",
+                "SCO_PROVIDER__SIMULATOR_HEALTH_PORT",
+            )
+        ]
+    relays = [
+        child(
+            f"notice-relay-{r}-{h}",
+            ["notice-relay", "--region", r, "--hall", h],
+            "sco-notice-relay",
+            "SCO_NOTICE_RELAY__METRICS_PORT",
+            "SCO_NOTICE_RELAY__HEALTH_PORT",
         )
         for h in halls
     ]
-    return [
+    processes = [
         *cloud,
-        ChildProcessService(settings, f"worker-{r}", ["worker", "--region", r]),
+        child(
+            f"worker-{r}",
+            ["worker", "--region", r],
+            "sco-worker",
+            "SCO_WORKER__STATE_METRICS_PORT",
+            "SCO_WORKER__METRICS_PORT",
+            "SCO_WORKER__HEALTH_PORT",
+        ),
         *relays,
-        ChildProcessService(settings, f"relay-{r}", ["outbox", "relay"]),
-        ChildProcessService(settings, "ledger-consumer", ["ledger", "consume"]),
+        child(
+            f"relay-{r}",
+            ["outbox", "relay"],
+            "sco-outbox-relay",
+            "SCO_OUTBOX__METRICS_PORT",
+            "SCO_OUTBOX__HEALTH_PORT",
+        ),
+        child(
+            "ledger-consumer",
+            ["ledger", "consume"],
+            "sco-ledger-consumer",
+            "SCO_LEDGER_METRICS_PORT",
+            "SCO_LEDGER_HEALTH_PORT",
+        ),
+        child(
+            f"drain-intake-{r}",
+            ["ledger", "book-drains", "--region", r],
+            "sco-drain-intake",
+            "SCO_DRAIN_INTAKE_METRICS_PORT",
+            "SCO_DRAIN_INTAKE_HEALTH_PORT",
+        ),
     ]
+    if prometheus.binary() is None:
+        return processes
+    targets = [t for p in processes if isinstance(p, ChildProcessService) for t in p.targets]
+    return [*processes, PrometheusService(settings, targets)]

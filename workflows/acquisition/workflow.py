@@ -6,7 +6,9 @@ create never makes a second instance. A slot: record the instance in fleet state
 (REQUESTED, with its ACQUIRE event through the outbox) -> take one token from the region's
 budget -> create (one attempt per token: every mutating API call is paid for, retries
 included) -> wait for ACTIVE -> record READY. Capacity errors are a *shortfall* reported to
-the controller, never a workflow failure.
+the controller, never a workflow failure. A run that does fail (an activity out of retries:
+fleet state down for longer than STATE_RETRY, say) first deletes every instance it created
+(compensation); the region's reconciler is the second net for what even that cannot delete.
 
 Committed fallback (a Blazar reservation per hall, then boots into it) runs only when the
 arbiter's plan is within the contract's spend authority or an operator approves it through
@@ -25,7 +27,7 @@ from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError, FailureError
 
 with workflow.unsafe.imports_passed_through():
     from activities.budget import TokenGrant
@@ -79,6 +81,11 @@ OPERATOR_DECISIONS_PATCH = "operator-pause-resume-decisions"
 PATCH_CHECK_AFTER_TOKEN = "pause-cancel-after-token"
 PATCH_BOUNDED_CREATE = "bounded-lost-create"
 PATCH_CANCEL_AT_ONCE = "cancel-state-at-once"
+#: A failing acquisition deletes what it created (its slots' failures used to be dropped).
+PATCH_COMPENSATE = "compensate-failed-acquisition"
+#: Compensation's own fleet-state writes: bounded, the database may be what failed (the
+#: region's reconciler settles what they leave behind).
+COMPENSATION_STATE_RETRY = RetryPolicy(maximum_attempts=3)
 
 
 class _Slot:
@@ -256,6 +263,18 @@ class AcquisitionWorkflow:
 
     @workflow.run
     async def run(self, inp: AcquisitionInput) -> AcquisitionResult:
+        try:
+            return await self._run(inp)
+        except FailureError as exc:
+            # An activity out of retries (fleet state down for minutes, a delete refused):
+            # the acquisition fails, but never with instances it created left running.
+            # Only a failing run asks for the patch, so histories that did not fail replay
+            # unchanged.
+            if workflow.patched(PATCH_COMPENSATE):
+                await self._compensate(exc)
+            raise
+
+    async def _run(self, inp: AcquisitionInput) -> AcquisitionResult:
         workflow.upsert_search_attributes(
             [
                 sa.REGION.value_set(inp.region),
@@ -309,7 +328,13 @@ class AcquisitionWorkflow:
                 await self._launch(slot)
 
         if slots:
-            await workflow.wait([asyncio.ensure_future(one(s)) for s in slots])
+            tasks = [asyncio.ensure_future(one(s)) for s in slots]
+            await workflow.wait(tasks)
+            # Every slot has run to its end (no create in flight); the first that failed
+            # fails the acquisition, which then deletes what the others created.
+            failed = [t.exception() for t in tasks if t.exception() is not None]
+            if failed and workflow.patched(PATCH_COMPENSATE):
+                raise failed[0]  # type: ignore[misc]
 
     async def _launch(self, slot: _Slot) -> None:
         inp = self._inp
@@ -481,6 +506,42 @@ class AcquisitionWorkflow:
                     self._progress.active -= 1
         workflow.upsert_search_attributes([sa.ACQUIRED.value_set(self._progress.active)])
 
+    async def _compensate(self, exc: FailureError) -> None:
+        """Delete every instance this run created, then record what can be recorded.
+
+        The provider deletes come first and are retried until done (a token each): that is
+        what stops the cost. The fleet-state writes after them are bounded and their
+        failures tolerated, as the database may be why the acquisition failed."""
+        why = f"compensation: acquisition failed: {exc.cause or exc}"
+        self._progress.state = AcquisitionState.FAILED
+        workflow.upsert_search_attributes([sa.STATE.value_set(AcquisitionState.FAILED.value)])
+        for slot in self._created:
+            if slot.provider_id is None:
+                continue
+            try:
+                await delete_instance(self._budget, self._inp.region, slot.provider_id)
+            except ActivityError as err:
+                # Refused for good: the region's reconciler deletes it (its second net).
+                workflow.logger.warning("compensation: delete %s: %s", slot.instance_id, err)
+                continue
+            slot.provider_id = None
+            self._progress.deleted += 1
+            if slot.instance_id in self._active:
+                self._active.discard(slot.instance_id)
+                self._progress.active -= 1
+            with contextlib.suppress(ActivityError):
+                await workflow.execute_activity_method(
+                    FleetActivities.record_event,
+                    RecordEventInput(
+                        instance_id=slot.instance_id, kind=EventKind.DELETE, reason=why
+                    ),
+                    start_to_close_timeout=timedelta(seconds=30),
+                    retry_policy=COMPENSATION_STATE_RETRY,
+                )
+        workflow.upsert_search_attributes([sa.ACQUIRED.value_set(self._progress.active)])
+        with contextlib.suppress(ActivityError):
+            await self._record_progress(AcquisitionState.FAILED, COMPENSATION_STATE_RETRY)
+
     # -- committed fallback --------------------------------------------------------------
 
     async def _fallback(self) -> None:
@@ -593,6 +654,9 @@ class AcquisitionWorkflow:
     async def _set_state(self, state: AcquisitionState) -> None:
         self._progress.state = state
         workflow.upsert_search_attributes([sa.STATE.value_set(state.value)])
+        await self._record_progress(state, STATE_RETRY)
+
+    async def _record_progress(self, state: AcquisitionState, retry: RetryPolicy) -> None:
         p = self._progress
         async with self._lock:
             await workflow.execute_activity_method(
@@ -613,7 +677,7 @@ class AcquisitionWorkflow:
                     detail=f"fallback:{p.fallback.value}",
                 ),
                 start_to_close_timeout=timedelta(seconds=30),
-                retry_policy=STATE_RETRY,
+                retry_policy=retry,
             )
 
     async def _operator_decision(self, outcome: str, inp: OperatorInput) -> None:

@@ -24,6 +24,9 @@ class ControllerConfig(BaseModel):
     # Seconds the exact planner (HiGHS, an activity) may take on a tick with something to
     # plan; the greedy plan stands when it finds nothing better in time. 0: greedy only.
     exact_plan_seconds: float = 5.0
+    # Seconds between ACTIVE polls of the acquisitions it starts (AcquisitionInput's
+    # default); a time-compressed bench scales it with every other duration.
+    acquisition_poll_seconds: float = 1.0
     # Ticks per run before continue-as-new keeps the history short.
     ticks_per_run: int = 200
     # Cloud-init for instances of contracts with Kubernetes selectors; `{kubelet_args}`

@@ -45,6 +45,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.controller.reconcile import plan_input, reconcile
     from workflows.metrics import count
     from workflows.provider_calls import delete_instance, record_release
+    from workflows.tracing import following_signal
 
 _RETRY = RetryPolicy(maximum_attempts=10, maximum_interval=timedelta(seconds=30))
 
@@ -101,7 +102,9 @@ class RegionControllerWorkflow:
                     lambda: self._dirty, timeout=timedelta(seconds=cfg.tick_seconds)
                 )
             self._dirty = False
-            await self._tick()
+            # After a demand change, the tick belongs to that change's trace.
+            with following_signal("demand_changed", "ControllerTick"):
+                await self._tick()
             if workflow.info().is_continue_as_new_suggested():
                 break
         await workflow.wait_condition(workflow.all_handlers_finished)
@@ -169,6 +172,7 @@ class RegionControllerWorkflow:
                 approval_timeout_seconds=cfg.approval_timeout_seconds,
                 fallback_lease_hours=cfg.fallback_lease_hours,
                 build_timeout_seconds=cfg.build_timeout_seconds,
+                poll_seconds=cfg.acquisition_poll_seconds,
                 kubelet_user_data=cfg.kubernetes_user_data if req.contract in k8s else None,
             )
             fb = req.fallback

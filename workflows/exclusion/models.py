@@ -31,7 +31,10 @@ class ExclusionConfig(BaseModel):
     window_seconds: float = Field(default=3600.0, gt=0)
     """Sliding window over which reclaim notices are counted."""
     threshold: int = Field(default=3, ge=1)
-    """Distinct instances noticed within the window that exclude the pool."""
+    """Reclaim events within the window that exclude the pool."""
+    burst_merge_seconds: float = Field(default=180.0, ge=0)
+    """Notices this close after a burst's first count as that one event: a co-reclaim of a
+    slice of the pool is one signal, not many (the estate simulation: docs/estate/)."""
     check_seconds: float = Field(default=300.0, gt=0)
     """Safety net: how often fleet state is asked for notices no signal brought."""
     base_cooldown_seconds: float = Field(default=900.0, gt=0)

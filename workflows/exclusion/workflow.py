@@ -81,6 +81,8 @@ __all__ = ["PoolExclusionWorkflow", "exclusion_workflow_id"]
 #: Writes to fleet state: an entity that lives forever retries them for as long as it takes.
 _DB_RETRY = RetryPolicy(maximum_interval=timedelta(seconds=60))
 HISTORY_LIMIT = 20
+#: Co-reclaims count as one event (ExclusionConfig.burst_merge_seconds).
+BURST_COUNTING_PATCH = "exclusion-burst-counting"
 
 
 @workflow.defn
@@ -260,14 +262,14 @@ class PoolExclusionWorkflow:
             ):
                 await self._forgive(epoch)
                 return
-        n = self._in_window()
+        n, counted = self._reclaim_events()
         if policy.over_threshold(n, self._cfg.threshold):
             strikes = self._s.strikes + 1
             await self._transition(
                 PoolState.EXCLUDED,
                 actor="sco",
                 reason=(
-                    f"{n} reclaim notices within {self._cfg.window_seconds / 60:.0f} min "
+                    f"{n} {counted} within {self._cfg.window_seconds / 60:.0f} min "
                     f"(threshold {self._cfg.threshold})"
                 ),
                 strikes=strikes,
@@ -411,6 +413,19 @@ class PoolExclusionWorkflow:
         return policy.count_in_window(
             self._s.notices, workflow.now(), self._window, self._s.counted_since
         )
+
+    def _reclaim_events(self) -> tuple[int, str]:
+        """What the threshold is held against, and what it counted. Histories from before
+        burst counting keep counting every instance (the patch's old branch)."""
+        if not workflow.patched(BURST_COUNTING_PATCH):
+            return self._in_window(), "reclaim notices"
+        merge = timedelta(seconds=self._cfg.burst_merge_seconds)
+        n = policy.count_bursts(
+            self._s.notices, workflow.now(), self._window, self._s.counted_since, merge
+        )
+        if not merge:
+            return n, "reclaim notices"
+        return n, f"reclaim events (notices within {merge.total_seconds():.0f} s count once)"
 
     def _note(self, instance_id: str, at: datetime) -> None:
         now = workflow.now()

@@ -1,0 +1,65 @@
+"""CPU time and memory of processes by pid, from /proc (no psutil here): what a bench
+samples per step for the worker, the Temporal dev server, PostgreSQL backends, agents."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """utime + stime of `pid` in seconds; None when it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    # The command name (field 2) may hold spaces: split after its closing parenthesis.
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def rss_mb(pid: int) -> float | None:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    line = next((x for x in status.splitlines() if x.startswith("VmRSS")), None)
+    return None if line is None else int(line.split()[1]) / 1024
+
+
+def children(pid: int) -> list[tuple[int, str]]:
+    """(pid, command name) of the processes whose parent is `pid`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == pid:
+            found.append((int(entry.name), name))
+    return found
+
+
+def total_cpu(pids: list[int]) -> float:
+    return sum(c for p in pids if (c := cpu_seconds(p)) is not None)
+
+
+def cpu_delta(before: dict[int, float], pids: list[int]) -> float:
+    """CPU seconds used since `before` (pid -> cpu seconds) by `pids`; a pid that is new
+    counts whole, one that is gone counts nothing past `before`."""
+    used = 0.0
+    for p in pids:
+        now = cpu_seconds(p)
+        if now is not None:
+            used += now - before.get(p, 0.0)
+    return used
+
+
+def snapshot(pids: list[int]) -> dict[int, float]:
+    return {p: c for p in pids if (c := cpu_seconds(p)) is not None}

@@ -1,0 +1,152 @@
+"""`for_podman` (tests/support/kube_play.py): the only change the podman test makes to the
+rendered overlay, on the rendering itself and on a small document."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+
+from tests.deploy.test_k8s_manifests import needs_kubectl, render
+from tests.support.kube_play import DROPPED_KINDS, MissingSecret, PlayInputs, for_podman
+
+SECRETS = {
+    "sco-secrets": {"SCO_POSTGRES_DSN": "postgresql://x/db", "SCO_LEDGER_DSN": "chdb:///l"},
+    "sco-clouds": {"clouds.yaml": "clouds: {}\n"},
+    "sco-contract-trust": {"k1.pub": "ab"},
+    "sco-notice-key": {"notice.key": "cd"},
+    "sco-slurmrestd": {"token": "t"},
+    "sco-workload-kubeconfig": {"kubeconfig": "kind: Config\n"},
+}
+
+
+def _inputs(tmp_path: Path, secrets: dict[str, dict[str, str]] = SECRETS) -> PlayInputs:
+    return PlayInputs(
+        image="localhost/sco:test",
+        secrets=secrets,
+        secret_dir=tmp_path / "s",
+        env={"SCO_NATS_URL": "nats://10.0.2.2:4222"},
+        shared={"/var/lib/sco-ledger": tmp_path / "ledger"},
+    )
+
+
+def _containers(spec: dict[str, object]) -> list[dict[str, object]]:
+    return [*spec.get("initContainers", []), *spec["containers"]]  # type: ignore[misc]
+
+
+def test_a_job_becomes_a_pod_and_secrets_come_from_the_inputs(tmp_path: Path) -> None:
+    job = {
+        "kind": "Job",
+        "metadata": {"name": "migrate"},
+        "spec": {
+            "backoffLimit": 6,
+            "template": {
+                "metadata": {"labels": {"app": "m"}},
+                "spec": {
+                    "restartPolicy": "OnFailure",
+                    "containers": [
+                        {
+                            "name": "m",
+                            "image": "registry/sco:1",
+                            "env": [
+                                {
+                                    "name": "DSN",
+                                    "valueFrom": {
+                                        "secretKeyRef": {
+                                            "name": "sco-secrets",
+                                            "key": "SCO_POSTGRES_DSN",
+                                        }
+                                    },
+                                }
+                            ],
+                            "volumeMounts": [{"name": "tok", "mountPath": "/t"}],
+                        }
+                    ],
+                    "volumes": [
+                        {
+                            "name": "tok",
+                            "secret": {
+                                "secretName": "sco-slurmrestd",
+                                "items": [{"key": "token", "path": "jwt"}],
+                            },
+                        }
+                    ],
+                },
+            },
+        },
+    }
+    before = copy.deepcopy(job)
+    played = for_podman([job], _inputs(tmp_path))
+    assert job == before  # the rendering is not changed
+    (pod,) = played.docs
+    assert played.jobs == ["migrate"]
+    assert pod["kind"] == "Pod" and pod["metadata"] == {"name": "migrate", "labels": {"app": "m"}}
+    assert pod["spec"]["restartPolicy"] == "Never"
+    (c,) = pod["spec"]["containers"]
+    assert c["image"] == "localhost/sco:test" and c["imagePullPolicy"] == "Never"
+    assert c["env"] == [{"name": "DSN", "value": "postgresql://x/db"}]
+    assert {"name": "shared-0", "mountPath": "/var/lib/sco-ledger"} in c["volumeMounts"]
+    tok = next(v for v in pod["spec"]["volumes"] if v["name"] == "tok")
+    assert tok == {
+        "name": "tok",
+        "hostPath": {"path": str(tmp_path / "s" / "sco-slurmrestd"), "type": "Directory"},
+    }
+    assert played.files == {tmp_path / "s" / "sco-slurmrestd" / "jwt": "t"}
+
+
+def test_a_secret_missing_from_the_inputs_is_an_error(tmp_path: Path) -> None:
+    pod_spec = {
+        "containers": [
+            {
+                "name": "c",
+                "image": "i",
+                "env": [{"name": "X", "valueFrom": {"secretKeyRef": {"name": "nope", "key": "k"}}}],
+            }
+        ]
+    }
+    deployment = {
+        "kind": "Deployment",
+        "metadata": {"name": "d"},
+        "spec": {"template": {"spec": pod_spec}},
+    }
+    with pytest.raises(MissingSecret, match="Secret nope key k"):
+        for_podman([deployment], _inputs(tmp_path))
+
+
+@needs_kubectl
+def test_overlay_r1_needs_only_the_documented_secrets_and_keeps_its_shape(tmp_path: Path) -> None:
+    rendered = list(render("r1"))
+    played = for_podman(rendered, _inputs(tmp_path))
+    kinds = [d["kind"] for d in played.docs]
+    assert not DROPPED_KINDS & set(kinds)
+    assert sorted(played.jobs) == ["sco-db-migrate", "sco-temporal-bootstrap"]
+    deployments = [d for d in rendered if d["kind"] == "Deployment"]
+    assert kinds.count("Deployment") == len(deployments) == 7
+    region = next(d for d in played.docs if d["metadata"]["name"] == "sco-region")
+    assert region["data"]["SCO_NATS_URL"] == "nats://10.0.2.2:4222"
+    assert region["data"]["SCO_REGION"] == "r1"  # rendered values stay
+    for doc in played.docs:
+        if doc["kind"] == "ConfigMap":
+            continue
+        spec = doc["spec"]["template"]["spec"] if doc["kind"] == "Deployment" else doc["spec"]
+        assert not [v for v in spec["volumes"] if "secret" in v]
+        for c in _containers(spec):
+            assert c["image"] == "localhost/sco:test"
+            assert not [e for e in c.get("env", []) if "valueFrom" in e]  # type: ignore[attr-defined]
+    # Commands, probes and security contexts are the rendered ones.
+    worker = next(d for d in played.docs if d["metadata"]["name"].startswith("sco-worker-"))
+    original = next(d for d in rendered if d["metadata"]["name"] == worker["metadata"]["name"])
+    for c, o in zip(
+        _containers(worker["spec"]["template"]["spec"]),
+        _containers(original["spec"]["template"]["spec"]),
+        strict=True,
+    ):
+        for key in ("command", "args", "securityContext"):
+            assert c.get(key) == o.get(key)
+        assert "ports" not in c
+    containers = worker["spec"]["template"]["spec"]["containers"]
+    assert [c["name"] for c in containers] == ["contracts-pull", "worker", "contracts-refresh"]
+    assert "initContainers" not in worker["spec"]["template"]["spec"]
+    probe = containers[1]["readinessProbe"]
+    assert probe["httpGet"] == {"path": "/readyz", "port": 8080}

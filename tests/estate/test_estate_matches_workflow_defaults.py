@@ -1,0 +1,19 @@
+"""The simulated exclusion cycle runs on the workflow's defaults: a default changed on one
+side only would make the estate figures describe a cycle SCO does not run."""
+
+from __future__ import annotations
+
+from estate.config import EstateConfig
+from workflows.exclusion.models import ExclusionConfig
+
+
+def test_the_simulated_cycle_uses_the_workflow_defaults() -> None:
+    sim, wf = EstateConfig(), ExclusionConfig()
+    assert sim.exclusion_window_minutes * 60 == wf.window_seconds
+    assert sim.exclusion_threshold == wf.threshold
+    assert sim.burst_merge_minutes * 60 == wf.burst_merge_seconds
+    assert sim.base_cooldown_minutes * 60 == wf.base_cooldown_seconds
+    assert sim.max_cooldown_minutes * 60 == wf.max_cooldown_seconds
+    assert sim.cooldown_jitter == wf.jitter
+    assert sim.probe_minutes * 60 == wf.probe_seconds
+    assert sim.strike_reset_minutes * 60 == wf.strike_reset_seconds

@@ -1,0 +1,92 @@
+"""Logging of the `sco` processes from settings: `log.format` and `log.level`.
+
+The formatter is contracts/logformat.py (shared with the node agent). `sco` configures
+logging from SCO_LOG__* before a command loads its settings, and again from the loaded
+settings (the TOML file may set `[log]`), so a worker's first line is already in its format.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import TYPE_CHECKING, Literal, TextIO
+
+from contracts.logformat import LogFormat, configure_logging, parse_format, resolve_format
+
+if TYPE_CHECKING:
+    from temporalio.runtime import LoggingConfig
+
+    # Not at run time: `sco` configures logging before it imports any settings.
+    from workers.settings import LogSettings
+
+FORMAT_ENV = "SCO_LOG__FORMAT"
+LEVEL_ENV = "SCO_LOG__LEVEL"
+
+
+#: Set by `sco`'s entry point: this process's logging is ours to configure. A command run
+#: in-process (typer's CliRunner, in tests) leaves the host's logging alone.
+_owned = False
+
+
+def configure_from_env() -> None:
+    """Before settings load: the format and level the environment asks for (a bad value is
+    left to the settings, which refuse it with the field's name)."""
+    global _owned
+    _owned = True
+    try:
+        fmt: LogFormat = parse_format(os.environ.get(FORMAT_ENV, "auto"), FORMAT_ENV)
+    except ValueError:
+        fmt = "auto"
+    level = os.environ.get(LEVEL_ENV, "INFO").upper()
+    configure_logging(fmt, level if level in {"DEBUG", "INFO", "WARNING", "ERROR"} else "INFO")
+    quiet_libraries()
+
+
+def configure_from_settings(
+    log: LogSettings, stream: TextIO | None = None
+) -> Literal["json", "text"]:
+    chosen = configure_logging(log.format, log.level, stream)
+    quiet_libraries()
+    return chosen
+
+
+def configure_owned(log: LogSettings) -> None:
+    """Once a command has its settings: their `[log]`, when `sco` owns the process's logging."""
+    if _owned:
+        configure_from_settings(log)
+
+
+def quiet_libraries() -> None:
+    import logging
+
+    # One line per HTTP request (the Kubernetes and OpenStack clients) drowns the rest.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
+def prepare_temporal_logging(log: LogSettings, stream: TextIO | None = None) -> None:
+    """For a process hosting workflows and activities. In JSON the workflow and activity ids
+    are fields; the SDK would also append them to every message as a Python dict, which a
+    log query would then have to parse."""
+    from temporalio import activity, workflow
+
+    if resolve_format(log.format, sys.stderr if stream is None else stream) != "json":
+        return
+
+    workflow.logger.workflow_info_on_message = False
+    activity.logger.activity_info_on_message = False
+
+
+def temporal_core_logging() -> LoggingConfig:
+    """The SDK core's (Rust) log at its default levels, forwarded to the `temporalio.core`
+    Python logger, so it comes out in the process's format like every other line."""
+    import logging
+
+    from temporalio.runtime import LogForwardingConfig, LoggingConfig, TelemetryFilter
+
+    return LoggingConfig(
+        filter=TelemetryFilter(core_level="WARN", other_level="ERROR"),
+        # The target (the core module) is already in the logger name.
+        forwarding=LogForwardingConfig(
+            logger=logging.getLogger("temporalio.core"), prepend_target_on_message=False
+        ),
+    )
