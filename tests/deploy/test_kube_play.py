@@ -40,6 +40,7 @@ from tests.deploy.test_k8s_manifests import render
 from tests.support import services
 from tests.support.image import current_image
 from tests.support.kube_play import Doc, Played, PlayInputs, for_podman
+from tests.support.nats_sync import server_has_seen
 from tests.support.paths import BASE_DSN, REGIONS_DIR, REPO
 from workers.devbox.services import KafkaService
 from workers.settings import Settings, WorkerSettings
@@ -584,7 +585,7 @@ async def _acquisition_notice_and_ledger(
 
     try:
         await nc.subscribe("sco.r1.notice.>", cb=heard)
-        await nc.flush()
+        await server_has_seen(nc)
         code, out = await sco(env, "reclaim", live[0].instance_id, "--region", "r1", "--by", "test")
         assert code == 0, out + logs(deployments)
         with contextlib.suppress(TimeoutError):

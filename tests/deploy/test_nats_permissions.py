@@ -34,6 +34,7 @@ from contracts.notice_signing import sign
 from tests.agent.test_agent_notice_refusals import notice, wait_for
 from tests.support import tools
 from tests.support.agent_fakes import RecordingScheduler, agent_config, notice_key, signed_bundle
+from tests.support.nats_sync import server_has_seen
 from tests.support.paths import REPO
 from workers.nats_permissions import agent_inbox, region_users, write_users
 
@@ -164,13 +165,13 @@ async def heard(conn: Conn, subject: str) -> list[Msg]:
         got.append(msg)
 
     await conn.nc.subscribe(subject, cb=cb)
-    await conn.nc.flush()
+    await server_has_seen(conn.nc)
     return got
 
 
 async def settle(*conns: Conn) -> None:
     for c in conns:
-        await c.nc.flush()
+        await server_has_seen(c.nc)
     await asyncio.sleep(0.3)  # the server's -ERR arrives asynchronously
 
 
@@ -243,8 +244,8 @@ async def test_a_relay_cannot_publish_for_another_hall(conns: dict[str, Conn]) -
     got = await heard(control, "sco.r1.notice.>")
     await relay.nc.publish("sco.r1.notice.B.node-b1", b"not my hall")
     await relay.nc.publish("sco.r1.notice.A.node-a1", b"my hall")
-    # Both the delivery and the server's permissions error arrive asynchronously, and late
-    # on a loaded machine: wait for both (bounded), then settle for anything extra.
+    # Both the delivery and the server's permissions error arrive asynchronously: wait for
+    # both (bounded), then settle for anything extra.
     await wait_for(lambda: bool(got) and bool(relay.violations()), 10)
     await settle(relay, control)
     assert [m.subject for m in got] == ["sco.r1.notice.A.node-a1"]
