@@ -24,6 +24,7 @@ from activities.provider.sim_service import SimulatorClient
 from contracts.notice import ReclaimNotice, ReclaimRequest, hall_notice_subjects, reclaim_subject
 from contracts.region import Region
 from tests.support import chaos, services
+from tests.support.nats_sync import server_has_seen
 from tests.support.paths import REPO
 from tests.support.sco_process import Process
 
@@ -77,6 +78,7 @@ class NoticeWatch:
             self.received.append(ReclaimNotice.model_validate(json.loads(msg.data)["notice"]))
 
         await self._nc.subscribe(hall_notice_subjects("r1", "A"), cb=collect)
+        await server_has_seen(self._nc)  # the relay publishes on its own connection
         return self
 
     async def __aexit__(self, *exc: object) -> None:
