@@ -37,8 +37,17 @@ def slurm() -> str | None:
     return postgres()
 
 
+#: Where `make testcloud-up` writes the test cloud's clouds.yaml (relative to the repo).
+TESTCLOUD_CLOUDS = ".sco/testcloud/clouds.yaml"
+
+
+def testcloud_config() -> str:
+    """The clouds.yaml a test-cloud bench uses: OS_CLIENT_CONFIG_FILE, else the test cloud's."""
+    return os.environ.get("OS_CLIENT_CONFIG_FILE") or str(REPO / TESTCLOUD_CLOUDS)
+
+
 def testcloud() -> str | None:
-    config = os.environ.get("OS_CLIENT_CONFIG_FILE") or ".sco/testcloud/clouds.yaml"
+    config = testcloud_config()
     if not (REPO / config).is_file():
         return f"no OpenStack test cloud ({config} missing: make testcloud-up)"
     return None

@@ -111,6 +111,16 @@ def run_one(bench: Bench, tiny: bool) -> dict[str, Any]:
     return result
 
 
+def child_env(report: Path) -> dict[str, str]:
+    """A bench process's environment: where to write its report, and the test cloud's
+    clouds.yaml where the needs check found it (the test-cloud benches use it)."""
+    return {
+        **os.environ,
+        REPORT_FILE_ENV: str(report),
+        "OS_CLIENT_CONFIG_FILE": needs.testcloud_config(),
+    }
+
+
 def _run_one(bench: Bench, tiny: bool) -> dict[str, Any]:
     if (reason := bench.needs()) is not None:
         return {"bench": bench.name, "status": "not run", "reason": reason}
@@ -119,7 +129,7 @@ def _run_one(bench: Bench, tiny: bool) -> dict[str, Any]:
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "report.json"
-        env = {**os.environ, REPORT_FILE_ENV: str(path)}
+        env = child_env(path)
         try:
             proc = subprocess.run(
                 argv,

@@ -11,13 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from bench.report import Report, judge
+from bench.report import REPORT_FILE_ENV, Report, judge
 from bench.run_all import (
     BEGIN,
     BENCHES,
     END,
     ROOT,
     Bench,
+    child_env,
     markdown,
     replace_section,
     run_one,
@@ -156,3 +157,17 @@ def test_a_bad_record_is_one_line_naming_it_and_leaves_the_report_alone(
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and says in lines[0] and "--record" in lines[0], proc.stderr
     assert (tmp_path / "latest.json").read_text() == "{}"
+
+
+def test_the_test_cloud_benches_find_the_cloud_where_the_check_did(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The needs check accepts the test cloud's clouds.yaml without OS_CLIENT_CONFIG_FILE;
+    the bench it lets run must be pointed at the same file (it was not: "Cloud sco-testcloud
+    was not found")."""
+    monkeypatch.delenv("OS_CLIENT_CONFIG_FILE", raising=False)
+    env = child_env(Path("/tmp/report.json"))
+    assert env["OS_CLIENT_CONFIG_FILE"] == str(ROOT / ".sco" / "testcloud" / "clouds.yaml")
+    assert env[REPORT_FILE_ENV] == "/tmp/report.json"
+    monkeypatch.setenv("OS_CLIENT_CONFIG_FILE", "/etc/openstack/clouds.yaml")
+    assert child_env(Path("/tmp/r.json"))["OS_CLIENT_CONFIG_FILE"] == "/etc/openstack/clouds.yaml"
