@@ -22,6 +22,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig
 
+from agent.config import AgentConfig
 from agent.daemon import Agent
 from agent.natslink import NatsLink, nats_options
 from agent.sources.nats import NatsNoticeSource
@@ -252,6 +253,23 @@ async def test_a_relay_cannot_publish_for_another_hall(conns: dict[str, Conn]) -
     assert len(relay.violations()) == 1 and "sco.r1.notice.b.node-b1" in relay.violations()[0]
 
 
+def a1_config(server: Server, tmp_path: Path) -> AgentConfig:
+    """node-a1's agent settings with its own NATS user over TLS, as its node would have."""
+    (tmp_path / "a1.password").write_text(
+        (server.secrets / "agent-r1-node-a1.password").read_text()
+    )
+    return agent_config(
+        tmp_path,
+        node="node-a1",
+        region="r1",
+        hall="A",
+        nats_urls=[server.url],
+        nats_user="agent-r1-node-a1",
+        nats_password_file=tmp_path / "a1.password",
+        nats_tls_ca=server.ca,
+    )
+
+
 async def test_an_agent_with_its_own_identity_drains_a_relay_notice(
     nats_server: Server, conns: dict[str, Conn], tmp_path: Path
 ) -> None:
@@ -261,19 +279,7 @@ async def test_an_agent_with_its_own_identity_drains_a_relay_notice(
     control_js = conns["control"].nc.jetstream()
     store = await control_js.create_object_store(bucket_for("r1"))
     await store.put(OBJECT_NAME, raw)
-    (tmp_path / "a1.password").write_text(
-        (nats_server.secrets / "agent-r1-node-a1.password").read_text()
-    )
-    config = agent_config(
-        tmp_path,
-        node="node-a1",
-        region="r1",
-        hall="A",
-        nats_urls=[nats_server.url],
-        nats_user="agent-r1-node-a1",
-        nats_password_file=tmp_path / "a1.password",
-        nats_tls_ca=nats_server.ca,
-    )
+    config = a1_config(nats_server, tmp_path)
     fetched = await NatsBundleSource(nats_server.url, "r1", nats_options(config)).fetch()
     assert fetched == raw
     assert BundleCache(tmp_path / "cache", TrustStore.load(trust)).offer(fetched).accepted
@@ -309,19 +315,7 @@ async def test_an_agent_reports_its_serial_under_its_own_key_only(
     """`sco contracts status`'s heartbeat: the node's own user may put its holding, never
     another node's."""
     await ensure_bucket(conns["control"].nc.jetstream(), "r1")
-    (tmp_path / "a1.password").write_text(
-        (nats_server.secrets / "agent-r1-node-a1.password").read_text()
-    )
-    config = agent_config(
-        tmp_path,
-        node="node-a1",
-        region="r1",
-        hall="A",
-        nats_urls=[nats_server.url],
-        nats_user="agent-r1-node-a1",
-        nats_password_file=tmp_path / "a1.password",
-        nats_tls_ca=nats_server.ca,
-    )
+    config = a1_config(nats_server, tmp_path)
     own = HoldingReporter(config.nats_urls, "r1", "agent", "node-a1", nats_options(config))
     assert await own.report(4)
     other = HoldingReporter(config.nats_urls, "r1", "agent", "node-a2", nats_options(config))
