@@ -22,8 +22,9 @@ from prometheus_client import Counter
 from activities.backoff import CappedBackoff
 from activities.ledger.drain_intake import DrainIntake, IntakeProgress
 from activities.ledger.store import LedgerStore
-from workers.client_security import ledger_options, nats_options
+from workers.client_security import ledger_options
 from workers.endpoints import serve_health, start_metrics
+from workers.nats_connect import connect_until_up
 from workers.settings import Settings
 from workers.shutdown import async_stop_event
 
@@ -116,22 +117,10 @@ async def _book(
 
 async def _connect(settings: Settings, stop: asyncio.Event) -> NATS | None:
     """NATS, retried until it answers (None when stopped first)."""
-    backoff = CappedBackoff(initial=0.5, cap=_MAX_BACKOFF_SECONDS)
-    while not stop.is_set():
-        try:
-            return await nats.connect(
-                settings.nats_url,
-                max_reconnect_attempts=-1,
-                allow_reconnect=True,
-                reconnect_time_wait=1,
-                name="sco-drain-intake",
-                **nats_options(settings),
-            )
-        except (nats.errors.Error, OSError) as exc:
-            wait = backoff.next()
-            log.warning(
-                "NATS at %s unavailable (%s); retrying in %.1f s", settings.nats_url, exc, wait
-            )
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), wait)
-    return None
+    return await connect_until_up(
+        settings,
+        stop,
+        max_backoff_seconds=_MAX_BACKOFF_SECONDS,
+        reconnect_time_wait=1,
+        name="sco-drain-intake",
+    )

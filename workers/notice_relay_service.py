@@ -29,10 +29,11 @@ from activities.notice_relay import (
 )
 from contracts.notice import ReclaimNotice, ReclaimRequest, reclaim_subject
 from contracts.region import Region
-from workers.client_security import nats_options, postgres_conninfo
+from workers.client_security import postgres_conninfo
 from workers.controller_wake import wake_controllers
 from workers.endpoints import serve_health, start_metrics
 from workers.exclusion_hooks import ExclusionHookQueue
+from workers.nats_connect import connect_until_up
 from workers.provider_factory import open_provider
 from workers.settings import Settings
 from workers.shutdown import async_stop_event
@@ -186,25 +187,10 @@ async def _temporal(settings: Settings, region: str) -> Client:
 
 
 async def _connect_nats(settings: Settings, stop: asyncio.Event) -> NATS | None:
-    """NATS, retried until it answers (None when stopped first). Once connected the
-    client reconnects by itself, without limit."""
-    backoff = CappedBackoff(initial=0.5, cap=settings.notice_relay.max_backoff_seconds)
-    while not stop.is_set():
-        try:
-            return await nats.connect(
-                settings.nats_url,
-                max_reconnect_attempts=-1,
-                allow_reconnect=True,
-                **nats_options(settings),
-            )
-        except (nats.errors.Error, OSError) as exc:
-            wait = backoff.next()
-            log.warning(
-                "NATS at %s unavailable (%s); retrying in %.1f s", settings.nats_url, exc, wait
-            )
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), wait)
-    return None
+    """NATS, retried until it answers (None when stopped first)."""
+    return await connect_until_up(
+        settings, stop, max_backoff_seconds=settings.notice_relay.max_backoff_seconds
+    )
 
 
 def _request_handler(
