@@ -45,7 +45,7 @@ from agent.natslink import NatsLink
 from agent.scheduler import SchedulerError, Workload
 from agent.scheduler.slurm import SlurmScheduler
 from agent.sources.nats import NatsNoticeSource
-from bench import needs
+from bench import needs, procstat
 from bench.report import Report
 from contracts.bundle import BundleContent
 from contracts.cache import BundleCache
@@ -249,8 +249,8 @@ def idle_rss(report: Report, url: str, tmp: Path) -> None:
     )
     try:
         time.sleep(3)
-        status = Path(f"/proc/{proc.pid}/status").read_text()
-        rss_kb = int(next(x for x in status.splitlines() if x.startswith("VmRSS")).split()[1])
+        rss = procstat.rss_mb(proc.pid)
+        assert rss is not None, "the agent exited within 3 s of its start"
         started = time.monotonic()
         os.kill(proc.pid, signal.SIGTERM)
         code = proc.wait(30)
@@ -261,7 +261,7 @@ def idle_rss(report: Report, url: str, tmp: Path) -> None:
             proc.wait()
     report.figure(
         "idle_rss",
-        rss_kb / 1024,
+        rss,
         "MB",
         anchor="VmRSS of `python -m agent`, NATS connected, 3 s after start",
         target=TARGET_IDLE_RSS_MB,

@@ -46,6 +46,7 @@ from activities.events import (
 )
 from activities.kafka import ensure_topics
 from activities.ledger.store import TABLE, LedgerStore
+from bench import procstat
 from bench.report import Report
 from tests.support import services
 from tests.support.ledger_events import cpu_event
@@ -63,17 +64,6 @@ from activities.ledger.store import LedgerStore, TABLE
 with LedgerStore(sys.argv[1], lock_timeout=60) as store, store.session() as c:
     print(c.query(f"SELECT count() FROM {TABLE} FINAL").result_rows[0][0])
 """
-
-
-def memory_mb(pid: int) -> dict[str, float]:
-    """VmRSS and RssAnon of `pid`, MB."""
-    out: dict[str, float] = {}
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            key = line.split(":")[0]
-            if key in ("VmRSS", "RssAnon", "RssFile"):
-                out[key] = int(line.split()[1]) / 1024
-    return out
 
 
 def event(n: int) -> bytes:
@@ -169,9 +159,8 @@ def run(
 
     def sample() -> None:
         while not stop.wait(1.0) and consumer.poll() is None:
-            try:
-                mem = memory_mb(consumer.pid)
-            except OSError:
+            mem = procstat.memory_mb(consumer.pid)
+            if not mem:  # the consumer is gone
                 return
             curve.append({"t_s": round(time.monotonic() - started, 1), "sent": sent[0], **mem})
 

@@ -20,13 +20,22 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / TICKS
 
 
-def rss_mb(pid: int) -> float | None:
+def memory_mb(pid: int) -> dict[str, float]:
+    """VmRSS, RssAnon and RssFile of `pid` in MB; empty when it is gone."""
     try:
         status = Path(f"/proc/{pid}/status").read_text()
     except (FileNotFoundError, ProcessLookupError):
-        return None
-    line = next((x for x in status.splitlines() if x.startswith("VmRSS")), None)
-    return None if line is None else int(line.split()[1]) / 1024
+        return {}
+    out: dict[str, float] = {}
+    for line in status.splitlines():
+        key = line.split(":")[0]
+        if key in ("VmRSS", "RssAnon", "RssFile"):
+            out[key] = int(line.split()[1]) / 1024
+    return out
+
+
+def rss_mb(pid: int) -> float | None:
+    return memory_mb(pid).get("VmRSS")
 
 
 def children(pid: int) -> list[tuple[int, str]]:
