@@ -3,16 +3,19 @@ PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
 REGION  ?= r1
+# REGIONS=r1,r2,r3: `make up` brings up each region's processes and Prometheus (and a global
+# Prometheus over them) and gives each region the example demand.
+REGIONS ?= $(REGION)
 STAMP   := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 # CLOUD=simulator (default): the simulated cloud service. CLOUD=testcloud: the real
 # OpenStack test cloud (`make testcloud-up` first) through openstacksdk.
 CLOUD   ?= simulator
 # The whole suite runs against the real OpenStack test cloud too: `make test` brings it up
-# first (~3.5 min from a fresh clone, ~5 s when up; `make testcloud-down` stops it) and its
+# beside the other tests (~3.5 min from a fresh clone, ~5 s when up; `make testcloud-down`
+# stops it) and its
 # tests must run. TESTCLOUD=0 leaves it out (its tests then skip, said once).
 TESTCLOUD ?= 1
 ifeq ($(TESTCLOUD),1)
-TEST_CLOUD := testcloud-up
 export SCO_REQUIRE_TESTCLOUD := 1
 endif
 ifeq ($(CLOUD),testcloud)
@@ -21,7 +24,7 @@ export SCO_PROVIDER__IMAGE := sco-image
 export OS_CLIENT_CONFIG_FILE := $(CURDIR)/.sco/testcloud/clouds.yaml
 endif
 
-.PHONY: up down status deps test test-prep checks images lint unit bench chaos estate-readme clean testcloud-up testcloud-down testcloud-test lock wheel image image-test
+.PHONY: up down status deps test check test-under-load lint bench chaos estate-readme docs clean testcloud-up testcloud-down testcloud-test lock wheel image image-test
 
 # pipefail: the install's progress goes through a filter, its exit status must not.
 SHELL := /bin/bash
@@ -40,14 +43,17 @@ $(STAMP): pyproject.toml
 ## three example contracts demand: the controllers start acquisitions against the local
 ## provider, listed here and in the Temporal UI.
 up: $(STAMP)
-	SCO_REGION=$(REGION) $(BIN)/sco dev up --workers
-	SCO_REGION=$(REGION) $(BIN)/sco pools sync --region $(REGION)
-	SCO_REGION=$(REGION) $(BIN)/sco demand set spark-etl 120 --region $(REGION)
-	SCO_REGION=$(REGION) $(BIN)/sco demand set ci-runners 200 --region $(REGION)
-	SCO_REGION=$(REGION) $(BIN)/sco demand set search-api 40 --region $(REGION)
-	@sleep 3; SCO_REGION=$(REGION) $(BIN)/sco acquisitions list --all --region $(REGION)
+	SCO_REGION=$(REGION) $(BIN)/sco dev up --workers --regions $(REGIONS)
+	@for r in $$(echo $(REGIONS) | tr , ' '); do \
+	    SCO_REGION=$$r $(BIN)/sco pools sync --region $$r && \
+	    { [ $$r = r3 ] || SCO_REGION=$$r $(BIN)/sco demand set spark-etl 120 --region $$r; } && \
+	    SCO_REGION=$$r $(BIN)/sco demand set ci-runners 200 --region $$r && \
+	    SCO_REGION=$$r $(BIN)/sco demand set search-api 40 --region $$r || exit 1; \
+	done
+	@sleep 3; for r in $$(echo $(REGIONS) | tr , ' '); do \
+	    SCO_REGION=$$r $(BIN)/sco acquisitions list --all --region $$r; done
 	@echo "Temporal UI: http://127.0.0.1:8233/namespaces/$(REGION)/workflows?query=WorkflowType%3D%22AcquisitionWorkflow%22"
-	@echo "Prometheus:  http://127.0.0.1:9090/alerts (when Debian's prometheus is installed: make deps)"
+	@echo "Prometheus:  http://127.0.0.1:9090/alerts (region $(REGION); with REGIONS=r1,r2,r3 r2 is :9091, r3 :9092, the global query :9089)"
 
 down: $(STAMP)
 	$(BIN)/sco dev down
@@ -67,30 +73,42 @@ lint: $(STAMP)
 deps: $(STAMP)
 	$(BIN)/python -m tests.support.install_tools
 
-## The whole suite: the tools, lint, types, then every test on the real services (deps
-## first: mypy checks the tests against the torch that deps installs).
-## pytest exit code 5 (nothing collected) fails loudly: a suite that ran nothing is broken.
-test: $(STAMP)
-	$(MAKE) --no-print-directory -j3 test-prep
-	$(BIN)/pytest -q -p no:cacheprovider -m "not chaos_slow"; rc=$$?; \
-	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; \
-	exit $$rc
+## The whole suite: the tools (deps), then lint, types, the image and the test cloud *beside*
+## every test on the real services (tests/run_suite.sh: the test cloud's and podman's tests
+## wait for theirs; the rest do not need them), in TEST_WORKERS pytest-xdist workers at once
+## (tests/support/parallel.py: who must share a worker; the tests wait on I/O far more than
+## on the 2 cores). It ends with the 25 slowest tests and each session fixture's set-up
+## time; the JUnit XML is the bench report's suite row. pytest exit code 5 (nothing
+## collected) fails loudly: a suite that ran nothing is broken.
+TEST_WORKERS ?= 4
+PYTEST_RUN := $(BIN)/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --durations=25
+test: deps
+	PYTEST='$(PYTEST_RUN) --junitxml=.sco/test-results.xml -m "not chaos_slow"' \
+	    TESTCLOUD=$(TESTCLOUD) tests/run_suite.sh
 
-## The test cloud comes up (pip into its own venv, ~5 min) while deps installs, then lint
-## runs and the image is built (apt, pip into this venv, mypy, debootstrap and podman
-## build, ~4 min): they share nothing, and CI's clock is 45 minutes. The image and
-## container tests then find the image and the Debian base in podman's cache.
-test-prep: checks images $(TEST_CLOUD)
-
-checks: deps
+## The fast tier, for the edit-test loop (~2 min): ruff, mypy, and every test that needs no
+## running service (not marked `services` by tests/support/parallel.py). The tests run in a
+## network namespace of their own when unshare allows (root, or user namespaces): there no
+## PostgreSQL, NATS or broker answers, so a test that needs one fails here instead of
+## passing by luck on a developer's machine.
+CHECK_WORKERS ?= 2
+NO_NETWORK := $(shell unshare -n true 2>/dev/null && echo "unshare -n" || (unshare -rn true 2>/dev/null && echo "unshare -rn"))
+check: deps
 	$(MAKE) --no-print-directory lint
+	$(NO_NETWORK) $(if $(NO_NETWORK),bash -c 'ip link set lo up 2>/dev/null; exec "$$0" "$$@"') \
+	    $(BIN)/pytest -q -p no:cacheprovider -n $(CHECK_WORKERS) --durations=15 -m "not services"
 
-images: deps
-	@mkdir -p .sco; if command -v podman >/dev/null; then \
-	    if $(MAKE) --no-print-directory image > .sco/image-build.log 2>&1; \
-	    then echo "sco: image built (.sco/image-build.log)"; \
-	    else echo "sco: image build failed (.sco/image-build.log); its tests build it again and say why"; fi; \
-	fi
+## The suite twice in a row beside CPU hogs (CI's machine may be busy): run it before you
+## stop. Any failure here is a race to find, not a test to retry. LOAD_HOGS busy loops.
+LOAD_HOGS ?= 2
+test-under-load: $(STAMP)
+	@hogs=""; for i in $$(seq $(LOAD_HOGS)); do (while :; do :; done) & hogs="$$hogs $$!"; done; \
+	trap "kill $$hogs 2>/dev/null" EXIT; \
+	echo "sco: $(LOAD_HOGS) CPU hogs beside the suite (pids$$hogs)"; \
+	for run in 1 2; do \
+	    start=$$(date +%s); $(MAKE) --no-print-directory test || exit 1; \
+	    echo "sco: run $$run under load passed in $$(( $$(date +%s) - start )) s"; \
+	done
 
 ## Fault-injection cases on the real services (fleet-DB outage and Temporal unreachable
 ## under the notice relay, broker killed, restarted and frozen under the outbox relay and
@@ -106,14 +124,20 @@ chaos: deps
 	rc=$$?; cat .sco/chaos.jsonl 2>/dev/null; exit $$rc
 
 ## Every benchmark, one after another, into one report: bench/results/latest.{json,md},
-## and the README's performance table between its bench markers. Non-zero when a bench
-## failed or a measurement did not happen (a missed target is a result, shown as missed).
+## and the performance table of docs/evidence.md between its bench markers. Non-zero when a
+## bench failed or a measurement did not happen (a missed target is a result, shown as missed).
 bench: deps
-	$(BIN)/python bench/run_all.py --readme README.md
+	$(BIN)/python bench/run_all.py --readme docs/evidence.md
 
-## The estate simulation's table and figures in README.md and docs/estate/ (30 days, seed 1).
+## The estate simulation's table and figures in docs/evidence.md and docs/estate/ (30 days,
+## seed 1).
 estate-readme: $(STAMP)
-	$(BIN)/sco sim estate --days 30 --seed 1 --out docs/estate --readme README.md
+	$(BIN)/sco sim estate --days 30 --seed 1 --out docs/estate --readme docs/evidence.md
+
+## docs/reference.md: every command and settings key, generated from the code
+## (workers/cli/reference.py; tests/test_docs_reference.py fails when it is stale).
+docs: $(STAMP)
+	$(BIN)/sco docs reference --out docs/reference.md
 
 ## The real OpenStack test cloud (deploy/testcloud/README.md): ~3.5 min on a fresh machine
 ## (pip ~1.5 min of it), ~35 s after testcloud-down, ~5 s when up; ~3.3 GiB while up.
@@ -139,9 +163,10 @@ lock:
 
 ## dist/sco-<version>-py3-none-any.whl: what the image installs, and the install artefact
 ## for a slurmctld host (deploy/slurm/README.md).
+## flock: setuptools builds in ./build, so two builds at once (make image and a test's) collide.
 wheel: $(STAMP)
-	rm -f dist/sco-*.whl
-	$(BIN)/pip wheel --no-deps --quiet -w dist .
+	@mkdir -p .sco
+	flock .sco/wheel.lock sh -c 'rm -rf build dist/sco-*.whl && $(BIN)/pip wheel --no-deps --quiet -w dist .'
 
 ## The SCO image with podman (deploy/image/README.md), tagged with the worker's build id
 ## (the package version, which SCO_WORKER__BUILD_ID defaults to). ~2 min, once cached ~10 s.

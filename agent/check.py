@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import stat
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from agent.clock import kernel_sync
 from agent.config import AgentConfig, ConfigError, load_config
 from agent.firstbundle import fetch_first_sync
+from agent.pinned import load_pinned
+from contracts.bundle import VerifiedBundle
 from contracts.cache import BundleCache
 from contracts.keys import KeyFileError, TrustStore
+from contracts.notice_signing import notice_keys
 
 
 @dataclass(frozen=True)
@@ -49,7 +55,9 @@ def run_check(path: Path | None, env: dict[str, str] | None = None) -> tuple[boo
         )
     )
     lines.extend(_bundle(config))
+    lines.extend(_clock(config))
     lines.extend(_tools(config))
+    lines.append(_sockets(config))
     return all(line.ok for line in lines), lines
 
 
@@ -93,6 +101,7 @@ def _bundle(config: AgentConfig) -> list[Line]:
                         waiting=True,
                     )
                 )
+            out.append(_notice_keys(config, None))
             return out
         out.append(Line(True, "distributor", fetched.detail))
     age = bundle.age(datetime.now(UTC))
@@ -101,20 +110,63 @@ def _bundle(config: AgentConfig) -> list[Line]:
     out.append(
         Line(True, "bundle", f"serial {bundle.serial}, age {age}, contracts: {names}{stale}")
     )
-    policy = bundle.content.notice_policy(config.region)
-    if policy is None or not policy.keys:
-        out.append(
-            Line(
-                False,
-                "notice keys",
-                f"the bundle lists none for {config.region}: every relay notice would be refused",
-            )
-        )
-    else:
-        out.append(
-            Line(True, "notice keys", f"{len(policy.keys)} key(s), lead {policy.lead_seconds} s")
-        )
+    out.append(_notice_keys(config, bundle))
     return out
+
+
+def _notice_keys(config: AgentConfig, bundle: VerifiedBundle | None) -> Line:
+    """Can this node verify a genuine notice: the bundle's keys (while young enough) and
+    the keys pinned in the install."""
+    pinned, _, problem = load_pinned(config)
+    too_old = bundle is not None and bundle.age(datetime.now(UTC)) > timedelta(
+        hours=config.bundle_max_age_hours
+    )
+    content = bundle.content if bundle is not None and not too_old else None
+    keys, lead = notice_keys(content, pinned, config.region)
+    in_bundle = content.notice_policy(config.region) if content is not None else None
+    where = (
+        f"{len(in_bundle.keys) if in_bundle else 0} in the bundle"
+        + (f" (too old for notices: over {config.bundle_max_age_hours:g} h)" if too_old else "")
+        + f", {len(pinned.keys) if pinned else 0} pinned in the install"
+        + (f" ({problem})" if problem else "")
+    )
+    if not keys and bundle is None:
+        return Line(
+            True,
+            "notice keys",
+            f"none for {config.region} until the first bundle ({where}): relay notices are "
+            "refused until then; set notice_keys_dir to the relays' public keys",
+            waiting=True,
+        )
+    if not keys:
+        return Line(
+            False,
+            "notice keys",
+            f"none for {config.region} ({where}): every relay notice would be refused; "
+            "set notice_keys_dir to the relays' public keys",
+        )
+    return Line(True, "notice keys", f"{len(keys)} key(s): {where}; lead {lead} s")
+
+
+def _clock(config: AgentConfig) -> list[Line]:
+    kernel = kernel_sync()
+    if kernel is None:
+        state = "kernel sync state unknown"
+    elif kernel.synchronised:
+        state = f"NTP synchronised (max error {kernel.max_error_seconds:g} s)"
+    else:
+        state = "the kernel does not report NTP sync"
+    if config.require_time_sync and not (kernel is not None and kernel.synchronised):
+        return [
+            Line(
+                True,
+                "clock",
+                f"{state}: require_time_sync: the agent starts only if its offset against "
+                f"NATS is within {config.notice_deadline_margin_seconds:g} s",
+                waiting=True,
+            )
+        ]
+    return [Line(True, "clock", state)]
 
 
 def _tools(config: AgentConfig) -> list[Line]:
@@ -124,3 +176,40 @@ def _tools(config: AgentConfig) -> list[Line]:
     if missing:
         return [Line(False, "slurm", f"{', '.join(missing)} not on PATH")]
     return [Line(True, "slurm", "scontrol and squeue found")]
+
+
+def _has_cap_chown() -> bool:
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        return False
+    effective = next((ln.split()[1] for ln in status.splitlines() if ln.startswith("CapEff:")), "0")
+    return bool(int(effective, 16) & 1)  # bit 0: CAP_CHOWN
+
+
+def _sockets(config: AgentConfig) -> Line:
+    """The checkpoint socket dir (agent/checkpoint/jobdirs.py): the agent's own, writable
+    by nobody else, and the agent able to hand each job its directory."""
+    where = config.socket_dir
+    try:
+        st = where.lstat()
+    except FileNotFoundError:
+        return Line(True, "checkpoint sockets", f"{where} not there yet (the unit makes it)")
+    except OSError as exc:
+        return Line(False, "checkpoint sockets", f"{where}: {exc}")
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        return Line(
+            False,
+            "checkpoint sockets",
+            f"{where} must be a directory of the agent's user that no one else can write "
+            f"(mode {stat.S_IMODE(st.st_mode):04o}, uid {st.st_uid}): tenants could take "
+            "each other's socket names",
+        )
+    if config.scheduler != "none" and os.geteuid() != 0 and not _has_cap_chown():
+        return Line(
+            False,
+            "checkpoint sockets",
+            "no CAP_CHOWN: the agent cannot hand jobs their checkpoint directories, so "
+            "checkpoint and decommission contracts would be forced (the unit grants it)",
+        )
+    return Line(True, "checkpoint sockets", f"{where}: mode {stat.S_IMODE(st.st_mode):04o}")

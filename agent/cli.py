@@ -8,14 +8,33 @@ import os
 import sys
 from pathlib import Path
 
-from agent.check import run_check, summary
 from agent.config import DEFAULT_PATH, ConfigError, load_config
-from agent.daemon import Agent, run_until_signalled
-from agent.natslink import NatsOptionsError
+from contracts.lean_imports import no_websockets_for_nats
 from contracts.logformat import LOG_FORMATS, configure_logging, parse_format
 
 
+def version() -> str:
+    """The installed distribution's version: `sco-agent` (the node package, deploy/agent/)
+    or `sco` (the repository's, where the agent runs as `python -m agent`)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    for dist in ("sco-agent", "sco"):
+        try:
+            return dist_version(dist)
+        except PackageNotFoundError:
+            continue
+    return "unknown"
+
+
 def main(argv: list[str] | None = None) -> int:
+    # Before the daemon's modules import nats (contracts/lean_imports.py): ~10 MB of
+    # aiohttp the agent never uses.
+    no_websockets_for_nats()
+    from agent.check import run_check, summary
+    from agent.daemon import Agent, TimeSyncRefused, run_until_signalled
+    from agent.natslink import NatsOptionsError
+
     parser = argparse.ArgumentParser(
         prog="sco-agent", description="SCO node agent: drains this node on a reclaim notice."
     )
@@ -27,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         else None,
         help=f"TOML file (env SCO_AGENT_CONFIG; default {DEFAULT_PATH} when it exists)",
     )
+    parser.add_argument("--version", action="version", version=f"sco-agent {version()}")
     parser.add_argument("--check", action="store_true", help="validate config and bundle, exit 0/1")
     parser.add_argument("--dry-run", action="store_true", help="same as SCO_AGENT_DRY_RUN=true")
     parser.add_argument(
@@ -69,5 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     except NatsOptionsError as exc:
         print(f"sco-agent: bad configuration: {exc}", file=sys.stderr)
         return 2
-    asyncio.run(run_until_signalled(agent))
+    try:
+        asyncio.run(run_until_signalled(agent))
+    except TimeSyncRefused as exc:
+        print(f"sco-agent: not starting: {exc}", file=sys.stderr)
+        return 2
     return 0

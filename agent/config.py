@@ -7,11 +7,29 @@ Keys (all top level):
     nats_urls               list of NATS servers (env: comma separated)
     cache_dir, trust_dir    the contract bundle cache and the trust directory
     journal_path            JSON-lines journal of drains; the dedupe store sits beside it
-    socket_dir              where workloads' checkpoint sockets live
-    metadata_path           optional JSON file polled for notices (cloud instance metadata)
+    socket_dir              where workloads' checkpoint sockets live: one directory per job,
+                            made by the agent for the job's user (agent/checkpoint/jobdirs.py)
+    job_dir_refresh_seconds how often the agent makes and removes those directories as jobs
+                            come and go (slurm and kubernetes schedulers)
+    slurm_cgroup_check      a job's socket must be served from the job's cgroup (Slurm with
+                            proctrack/cgroup); false where Slurm tracks jobs without cgroups
+    metadata_path           optional JSON file polled for notices: the local fallback
+                            (must be owned by metadata_owner_uid, root, and not group/world
+                            writable; deadlines within notice_lead_seconds + margin)
+    metadata_owner_uid      the uid that must own metadata_path (default 0: root)
     dry_run                 log every mutating call instead of making it
     safety_margin_seconds   a drain's waits end this long before the notice's deadline
-    notice_deadline_margin_seconds  clock skew allowed past the region's notice lead
+    notice_deadline_margin_seconds  the clock skew bound: allowed past the region's notice
+                            lead, and between a notice's issued_at and the node's clock
+    notice_keys_dir         the relays' public keys shipped with the install (<key id>.pub,
+                            revoked.txt): notices verify from first boot, before any bundle,
+                            and when the bundle lists none for the region
+    notice_lead_seconds     the region's notice lead when no trusted bundle gives it
+    bundle_max_age_hours    a bundle older than this is no longer trusted for notices (its
+                            notice keys ignored, loudly; its contracts still drive drains)
+    require_time_sync       refuse to start unless the kernel says NTP synchronised the
+                            clock or the offset measured against NATS is within the bound
+    clock_check_seconds     how often the clock offset is measured against NATS
     nats_user, nats_password_file   NATS user and a file holding its password, or
     nats_creds_file                 a NATS credentials (JWT + nkey) file, or
     nats_nkey_seed_file             an nkey seed file
@@ -67,6 +85,8 @@ class AgentConfig(BaseModel):
     trust_dir: Path = Path("/etc/sco-agent/trust")
     journal_path: Path = Path("/var/lib/sco-agent/journal.jsonl")
     socket_dir: Path = Path("/run/sco-agent/checkpoint")
+    job_dir_refresh_seconds: float = Field(default=5.0, gt=0)
+    slurm_cgroup_check: bool = True
     metadata_path: Path | None = None
     # Prometheus textfile (node_exporter's textfile collector directory, `*.prom`) with
     # notices received/refused, drain durations by outcome, workloads told/forced.
@@ -82,7 +102,13 @@ class AgentConfig(BaseModel):
     kubernetes_api_url: str = "https://kubernetes.default.svc"
     kubernetes_token_path: Path = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
     kubernetes_ca_path: Path | None = None
-    notice_deadline_margin_seconds: float = Field(default=30.0, ge=0)
+    notice_deadline_margin_seconds: float = Field(default=30.0, ge=0, le=3600)
+    notice_keys_dir: Path | None = None
+    notice_lead_seconds: int = Field(default=120, gt=0, le=86400)
+    bundle_max_age_hours: float = Field(default=168.0, gt=0)
+    require_time_sync: bool = False
+    clock_check_seconds: float = Field(default=60.0, gt=0)
+    metadata_owner_uid: int = Field(default=0, ge=0)
     nats_user: str | None = None
     nats_password_file: Path | None = None
     nats_creds_file: Path | None = None

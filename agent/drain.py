@@ -2,7 +2,10 @@
 
 Per workload, by its contract's `drain.action`:
     checkpoint    ask over its checkpoint socket; when it answers ok, requeue it; when it
-                  does not answer within the bound (or has no socket), force it
+                  does not answer within the bound (or has no socket, answers anything but
+                  protocol v1, or its socket is not the job's: agent.checkpoint.peer),
+                  force it. Whatever fails, a workload ends requeued or forced (or failed,
+                  when the scheduler itself refuses to force it), never left as it was
     decommission  ask it to decommission (Spark: SIGPWR to the executor, see
                   agent.checkpoint.spark) and wait for it to leave the node; force after
     requeue       requeue now (a job that registered a socket is told first, bounded)
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -24,7 +28,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from agent.checkpoint import naming
 from agent.checkpoint.client import send_request
+from agent.checkpoint.peer import PeerRefused
 from agent.checkpoint.protocol import ProtocolError, Request
 from agent.notices import Notice
 from agent.scheduler import NodeScheduler, SchedulerError, Workload
@@ -183,14 +189,16 @@ class DrainEngine:
         ms: Callable[[], float],
     ) -> None:
         bound = self.bound(grace, notice.deadline)
-        sock = self._socket_dir / f"{workload.socket_name}.sock"
+        sock = naming.job_socket(self._socket_dir, workload.socket_name)
         try:
             if early is EarlyWarningAction.CHECKPOINT:
-                saved = await self._tell(notice, sock, "early_checkpoint", bound, outcome, ms)
+                saved = await self._tell(
+                    notice, workload, sock, "early_checkpoint", bound, outcome, ms
+                )
                 # Not "checkpointed": the job keeps running and drains at the hard notice.
                 outcome.result = ("dry-run" if self._dry_run else "saved") if saved else "failed"
                 return
-            if not await self._tell(notice, sock, "decommission", bound, outcome, ms):
+            if not await self._tell(notice, workload, sock, "decommission", bound, outcome, ms):
                 outcome.result = "failed"  # it stays; the hard notice drains it
                 return
             if self._dry_run:
@@ -269,14 +277,14 @@ class DrainEngine:
         action = DrainAction(outcome.action)
         bound = self.bound(grace, notice.deadline)
         until = time.monotonic() + bound
-        sock = self._socket_dir / f"{workload.socket_name}.sock"
+        sock = naming.job_socket(self._socket_dir, workload.socket_name)
         try:
             if action is DrainAction.REQUEUE and not _exists(sock):
                 outcome.told_ms = ms()
                 await self._requeue(notice, workload, grace, outcome, until)
                 return
             op = "decommission" if action is DrainAction.DECOMMISSION else "checkpoint"
-            answered = await self._tell(notice, sock, op, bound, outcome, ms)
+            answered = await self._tell(notice, workload, sock, op, bound, outcome, ms)
             if action is DrainAction.DECOMMISSION and answered and self._dry_run:
                 outcome.result = "dry-run"
                 return
@@ -294,12 +302,21 @@ class DrainEngine:
             await self._force(workload, outcome)
         except Exception as exc:  # one workload's failure never stops the others
             log.exception("drain of %s failed", workload.id)
-            outcome.result = "failed"
             outcome.detail = f"{type(exc).__name__}: {exc}"
+            if outcome.result in ("requeued", "checkpointed", "forced", "gone", "dry-run"):
+                return
+            # Whatever went wrong, the job does not stay on a node that is going away.
+            try:
+                await self._force(workload, outcome)
+            except Exception as force_exc:  # the scheduler itself fails: say so
+                log.exception("force of %s failed", workload.id)
+                outcome.result = "failed"
+                outcome.detail += f"; force: {type(force_exc).__name__}: {force_exc}"
 
     async def _tell(
         self,
         notice: Notice,
+        workload: Workload,
         sock: Path,
         op: str,
         bound: float,
@@ -318,12 +335,20 @@ class DrainEngine:
         request = Request(op, notice.reason or "reclaim", deadline, notice.notice_id)
         outcome.told_ms = ms()
         try:
-            reply = await send_request(sock, request, bound)
+            reply = await send_request(sock, request, bound, workload.owner())
         except TimeoutError:
             outcome.detail = f"no answer to {op} within {bound:.1f}s"
             return False
+        except PeerRefused as exc:
+            log.error("%s: checkpoint socket refused: %s", workload.id, exc)
+            outcome.detail = f"{op} not sent, not the job's socket: {exc}"
+            return False
         except (OSError, ProtocolError) as exc:
             outcome.detail = f"{op} request failed: {exc}"
+            return False
+        except Exception as exc:  # whatever a reply does, it is no answer: the job is forced
+            log.exception("%s: %s request failed", workload.id, op)
+            outcome.detail = f"{op} request failed: {type(exc).__name__}: {exc}"
             return False
         if not reply.ok:
             outcome.detail = f"{op} refused: {reply.error}"
@@ -401,5 +426,6 @@ class DrainEngine:
 
 
 def _exists(path: Path) -> bool:
-    # One stat of a local socket file: cheap enough for the event loop.
-    return path.exists()
+    # One stat of a local socket file: cheap enough for the event loop. A symlink counts as
+    # there (and is then refused by the peer check): nothing in a job's place goes unseen.
+    return os.path.lexists(path)

@@ -22,9 +22,9 @@ from contracts.distribution import NatsBundleSource
 FIRST_FETCH_SECONDS = 20.0
 
 
-def fetcher(config: AgentConfig) -> Callable[[], Awaitable[bytes | None]]:
-    """Fetch the region's bundle from the first NATS server that answers; None when none
-    was published; raises when no server answered."""
+def fetcher(config: AgentConfig, *, reset: bool = False) -> Callable[[], Awaitable[bytes | None]]:
+    """Fetch the region's bundle (`reset`: its serial reset) from the first NATS server
+    that answers; None when none was published; raises when no server answered."""
     options = nats_options(config)
     sources = [NatsBundleSource(url, config.region, options) for url in config.nats_urls]
 
@@ -32,7 +32,7 @@ def fetcher(config: AgentConfig) -> Callable[[], Awaitable[bytes | None]]:
         last: Exception | None = None
         for source in sources:
             try:
-                return await source.fetch()
+                return await (source.fetch_reset() if reset else source.fetch())
             except Exception as exc:  # try the next server
                 last = exc
         raise RuntimeError(f"no NATS server answered: {last}")
@@ -60,6 +60,12 @@ async def fetch_first(
         return FirstFetch(None, f"distributor unreachable ({exc})")
     if raw is None:
         return FirstFetch(None, f"none published yet for region {config.region}")
+    try:
+        reset = await asyncio.wait_for(fetcher(config, reset=True)(), seconds)
+    except Exception:  # a reset is optional; the refresh loop asks again
+        reset = None
+    if reset is not None:
+        cache.apply_reset(reset, config.region)
     result = cache.offer(raw)
     if not result.accepted or result.bundle is None:
         return FirstFetch(None, f"the distributor's bundle was {result.reason}")

@@ -7,9 +7,11 @@ No prometheus_client on the node: the few series are written by hand in the text
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import threading
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -19,6 +21,8 @@ log = logging.getLogger(__name__)
 
 DRAIN_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 OUTCOMES = ("clean", "forced", "failed")
+#: Refusals rewrite the textfile at most this often.
+REFUSED_WRITE_SECONDS = 1.0
 
 
 def drain_outcome(report: DrainReport) -> str:
@@ -41,6 +45,27 @@ class AgentMetrics:
         self._buckets = {o: [0] * len(DRAIN_BUCKETS) for o in OUTCOMES}
         self._sum = dict.fromkeys(OUTCOMES, 0.0)
         self._count = dict.fromkeys(OUTCOMES, 0)
+        # The clock and the bundle's trust, as gauges (None: not known yet).
+        self.clock_offset: float | None = None
+        self.clock_synchronised: bool | None = None
+        self.bundle_age: float | None = None
+        self.bundle_trusted_for_notices = False
+        self._last_refusal_write = 0.0
+        self._flush_pending = False
+        self.write()
+
+    def clock(self, offset_seconds: float | None, synchronised: bool | None) -> None:
+        self.clock_offset, self.clock_synchronised = offset_seconds, synchronised
+        self.write()
+
+    def bundle(self, age_seconds: float | None, trusted_for_notices: bool) -> None:
+        """Rewritten when the age moves by a whole second or the trust changes, not on
+        every call (every notice asks)."""
+        if age_seconds is not None:
+            age_seconds = float(round(age_seconds))
+        if (age_seconds, trusted_for_notices) == (self.bundle_age, self.bundle_trusted_for_notices):
+            return
+        self.bundle_age, self.bundle_trusted_for_notices = age_seconds, trusted_for_notices
         self.write()
 
     def notice_received(self, source: str) -> None:
@@ -48,7 +73,27 @@ class AgentMetrics:
         self.write()
 
     def notice_refused(self, reason: str) -> None:
+        """Counted at once; the file is rewritten at most once a second (a flood of garbage
+        on the notice subject must not cost a file rewrite per message)."""
         self.refused[reason] += 1
+        now = time.monotonic()
+        if now - self._last_refusal_write >= REFUSED_WRITE_SECONDS:
+            self._last_refusal_write = now
+            self.write()
+            return
+        if self._flush_pending:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a synchronous caller): write now
+            self.write()
+            return
+        self._flush_pending = True
+        loop.call_later(REFUSED_WRITE_SECONDS, self._flush)
+
+    def _flush(self) -> None:
+        self._flush_pending = False
+        self._last_refusal_write = time.monotonic()
         self.write()
 
     def drain_finished(self, report: DrainReport) -> None:
@@ -99,6 +144,30 @@ class AgentMetrics:
             )
             out.append(f"sco_agent_drain_duration_seconds_sum{{{labels}}} {self._sum[o]}")
             out.append(f"sco_agent_drain_duration_seconds_count{{{labels}}} {self._count[o]}")
+        if self.clock_offset is not None:
+            out += [
+                "# HELP sco_agent_clock_offset_seconds NATS server clock minus this node's clock",
+                "# TYPE sco_agent_clock_offset_seconds gauge",
+                f"sco_agent_clock_offset_seconds{{{n}}} {self.clock_offset:.6f}",
+            ]
+        if self.clock_synchronised is not None:
+            out += [
+                "# HELP sco_agent_clock_synchronised 1 when the kernel says NTP synchronised it",
+                "# TYPE sco_agent_clock_synchronised gauge",
+                f"sco_agent_clock_synchronised{{{n}}} {int(self.clock_synchronised)}",
+            ]
+        if self.bundle_age is not None:
+            out += [
+                "# HELP sco_agent_bundle_age_seconds Age of the contract bundle held",
+                "# TYPE sco_agent_bundle_age_seconds gauge",
+                f"sco_agent_bundle_age_seconds{{{n}}} {self.bundle_age:.0f}",
+            ]
+        out += [
+            "# HELP sco_agent_bundle_trusted_for_notices 1 while the bundle held is young "
+            "enough to vouch for notice keys",
+            "# TYPE sco_agent_bundle_trusted_for_notices gauge",
+            f"sco_agent_bundle_trusted_for_notices{{{n}}} {int(self.bundle_trusted_for_notices)}",
+        ]
         return "\n".join(out) + "\n"
 
     def write(self) -> None:

@@ -16,6 +16,7 @@ import nats
 from nats.aio.client import Client
 
 from agent.config import AgentConfig
+from contracts.redact import mask_credentials
 
 log = logging.getLogger(__name__)
 
@@ -86,10 +87,13 @@ class NatsLink:
                     **self._options,
                 )
                 self.connected.set()
-                log.info("connected to NATS %s", self.client.connected_url)
+                url = self.client.connected_url
+                log.info("connected to NATS %s", mask_credentials(url.geturl() if url else ""))
                 return
             except Exception as exc:  # any failure to connect: retry, drains go on
-                log.warning("NATS %s unreachable, retrying: %s", ",".join(self._urls), exc)
+                log.warning(
+                    "NATS %s unreachable, retrying: %s", mask_credentials(",".join(self._urls)), exc
+                )
                 await asyncio.sleep(self._retry)
 
     async def publish(self, subject: str, data: bytes, limit_seconds: float) -> bool:

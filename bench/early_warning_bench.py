@@ -61,7 +61,6 @@ from activities.fleet.control_state import ControlRepository
 from activities.fleet.db import open_pool
 from activities.fleet.migrate import migrate
 from activities.fleet.repository import FleetRepository, InstanceRow
-from activities.notice_relay import NoticeRelay
 from activities.provider.interface import CreateRequest, ProviderInstance
 from activities.provider.simulator import Latency, SimulatedCloud
 from agent.checkpoint import register
@@ -78,6 +77,7 @@ from contracts.model import EarlyWarningAction
 from contracts.notice import NoticePolicy, ReclaimNotice, ReclaimRequest, notice_stream
 from contracts.region import Region, load_region
 from contracts.source import read_contracts
+from services.notice_relay.relay import NoticeRelay
 from tests.support import services
 from tests.support.agent_fakes import RecordingScheduler, agent_config, notice_key
 from tests.support.control_harness import region_worker
@@ -285,7 +285,7 @@ async def run_trial(
         [
             Workload(
                 id=job,
-                socket_name=f"slurm-{job}",
+                socket_name=f"slurm_{job}",
                 account="mlr",
                 partition="spot",
                 comment=f"sco-contract={CONTRACT}",
@@ -294,7 +294,7 @@ async def run_trial(
     )
     agent = Agent(cfg, scheduler=scheduler)
     source = next(s for s in agent.sources if isinstance(s, NatsNoticeSource))
-    trainer = Trainer(cfg.socket_dir / f"slurm-{job}.sock", node_dir / "ckpt", STEP_S / k)
+    trainer = Trainer(cfg.socket_dir / f"slurm_{job}/sock", node_dir / "ckpt", STEP_S / k)
     stop = asyncio.Event()
     running = asyncio.create_task(agent.run(stop))
     try:

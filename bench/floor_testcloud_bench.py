@@ -50,7 +50,13 @@ from contracts.region import load_region
 from tests.support import services
 from tests.support.control_harness import provider_worker
 from tests.support.paths import BASE_DSN, REGIONS_DIR
-from tests.support.testcloud import TestCloudMissing, connect_provider, install_bundle, sco_leases
+from tests.support.testcloud import (
+    TestCloudMissing,
+    connect_provider,
+    delete_lease,
+    install_bundle,
+    sco_leases,
+)
 from workers.temporal_bootstrap import ensure_search_attributes
 from workflows.floor.models import FloorConfig, FloorInput, FloorState, HallEvent
 from workflows.floor.workflow import FloorKeeperWorkflow
@@ -176,7 +182,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 await provider.delete(row.provider_id)
         for lease in sco_leases(provider.connection):
             if lease["id"] not in leases_before:
-                await provider.delete_reservation(lease["id"])
+                await delete_lease(provider, lease["id"])
         pool.close()
         services.drop_database(dsn)
         await env.shutdown()

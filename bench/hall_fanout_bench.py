@@ -9,7 +9,7 @@ and NATS consumer): its own `python -m agent` process, or with --per-process K, 
 agents on one event loop (bench/fanout_host.py; one agent process is ~50 MB, so 500 fit
 in this machine's memory only packed) on the machine's NATS, in a region and hall named for this run
 (so no other run's notices or consumers collide). The notice relay of the hall
-(activities/notice_relay.py: its stream, signing and publish) publishes one signed notice
+(services/notice_relay/relay.py: its stream, signing and publish) publishes one signed notice
 per node, one after another as its reclaim loop does; the bench stamps each publish with
 the wall clock. Each agent's journal gives the drain start (the drain's finish time less
 its duration) on the same clock: p50/p99 of publish -> drain start over all nodes, and the
@@ -44,7 +44,6 @@ from nats.js.client import JetStreamContext
 
 from activities.fleet.db import open_pool
 from activities.fleet.repository import FleetRepository
-from activities.notice_relay import NoticeRelay
 from activities.provider.simulator import SimulatedCloud
 from bench import procstat
 from bench.report import Report
@@ -52,6 +51,7 @@ from contracts.cache import BundleCache
 from contracts.keys import TrustStore
 from contracts.notice import ReclaimNotice, notice_stream
 from contracts.region import load_region
+from services.notice_relay.relay import NoticeRelay
 from tests.support.agent_fakes import NOTICE_LEAD_SECONDS, notice_key, signed_bundle
 from tests.support.paths import BASE_DSN
 

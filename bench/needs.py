@@ -30,6 +30,13 @@ def nats() -> str | None:
     return None if _listening("127.0.0.1", 4222) else "NATS not listening on :4222"
 
 
+def suite_run() -> str | None:
+    """The suite bench reads the last `make test`'s JUnit XML."""
+    if (REPO / ".sco" / "test-results.xml").is_file():
+        return None
+    return ".sco/test-results.xml missing: run `make test` first"
+
+
 def slurm() -> str | None:
     missing = [b for b in SLURM_BINARIES if shutil.which(b) is None]
     if missing:

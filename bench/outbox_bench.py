@@ -28,12 +28,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from activities.events import CapacityType, EventKind, lifecycle_topic
 from activities.fleet.db import open_pool
 from activities.fleet.migrate import migrate
-from activities.fleet.relay import OutboxRelay
 from activities.fleet.repository import FleetRepository, InstanceSpec
 from activities.ledger import LedgerStore
-from activities.ledger.consumer import LedgerConsumer
 from bench.report import Report
 from contracts.region import load_region
+from services.ledger_consumer.consumer import LedgerConsumer
+from services.outbox_relay.relay import OutboxRelay
 from tests.support import services
 from tests.support.paths import BASE_DSN, REGIONS_DIR
 from workers.devbox import process

@@ -296,12 +296,13 @@ def compare(report: Report, label: str, instances: list[PlanInput], budget: floa
 
 def headline(report: Report, runs: int, budget: float) -> None:
     inp = headline_instance()
-    times = []
+    times, cpu = [], []
     out = plan(inp)
     for _ in range(runs):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.thread_time()
         again = plan(inp)
         times.append((time.perf_counter() - t) * 1000)
+        cpu.append((time.thread_time() - c) * 1000)
         assert again == out
     check_plan(inp, out)
     short = sum(o.shortfall_units for o in out.outcomes)
@@ -316,6 +317,15 @@ def headline(report: Report, runs: int, budget: float) -> None:
         p95,
         "ms",
         anchor=f"{what}; {runs} runs",
+        target=TARGET_MS,
+        comparator="<=",
+    )
+    # The machine is shared: wall time includes waiting for a core, CPU time does not.
+    report.figure(
+        "headline_plan_cpu_p95",
+        statistics.quantiles(cpu, n=20)[18] if len(cpu) > 1 else cpu[0],
+        "ms",
+        anchor=f"{what}; {runs} runs, the planning thread's CPU time",
         target=TARGET_MS,
         comparator="<=",
     )
@@ -337,6 +347,7 @@ def headline(report: Report, runs: int, budget: float) -> None:
     )
     report.details["headline_r1_10000_units"] = {
         "plan_ms_p50": round(statistics.median(times), 2),
+        "plan_cpu_ms_p50": round(statistics.median(cpu), 2),
         "cost_per_hour": round(out.cost_per_hour, 4),
         "optimum_cost_per_hour": round(cheapest, 4),
         "shortfall_units": short,

@@ -56,15 +56,19 @@ class Bench:
 
 
 BENCHES = (
+    # The suite's wall time from the last `make test` (runs nothing; first, it is instant).
+    Bench("suite", "suite_bench.py", (), ("--tiny",), needs.suite_run, 60),
     Bench("outbox", "outbox_bench.py", (), ("--tiny",), needs.postgres, 600),
     Bench("contracts", "contracts_bench.py", (), ("--tiny",), lambda: None, 600),
     Bench("simulator", "simulator_bench.py", (), ("--tiny",), needs.nats, 600),
     Bench("planner", "planner_bench.py", (), ("--tiny",), lambda: None, 1800),
     Bench("estate", "estate_bench.py", (), ("--days", "2", "--tenants", "1"), lambda: None, 1200),
     Bench("control", "control_bench.py", (), ("--tiny",), needs.postgres, 900),
+    Bench("controller_tick", "controller_tick_bench.py", (), ("--tiny",), lambda: None, 900),
     Bench("floor", "floor_bench.py", (), ("--tiny",), needs.postgres, 1800),
     Bench("slurm_resume", "slurm_resume_bench.py", (), ("--tiny",), needs.slurm, 900),
     Bench("agent", "agent_bench.py", (), ("--tiny",), needs.nats, 900),
+    Bench("process_rss", "process_rss_bench.py", (), ("--tiny",), lambda: None, 300),
     Bench(
         "early_warning",
         "early_warning_bench.py",
@@ -75,6 +79,16 @@ BENCHES = (
         tiny_timeout_s=240,
     ),
     Bench("cli", "cli_bench.py", (), ("--tiny",), needs.postgres, 600),
+    # The CLI fuzz's long run (tests/workers/test_cli_fuzz.py, 40 cases per command).
+    Bench(
+        "cli_fuzz",
+        "cli_fuzz_bench.py",
+        (),
+        ("--tiny",),
+        needs.first(needs.postgres, needs.nats),
+        1800,
+        tiny_timeout_s=240,
+    ),
     Bench("floor_testcloud", "floor_testcloud_bench.py", (), ("--tiny",), needs.testcloud, 1800),
     Bench("openstack", "openstack_bench.py", (), ("--tiny",), needs.testcloud, 900),
     Bench(

@@ -8,11 +8,14 @@ The same input gives the same bytes (Ed25519 signatures are deterministic). A ve
 accepts only the canonical form, so any changed byte is refused.
 `notice_policies` (one per region that has notice-signing keys) is how nodes learn who
 may sign their reclaim notices; bundles from before it read as having none.
+`source` (bundles compiled by `sco contracts sync`) names the git commit the contracts came
+from and who signed it; absent (and not in the bytes) for bundles compiled from a directory.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -21,24 +24,49 @@ from typing import Any, Literal
 from nacl.encoding import HexEncoder
 from nacl.exceptions import BadSignatureError
 from nacl.signing import SigningKey
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
+from contracts.bounded import MAX_BUNDLE_BYTES, InputRejected, loads
 from contracts.keys import TrustStore, key_id
 from contracts.model import Contract
 from contracts.notice import NoticePolicy
 
 FORMAT: Literal[1] = 1
+#: The highest serial a bundle may carry (2**53: exact in every JSON reader). With the
+#: bounded step of the cache (contracts/cache.py) no bundle can lock out the ones after it.
+MAX_SERIAL = 2**53
+#: The canonical envelope, matched on the raw bytes: the signature is checked over the
+#: signed content's own bytes before any JSON parser sees them.
+_ENVELOPE = re.compile(
+    rb'\{"content":(?P<content>.*),"key_id":"(?P<kid>[0-9a-f]{16})",'
+    rb'"signature":"(?P<sig>[0-9a-f]{128})"\}',
+    re.DOTALL,
+)
+
+
+class BundleSource(BaseModel):
+    """The git commit a bundle was compiled from (`sco contracts sync`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    commit: str  # full commit id
+    signer: str  # the allowed_signers principal whose SSH key signed the commit
+    signer_key: str = ""  # that key's fingerprint (SHA256:...)
+    remote: str = ""  # the remote it was fetched from (primary or a mirror)
+    ref: str = ""
+    path: str = ""  # the contracts folder inside the repository
 
 
 class BundleContent(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     format: Literal[1] = FORMAT
-    serial: int = Field(ge=1)
-    created_at: datetime
+    serial: int = Field(ge=1, le=MAX_SERIAL)
+    created_at: AwareDatetime
     regions: list[str]
     contracts: list[Contract]
     notice_policies: list[NoticePolicy] = []
+    source: BundleSource | None = None
 
     def notice_policy(self, region: str) -> NoticePolicy | None:
         return next((p for p in self.notice_policies if p.region == region), None)
@@ -64,6 +92,7 @@ def build(
     created_at: datetime,
     key: SigningKey,
     notice_policies: Sequence[NoticePolicy] = (),
+    source: BundleSource | None = None,
 ) -> bytes:
     content = BundleContent(
         serial=serial,
@@ -71,11 +100,14 @@ def build(
         regions=sorted({r for c in contracts for r in c.regions}),
         contracts=sorted(contracts, key=lambda c: c.name),
         notice_policies=sorted(notice_policies, key=lambda p: p.region),
+        source=source,
     )
     content_json = content.model_dump(mode="json")
     if not content.notice_policies:
         # Without notice keys the bytes stay those of a bundle from before they existed.
         del content_json["notice_policies"]
+    if content.source is None:
+        del content_json["source"]  # likewise for bundles not compiled from git
     signature = key.sign(canonical_json(content_json)).signature
     return canonical_json(
         {
@@ -108,30 +140,46 @@ def verify(
     now: datetime | None = None,
     max_age: timedelta = timedelta(hours=24),
 ) -> VerifiedBundle:
-    """Check form, key and signature; raise BundleRejected with the reason."""
-    try:
-        doc = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BundleRejected(f"not a bundle: {exc}") from exc
-    if not isinstance(doc, dict) or set(doc) != {"content", "key_id", "signature"}:
-        raise BundleRejected("not a bundle: expected content, key_id and signature")
-    if canonical_json(doc) != raw:
-        raise BundleRejected("not in canonical form (the file was altered)")
-    kid = doc["key_id"]
-    if not isinstance(kid, str) or kid in trust.revoked:
+    """Check size, form, key and signature, in that order and before any JSON parse; then
+    parse the signed content (bounded) and check it. BundleRejected with the reason."""
+    if len(raw) > MAX_BUNDLE_BYTES:
+        raise BundleRejected(f"not a bundle: {len(raw)} bytes (at most {MAX_BUNDLE_BYTES})")
+    envelope = _ENVELOPE.fullmatch(raw)
+    if envelope is None:
+        raise BundleRejected(
+            "not a bundle: expected canonical JSON with content, key_id and signature"
+        )
+    kid = envelope["kid"].decode()
+    if kid in trust.revoked:
         raise BundleRejected(f"signed with revoked key {kid}")
     verify_key = trust.keys.get(kid)
     if verify_key is None:
         raise BundleRejected(f"signed with unknown key {kid}")
+    signed = envelope["content"]
     try:
-        signature = HexEncoder.decode(str(doc["signature"]).encode())
-        verify_key.verify(canonical_json(doc["content"]), signature)
-    except (BadSignatureError, ValueError, TypeError) as exc:
+        verify_key.verify(signed, bytes.fromhex(envelope["sig"].decode()))
+    except (BadSignatureError, ValueError) as exc:
         raise BundleRejected(f"bad signature for key {kid}") from exc
     try:
+        # Signed, yet still bounded: a leaked key must not crash every node either.
+        doc = loads(signed, what="signed content", max_bytes=MAX_BUNDLE_BYTES)
+    except InputRejected as exc:
+        raise BundleRejected(str(exc)) from None
+    try:
+        canonical = canonical_json(doc)
+    except ValueError:  # a lone surrogate cannot be UTF-8
+        canonical = b""
+    if canonical != signed:
+        raise BundleRejected("not in canonical form (the file was altered)")
+    try:
         # strict=False: JSON has strings where the models hold enums; the content is signed.
-        content = BundleContent.model_validate(doc["content"], strict=False)
+        content = BundleContent.model_validate(doc, strict=False)
     except ValidationError as exc:
-        raise BundleRejected(f"signed content does not match the bundle format: {exc}") from exc
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "-"
+        raise BundleRejected(
+            f"signed content does not match the bundle format: {where}: {first['msg']} "
+            f"({exc.error_count()} error(s))"
+        ) from None
     now = now or datetime.now(UTC)
     return VerifiedBundle(content, kid, raw, stale=now - content.created_at > max_age)

@@ -2,10 +2,16 @@
 
 A new bundle replaces the cached one only when it verifies against the trust directory
 and its serial is not lower than any accepted before (a rollback); an equal serial must be
-the same bytes. The cached file is replaced atomically, so a crash leaves the old or the
-new bundle. Every read verifies the file again, so a file altered on disk is refused; the
-cache then keeps serving the last bundle that verified in this process, which is what a
-node drains by. A bundle older than `max_age` is stale: reported, and still used. Nothing
+the same bytes. A serial advances by at most `max_serial_step` over the highest one held
+or recorded, so a bundle signed with a leaked key cannot push the serial out of reach of
+every genuine bundle after it. The rollback record keeps the highest serial per signing key:
+revoking a key (its id in the trust directory's revoked.txt; the agent re-reads it every
+refresh, no restart) drops what that key pushed, and an operator-signed serial reset
+(contracts/serial_reset.py) lowers the floor explicitly. The cached file is replaced
+atomically, so a crash leaves the old or the new bundle. Every read verifies the file
+again, so a file altered on disk is refused; the cache then keeps serving the last bundle
+that verified in this process, which is what a node drains by. A bundle older than
+`max_age` is stale: reported, and still used. Nothing
 here needs the control plane; the distributor is optional.
 """
 
@@ -15,10 +21,11 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from contracts import serial_reset
 from contracts.atomic import write_atomic
 from contracts.bundle import BundleRejected, VerifiedBundle, verify
 from contracts.keys import KeyFileError, TrustStore
@@ -28,7 +35,11 @@ log = logging.getLogger(__name__)
 BUNDLE_FILE = "bundle.json"
 #: The highest serial ever accepted: rollback protection that survives a damaged bundle file.
 SERIAL_FILE = "serial"
+#: The issued_at of the last serial reset applied (an older one is never applied again).
+RESET_FILE = "serial-reset"
 REFRESH_SECONDS = 60.0
+#: How far one bundle may advance the serial over the highest held or recorded.
+MAX_SERIAL_STEP = 1000
 
 
 @dataclass(frozen=True)
@@ -47,13 +58,36 @@ class BundleCache:
         *,
         max_age: timedelta = timedelta(hours=24),
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        max_serial_step: int = MAX_SERIAL_STEP,
     ) -> None:
         self.path = cache_dir / BUNDLE_FILE
         self._serial_path = cache_dir / SERIAL_FILE
+        self._reset_path = cache_dir / RESET_FILE
         self._trust = trust
         self._max_age = max_age
         self._clock = clock
+        self._max_step = max_serial_step
         self._last_good: VerifiedBundle | None = None
+
+    @property
+    def trust(self) -> TrustStore:
+        return self._trust
+
+    def set_trust(self, trust: TrustStore) -> None:
+        """Use `trust` from now on (the trust directory read again): a bundle signed by a
+        key it revokes or no longer lists stops being held at once."""
+        if trust == self._trust:
+            return
+        self._trust = trust
+        held = self._last_good
+        if held is not None and (held.key_id in trust.revoked or held.key_id not in trust.keys):
+            log.critical(
+                "bundle serial %s was signed by key %s, which the trust directory now "
+                "revokes: no longer used",
+                held.serial,
+                held.key_id,
+            )
+            self._last_good = None
 
     def current(self) -> VerifiedBundle | None:
         """The cached bundle, verified again; when the file no longer verifies, the last
@@ -97,6 +131,15 @@ class BundleCache:
                 "(rollback)",
                 held,
             )
+        floor = max(seen, held.serial if held is not None else 0)
+        if floor and new.serial - floor > self._max_step:
+            return OfferResult(
+                False,
+                False,
+                f"refused: serial {new.serial} jumps more than {self._max_step} past "
+                f"serial {floor} (a poisoned serial?)",
+                held,
+            )
         if held is not None and new.serial == held.serial:
             if new.raw != held.raw:
                 return OfferResult(
@@ -109,9 +152,52 @@ class BundleCache:
                 return OfferResult(True, False, f"unchanged (serial {new.serial})", held)
             # The same bundle again while the file is damaged: written back below.
         write_atomic(self.path, raw)
-        write_atomic(self._serial_path, f"{new.serial}\n".encode())
+        marks = self._serial_marks()
+        marks[new.key_id] = max(marks.get(new.key_id, 0), new.serial)
+        self._write_marks(marks)
         self._last_good = new
         return OfferResult(True, True, f"accepted serial {new.serial}", new)
+
+    def apply_reset(self, raw: bytes, region: str) -> OfferResult:
+        """Apply an operator-signed serial reset (contracts/serial_reset.py): the rollback
+        floor becomes its `to_serial`; a held bundle above it is dropped, so the next
+        genuine bundle is accepted. A reset not newer than the last applied is a no-op."""
+        held = self._on_disk() or self._last_good
+        try:
+            reset = serial_reset.verify(raw, self._trust, region=region, now=self._clock())
+        except BundleRejected as exc:
+            return OfferResult(False, False, f"refused: {exc}", held)
+        last = self._last_reset()
+        if last is not None and reset.issued_at <= last:
+            return OfferResult(
+                True, False, f"serial reset of {reset.issued_at} already applied", held
+            )
+        if held is not None and held.content.created_at > reset.issued_at:
+            # The bundle held was signed after the reset was issued: not what it resets.
+            write_atomic(self._reset_path, f"{reset.issued_at.isoformat()}\n".encode())
+            return OfferResult(
+                True,
+                False,
+                f"serial reset of {reset.issued_at} predates the bundle held (serial "
+                f"{held.serial}): nothing to reset",
+                held,
+            )
+        if held is not None and held.serial > reset.to_serial:
+            log.critical(
+                "serial reset to %s by %s (%s): dropping the held bundle serial %s",
+                reset.to_serial,
+                reset.by or "an operator",
+                reset.reason or "no reason given",
+                held.serial,
+            )
+            self.path.unlink(missing_ok=True)
+            self._last_good = None
+            held = None
+        self._write_marks({"": reset.to_serial})
+        write_atomic(self._reset_path, f"{reset.issued_at.isoformat()}\n".encode())
+        return OfferResult(
+            True, True, f"serial reset applied: rollback floor now {reset.to_serial}", held
+        )
 
     async def refresh_forever(
         self,
@@ -122,6 +208,9 @@ class BundleCache:
         empty_interval: float | None = None,
         on_change: Callable[[VerifiedBundle], None] | None = None,
         held: Callable[[int | None], Awaitable[object]] | None = None,
+        reload_trust: Callable[[], TrustStore] | None = None,
+        fetch_reset: Callable[[], Awaitable[bytes | None]] | None = None,
+        region: str = "",
     ) -> None:
         """Offer what the distributor has every `interval` until `stop`; never raises.
 
@@ -130,8 +219,26 @@ class BundleCache:
         distributor is optional: its absence or failure keeps the cached bundle.
         `held` is told the serial held after each round (None: no valid bundle), e.g. a
         HoldingReporter's report (contracts/holders.py); its failures are its own.
+        `reload_trust` reads the trust directory again each round (a revoked key takes
+        effect without a restart); `fetch_reset` brings the region's serial reset, if any.
         """
         while not stop.is_set():
+            if reload_trust is not None:
+                try:
+                    self.set_trust(reload_trust())
+                except KeyFileError as exc:
+                    log.error("trust directory unreadable, keeping the keys held: %s", exc)
+            if fetch_reset is not None:
+                try:
+                    reset_raw = await fetch_reset()
+                except Exception as exc:  # any distributor failure: no reset this round
+                    log.warning("serial reset fetch failed: %s", exc)
+                    reset_raw = None
+                if reset_raw is not None:
+                    outcome = self.apply_reset(reset_raw, region)
+                    if outcome.changed or not outcome.accepted:
+                        level = logging.WARNING if outcome.accepted else logging.ERROR
+                        log.log(level, "serial reset: %s", outcome.reason)
             try:
                 raw = await fetch()
             except Exception as exc:  # any distributor failure: keep the cached bundle
@@ -164,6 +271,13 @@ class BundleCache:
             raw = self.path.read_bytes()
         except FileNotFoundError:
             return None
+        held = self._last_good
+        if held is not None and raw == held.raw:
+            # The very bytes verified before, under the same trust (set_trust drops a
+            # bundle whose key it revokes): only staleness moves. A notice flood must not
+            # cost a signature check and a parse of the whole bundle per message.
+            stale = self._clock() - held.content.created_at > self._max_age
+            return held if stale == held.stale else replace(held, stale=stale)
         try:
             return self._verify(raw)
         except BundleRejected as exc:
@@ -171,10 +285,37 @@ class BundleCache:
             return None
 
     def _highest_serial(self) -> int:
+        """The rollback floor: the highest serial recorded for a key not revoked since."""
+        return max(
+            (s for kid, s in self._serial_marks().items() if kid not in self._trust.revoked),
+            default=0,
+        )
+
+    def _serial_marks(self) -> dict[str, int]:
+        """key id -> highest serial accepted from it; "" for a record without a key (one
+        written before keys were recorded, or by a serial reset)."""
         try:
-            return int(self._serial_path.read_text().strip() or 0)
-        except (FileNotFoundError, ValueError):
-            return 0
+            text = self._serial_path.read_text()[:65536]
+        except (FileNotFoundError, ValueError, OSError):
+            return {}
+        marks: dict[str, int] = {}
+        for line in text.splitlines():
+            parts = line.split()
+            if not parts or len(parts) > 2 or not parts[0].isdigit() or len(parts[0]) > 20:
+                continue
+            kid = parts[1] if len(parts) == 2 else ""
+            marks[kid] = max(marks.get(kid, 0), int(parts[0]))
+        return marks
+
+    def _write_marks(self, marks: dict[str, int]) -> None:
+        lines = [f"{serial} {kid}".rstrip() for kid, serial in sorted(marks.items())]
+        write_atomic(self._serial_path, ("\n".join(lines) + "\n").encode())
+
+    def _last_reset(self) -> datetime | None:
+        try:
+            return datetime.fromisoformat(self._reset_path.read_text().strip()[:64])
+        except (FileNotFoundError, ValueError, OSError):
+            return None
 
 
 def installed_bundle(cache_dir: Path, trust_dir: Path) -> tuple[VerifiedBundle | None, str]:

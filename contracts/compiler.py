@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -12,6 +11,7 @@ from nacl.signing import SigningKey
 
 from contracts import bundle
 from contracts.atomic import write_atomic
+from contracts.bounded import MAX_BUNDLE_BYTES, loads
 from contracts.feasibility import check_all
 from contracts.findings import Finding, errors
 from contracts.keys import KeyFileError, TrustStore
@@ -47,7 +47,8 @@ def load_region_dir(regions_dir: Path) -> tuple[dict[str, Region], list[Finding]
 def next_serial(previous_bundle: Path) -> int:
     """One more than the serial of the bundle being replaced (1 when there is none)."""
     try:
-        doc = json.loads(previous_bundle.read_bytes())
+        raw = previous_bundle.read_bytes()
+        doc = loads(raw, what=str(previous_bundle), max_bytes=MAX_BUNDLE_BYTES)
         return int(doc["content"]["serial"]) + 1
     except (OSError, ValueError, KeyError, TypeError):
         return 1
@@ -83,6 +84,25 @@ def notice_policies(
     return policies, findings
 
 
+def _regions_without_notice_keys(
+    contracts: list[Contract], regions: dict[str, Region], policies: list[NoticePolicy]
+) -> list[Finding]:
+    covered = sorted({r for c in contracts for r in c.regions})
+    keyed = {p.region for p in policies if p.keys}
+    return [
+        Finding(
+            "(notice keys)",
+            1,
+            region,
+            f"region {region} has notice relays but the bundle would carry no notice keys "
+            f"for it (nodes would refuse its genuine notices): pass --notice-keys DIR with "
+            f"DIR/{region}/<key id>.pub",
+        )
+        for region in covered
+        if region in regions and regions[region].halls and region not in keyed
+    ]
+
+
 def compile_and_sign(
     src_dir: Path,
     regions_dir: Path,
@@ -92,8 +112,13 @@ def compile_and_sign(
     serial: int | None,
     created_at: datetime,
     notice_keys_dir: Path | None = None,
+    source: bundle.BundleSource | None = None,
+    require_notice_keys: bool = False,
 ) -> tuple[CompileResult, int | None]:
-    """Compile; on success write the signed bundle atomically and return its serial."""
+    """Compile; on success write the signed bundle atomically and return its serial.
+    `require_notice_keys` (what `sco contracts compile` does unless told otherwise): refuse
+    a bundle without notice keys for a region it covers that has notice relays (every
+    region with halls: one relay per hall), whose nodes would refuse its genuine notices."""
     regions, findings = load_region_dir(regions_dir)
     if findings:
         return CompileResult([], findings), None
@@ -105,6 +130,10 @@ def compile_and_sign(
     result = compile_dir(src_dir, regions)
     if not result.ok:
         return result, None
+    if require_notice_keys:
+        missing = _regions_without_notice_keys(result.contracts, regions, policies)
+        if missing:
+            return CompileResult(result.contracts, [*result.findings, *missing]), None
     serial = serial if serial is not None else next_serial(out)
     raw = bundle.build(
         result.contracts,
@@ -112,6 +141,7 @@ def compile_and_sign(
         created_at=created_at,
         key=key,
         notice_policies=policies,
+        source=source,
     )
     write_atomic(out, raw)
     return result, serial

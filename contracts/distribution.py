@@ -1,8 +1,10 @@
 """The distributor: signed bundles in a NATS JetStream object store, one bucket per region.
 
 Publishing puts `bundle.json` in bucket `sco-contracts-<region>`; nodes fetch it from
-there. The store is only a carrier: nodes verify every bundle themselves, so a bad object
-in the bucket costs a refresh, never a drain.
+there, and `serial-reset.json` when an operator published a serial reset
+(contracts/serial_reset.py). The store is only a carrier: nodes verify every bundle
+themselves (size first: an object larger than a bundle may be is not even downloaded), so a
+bad object in the bucket costs a refresh, never a drain.
 """
 
 from __future__ import annotations
@@ -15,7 +17,10 @@ from typing import Any
 import nats
 from nats.js.errors import BucketNotFoundError, NotFoundError, ObjectNotFoundError
 
+from contracts.bounded import MAX_BUNDLE_BYTES
 from contracts.holders import ensure_bucket
+from contracts.serial_reset import MAX_RESET_BYTES
+from contracts.serial_reset import OBJECT_NAME as RESET_OBJECT_NAME
 
 OBJECT_NAME = "bundle.json"
 
@@ -33,9 +38,15 @@ class Published:
 
 
 async def publish(
-    nats_url: str, region: str, raw: bytes, connect_options: dict[str, Any] | None = None
+    nats_url: str,
+    region: str,
+    raw: bytes,
+    connect_options: dict[str, Any] | None = None,
+    *,
+    name: str = OBJECT_NAME,
 ) -> Published:
-    """`connect_options`: extra `nats.connect` arguments (TLS)."""
+    """`connect_options`: extra `nats.connect` arguments (TLS). `name`: the object
+    (`bundle.json`, or `serial-reset.json` for a serial reset)."""
     nc = await nats.connect(
         nats_url, connect_timeout=5, max_reconnect_attempts=1, **(connect_options or {})
     )
@@ -46,10 +57,10 @@ async def publish(
             store = await js.object_store(bucket)
         except BucketNotFoundError:
             store = await js.create_object_store(bucket, description="SCO contract bundles")
-        info = await store.put(OBJECT_NAME, raw)
+        info = await store.put(name, raw)
         # Where consumers report the serial they hold (agents cannot make the bucket).
         await ensure_bucket(js, region)
-        return Published(bucket, OBJECT_NAME, info.size or len(raw), info.digest or "")
+        return Published(bucket, name, info.size or len(raw), info.digest or "")
     finally:
         await nc.close()
 
@@ -72,6 +83,13 @@ class NatsBundleSource:
         self._options = connect_options or {}
 
     async def fetch(self) -> bytes | None:
+        return await self._fetch(OBJECT_NAME, MAX_BUNDLE_BYTES)
+
+    async def fetch_reset(self) -> bytes | None:
+        """The region's serial reset, None when none was published."""
+        return await self._fetch(RESET_OBJECT_NAME, MAX_RESET_BYTES)
+
+    async def _fetch(self, name: str, max_bytes: int) -> bytes | None:
         nc = await nats.connect(
             self._url,
             connect_timeout=5,
@@ -81,9 +99,21 @@ class NatsBundleSource:
         )
         try:
             store = await nc.jetstream().object_store(self._bucket)
+            # Never download more than the verifier would look at: the size the object's
+            # info announces is checked first, and a too-big object is refused unread.
+            info = await asyncio.wait_for(store.get_info(name), FETCH_TIMEOUT_SECONDS)
+            if (info.size or 0) > max_bytes:
+                log.error(
+                    "%s/%s is %s bytes, more than %s: not fetched",
+                    self._bucket,
+                    name,
+                    info.size,
+                    max_bytes,
+                )
+                return None
             # A get that races a publish (the old chunks purged under it) waits for chunks
             # that never come: bounded, and the next refresh tries again.
-            result = await asyncio.wait_for(store.get(OBJECT_NAME), FETCH_TIMEOUT_SECONDS)
+            result = await asyncio.wait_for(store.get(name), FETCH_TIMEOUT_SECONDS)
             return bytes(result.data) if result.data is not None else None
         except (BucketNotFoundError, ObjectNotFoundError, NotFoundError):
             return None

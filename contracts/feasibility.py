@@ -9,8 +9,10 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
+from contracts.disruption import DisruptionReason
 from contracts.findings import Finding, Severity
 from contracts.model import USUAL_DRAIN, Contract, KubernetesSelector
 from contracts.region import Pool, Region
@@ -19,6 +21,8 @@ from contracts.source import ContractSource
 #: No hall may hold more than this share of a floor (the seed's 40 % rule).
 MAX_HALL_SHARE = 0.4
 MIN_FLOOR_HALLS = 3
+#: The week a blackout's schedule is sampled over (a Monday, UTC).
+SAMPLE_WEEK = datetime(2026, 1, 5, tzinfo=UTC)
 
 
 def check_all(sources: Sequence[ContractSource], regions: dict[str, Region]) -> list[Finding]:
@@ -32,8 +36,45 @@ def check_all(sources: Sequence[ContractSource], regions: dict[str, Region]) -> 
                 findings += _placement(src, region)
                 findings += _drain(src, region)
         findings += _kind_and_drain(src)
+        findings += disruption_warnings(src)
     findings += _floors(sources, regions)
     return findings
+
+
+def disruption_warnings(src: ContractSource) -> list[Finding]:
+    """A disruption block that can never let a voluntary disruption through is legal but
+    likely a mistake: a blackout open at every minute of a sample week, or an expiry that
+    every unscheduled budget for it holds at 0."""
+    d = src.contract.disruption
+    if d is None:
+        return []
+    out = []
+    week = [SAMPLE_WEEK + timedelta(minutes=m) for m in range(0, 7 * 24 * 60, 30)]
+    for i, blackout in enumerate(d.blackouts):
+        if blackout.schedule is not None and all(blackout.open_at(t) for t in week):
+            out.append(
+                Finding(
+                    src.path,
+                    src.line("disruption", "blackouts", i),
+                    f"disruption.blackouts[{i}]",
+                    "open all the time: no voluntary disruption would ever happen",
+                    Severity.WARNING,
+                )
+            )
+    if d.max_instance_age_hours is not None and any(
+        DisruptionReason.EXPIRY in b.reasons and b.schedule is None and b.max_instances == 0
+        for b in d.budgets
+    ):
+        out.append(
+            Finding(
+                src.path,
+                src.line("disruption", "max_instance_age_hours"),
+                "disruption.max_instance_age_hours",
+                "a budget holds expiry at 0 instances at all times: no instance would expire",
+                Severity.WARNING,
+            )
+        )
+    return out
 
 
 def _unique_names(sources: Sequence[ContractSource]) -> list[Finding]:

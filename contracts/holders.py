@@ -28,6 +28,8 @@ from nats.js.api import KeyValueConfig
 from nats.js.errors import BucketNotFoundError, NoKeysError, NoStreamResponseError
 from nats.js.kv import KeyValue
 
+from contracts.bounded import loads
+
 log = logging.getLogger(__name__)
 
 Kind = Literal["control", "agent"]
@@ -70,7 +72,9 @@ class Holding:
 
     @classmethod
     def from_json(cls, raw: bytes) -> Holding:
-        doc = json.loads(raw)
+        """ValueError (InputRejected for size, depth or number length), KeyError or
+        TypeError when `raw` (what a node wrote) is not a holding."""
+        doc = loads(raw, what="holding", max_bytes=4096)
         kind = doc["kind"]
         if kind not in ("control", "agent"):
             raise ValueError(f"kind {kind!r} is neither control nor agent")

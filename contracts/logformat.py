@@ -8,7 +8,9 @@ A JSON line carries `ts` (UTC, RFC 3339), `level`, `logger` and `message`; lines
 Temporal SDK emits inside a workflow or an activity also carry `workflow_id`, `run_id`,
 `workflow_type` and, for activities, `activity_type` and `activity_id` (the SDK attaches
 them to the record as `temporal_workflow` / `temporal_activity`). Other `extra=` fields of a
-record are kept under their own names.
+record are kept under their own names. Every line, in either format, goes through
+`contracts.redact.mask_credentials`: a DSN or URL a message, an argument or an exception
+names never shows its password.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import logging
 import sys
 from datetime import UTC, datetime
 from typing import Any, Literal, TextIO
+
+from contracts.redact import mask_credentials
 
 LogFormat = Literal["auto", "json", "text"]
 LOG_FORMATS: tuple[LogFormat, ...] = ("auto", "json", "text")
@@ -79,7 +83,17 @@ class JsonFormatter(logging.Formatter):
             out["exc_info"] = record.exc_text
         if record.stack_info:
             out["stack_info"] = self.formatStack(record.stack_info)
-        return json.dumps(out, ensure_ascii=False)
+        return mask_credentials(json.dumps(out, ensure_ascii=False))
+
+
+class TextFormatter(logging.Formatter):
+    """One readable line per record (TEXT_FORMAT), credentials masked like the JSON lines."""
+
+    def __init__(self) -> None:
+        super().__init__(TEXT_FORMAT)
+
+    def format(self, record: logging.LogRecord) -> str:
+        return mask_credentials(super().format(record))
 
 
 def resolve_format(fmt: LogFormat, stream: TextIO) -> Literal["json", "text"]:
@@ -91,7 +105,7 @@ def resolve_format(fmt: LogFormat, stream: TextIO) -> Literal["json", "text"]:
 
 
 def formatter_for(fmt: Literal["json", "text"]) -> logging.Formatter:
-    return JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT)
+    return JsonFormatter() if fmt == "json" else TextFormatter()
 
 
 def configure_logging(

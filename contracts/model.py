@@ -22,6 +22,7 @@ from pydantic import (
     model_validator,
 )
 
+from contracts.disruption import Disruption
 from contracts.region import Size
 
 #: Kubernetes label on pods naming their contract; Slurm jobs carry it in --comment.
@@ -164,6 +165,39 @@ class Contract(_Strict):
     # Money per hour (the region's currency) that committed fallback may cost without an
     # operator's approval.
     max_fallback_spend_per_hour: float = Field(ge=0)
+    # How much SCO may disrupt of this contract at once, when, and the maximum instance
+    # age (contracts/disruption.py); absent: the default budget, no blackouts, no expiry.
+    disruption: Disruption | None = None
+    # Units per region held as ready instances beyond demand, counted by the planner as
+    # cover: a burst starts without a boot.
+    headroom_units: int = Field(default=0, ge=0, le=100_000)
+
+    @model_validator(mode="after")
+    def _headroom_within_cap(self) -> Contract:
+        cap = self.placement.max_units_per_region
+        if self.headroom_units > cap:
+            raise ValueError(
+                f"headroom_units: {self.headroom_units} is over placement.max_units_per_region"
+                f" ({cap})"
+            )
+        return self
+
+    @model_serializer(mode="wrap")
+    def _no_lifecycle_fields_when_unset(
+        self, handler: SerializerFunctionWrapHandler, info: SerializationInfo
+    ) -> dict[str, object]:
+        # A contract that uses none of them keeps its bundle bytes from before the fields,
+        # so agents that predate them (they forbid unknown fields) keep accepting bundles.
+        out: dict[str, object] = handler(self)
+        if self.disruption is None:
+            out.pop("disruption", None)
+        if self.headroom_units == 0:
+            out.pop("headroom_units", None)
+        return out
+
+    @property
+    def disruption_or_default(self) -> Disruption:
+        return self.disruption if self.disruption is not None else Disruption()
 
     @model_validator(mode="after")
     def _floor_rules(self) -> Contract:

@@ -122,6 +122,10 @@ class ReclaimRequest(BaseModel):
     reason: str = Field(default="operator reclaim", max_length=200)
     requested_by: str = ""
     at: datetime | None = None
+    # Also reclaim committed capacity (`sco reclaim --force`); the relay refuses committed
+    # instances without it, on the row it acts on. A relay that predates `force` refuses a
+    # forced request as malformed: nothing committed is reclaimed by accident.
+    force: bool = False
 
     @model_serializer(mode="wrap")
     def _now_without_at(
@@ -131,6 +135,8 @@ class ReclaimRequest(BaseModel):
         out: dict[str, object] = handler(self)
         if self.at is None:
             out.pop("at", None)
+        if not self.force:
+            out.pop("force", None)
         return out
 
 

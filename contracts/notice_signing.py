@@ -6,25 +6,34 @@ The signature is Ed25519 over DOMAIN + canonical(notice): the domain tag keeps a
 signature from ever passing as a bundle signature (or the reverse) should a key be shared.
 
 `check` needs only the node's verified bundle (its region's NoticePolicy) and a clock, so a
-node verifies notices with the control plane down. Every refusal has a typed reason; a
-refused notice must never cordon or drain.
+node verifies notices with the control plane down; the relays' keys pinned in the node's
+install (`pinned`) verify them from first boot, before any bundle. Every refusal has a
+typed reason; a refused notice must never cordon or drain.
+
+Verify before parse: the size is checked first, then the signature over the raw bytes of
+the signed body (the wire form is canonical, so those bytes are what the relay signed);
+only a verified body is parsed, and with bounds (contracts/bounded.py). Anything else is
+parsed (bounded) only to say why it is refused.
 """
 
 from __future__ import annotations
 
-import json
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
+from typing import Any
 
 from nacl.encoding import HexEncoder
 from nacl.exceptions import BadSignatureError
 from nacl.signing import SigningKey, VerifyKey
 from pydantic import ValidationError
 
+from contracts.bounded import MAX_NOTICE_BYTES, InputRejected, loads
 from contracts.bundle import BundleContent, canonical_json
 from contracts.keys import key_id
-from contracts.notice import ReclaimNotice
+from contracts.notice import NoticePolicy, ReclaimNotice
 
 DOMAIN = b"sco-reclaim-notice-v1\n"
 #: Clock skew allowed between relay and node on top of the region's notice lead.
@@ -33,6 +42,11 @@ DEFAULT_MARGIN = timedelta(seconds=30)
 #: only opted-in workloads, so a forged-looking far deadline buys an attacker nothing: the
 #: bound just keeps a nonsense date (year 9999) out of the node's state.
 EARLY_WARNING_HORIZON = timedelta(days=31)
+_ENVELOPE = re.compile(
+    rb'\{"key_id":"(?P<kid>[0-9a-f]{16})","notice":(?P<body>.*),'
+    rb'"signature":"(?P<sig>[0-9a-f]{128})"\}',
+    re.DOTALL,
+)
 
 
 class RefusalReason(StrEnum):
@@ -44,6 +58,9 @@ class RefusalReason(StrEnum):
     OTHER_NODE = "other_node"  # region, hall or node is not this node's
     EXPIRED = "expired"  # the deadline is already past
     DEADLINE_TOO_FAR = "deadline_too_far"  # beyond the region's notice lead + margin
+    REVOKED_KEY = "revoked_key"  # signed by a key the node's trust directory revokes
+    ISSUED_IN_FUTURE = "issued_in_future"  # issued_at later than now + the clock skew bound
+    ISSUED_TOO_LONG_AGO = "issued_too_long_ago"  # older than its stage allows (lead + skew)
     REPLAY = "replay"  # a notice already acted on (decided by the agent's dedupe store)
 
 
@@ -80,6 +97,60 @@ class NodeIdentity:
     node: str
 
 
+def notice_keys(
+    bundle: BundleContent | None, pinned: NoticePolicy | None, region: str
+) -> tuple[dict[str, str], int | None]:
+    """The keys that may sign `region`'s notices (the bundle's and the install's pinned
+    ones) and the region's lead (the bundle's, else the pinned one's); None: no lead known."""
+    keys: dict[str, str] = {}
+    lead: int | None = None
+    policy = bundle.notice_policy(region) if bundle is not None else None
+    if policy is not None:
+        keys.update(policy.keys)
+        lead = policy.lead_seconds
+    if pinned is not None and pinned.region == region:
+        for kid, public in pinned.keys.items():
+            keys.setdefault(kid, public)
+        lead = lead if lead is not None else pinned.lead_seconds
+    return keys, lead
+
+
+def _label(body_raw: bytes) -> str:
+    """The notice id an unverified body claims, for the refusal's journal line only: a
+    bounded parse of a refused message, never used to decide anything."""
+    try:
+        body = loads(body_raw, what="notice", max_bytes=MAX_NOTICE_BYTES)
+    except InputRejected:
+        return ""
+    return str(body.get("notice_id", ""))[:64] if isinstance(body, dict) else ""
+
+
+def _why_refused(raw: bytes, keys: Mapping[str, str], no_keys: str) -> Refusal:
+    """A message that is not a canonical signed envelope: parsed (bounded) only to say why."""
+    try:
+        doc: Any = loads(raw, what="notice", max_bytes=MAX_NOTICE_BYTES)
+    except InputRejected as exc:
+        return Refusal(RefusalReason.MALFORMED, str(exc))
+    if not isinstance(doc, dict):
+        return Refusal(RefusalReason.MALFORMED, "not a JSON object")
+    if set(doc) != {"key_id", "notice", "signature"}:
+        named = str(doc.get("notice_id", ""))[:64] if "signature" not in doc else ""
+        return Refusal(RefusalReason.UNSIGNED, "no signed envelope", notice_id=named)
+    body, kid, sig = doc["notice"], doc["key_id"], doc["signature"]
+    if not isinstance(body, dict) or not isinstance(kid, str) or not isinstance(sig, str):
+        return Refusal(RefusalReason.MALFORMED, "envelope fields of the wrong type")
+    kid = kid[:64]
+    if not keys:
+        return Refusal(RefusalReason.NO_POLICY, no_keys, key_id=kid)
+    if kid not in keys:
+        return Refusal(RefusalReason.UNKNOWN_KEY, f"key {kid} is not trusted", key_id=kid)
+    return Refusal(
+        RefusalReason.BAD_SIGNATURE,
+        f"bad signature for key {kid}: the envelope is not in canonical form",
+        key_id=kid,
+    )
+
+
 def check(
     raw: bytes,
     bundle: BundleContent | None,
@@ -87,42 +158,94 @@ def check(
     now: datetime,
     *,
     margin: timedelta = DEFAULT_MARGIN,
+    pinned: NoticePolicy | None = None,
+    revoked: frozenset[str] = frozenset(),
 ) -> Accepted | Refusal:
-    """Accept the notice only if a key of this region's bundle policy signed it, it is for
-    this node, and its deadline lies between now and now + lead + margin (an early
-    warning's: between now and now + EARLY_WARNING_HORIZON)."""
-    try:
-        doc = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        return Refusal(RefusalReason.MALFORMED, f"not JSON: {exc}")
-    if not isinstance(doc, dict):
-        return Refusal(RefusalReason.MALFORMED, "not a JSON object")
-    if set(doc) != {"key_id", "notice", "signature"}:
-        named = str(doc.get("notice_id", "")) if "signature" not in doc else ""
-        return Refusal(RefusalReason.UNSIGNED, "no signed envelope", notice_id=named)
-    body, kid, sig = doc["notice"], doc["key_id"], doc["signature"]
-    named = str(body.get("notice_id", "")) if isinstance(body, dict) else ""
-    if not isinstance(body, dict) or not isinstance(kid, str) or not isinstance(sig, str):
-        return Refusal(RefusalReason.MALFORMED, "envelope fields of the wrong type")
-    policy = bundle.notice_policy(me.region) if bundle is not None else None
-    if policy is None or not policy.keys:
-        why = "no valid contract bundle" if bundle is None else f"none for region {me.region}"
-        return Refusal(RefusalReason.NO_POLICY, f"no notice keys ({why})", named, kid)
-    public = policy.keys.get(kid)
+    """Accept the notice only if a key of this region's bundle policy (or one pinned in
+    the node's install) signed it, it is for this node, its deadline lies between now and
+    now + lead + margin (an early warning's: between now and now + EARLY_WARNING_HORIZON)
+    and its issued_at is neither later than now + margin nor older than its stage allows.
+    `margin` is the clock skew the node allows between itself and the relay; `now` is the
+    node's clock corrected by its measured offset. `bundle`: None when the node holds none
+    it trusts for notices (none yet, or one past its max age)."""
+    if len(raw) > MAX_NOTICE_BYTES:
+        return Refusal(
+            RefusalReason.MALFORMED, f"notice: {len(raw)} bytes (at most {MAX_NOTICE_BYTES})"
+        )
+    keys, lead = notice_keys(bundle, pinned, me.region)
+    no_keys = (
+        "no notice keys ("
+        + (
+            "no valid contract bundle and none pinned in the install"
+            if bundle is None
+            else f"none for region {me.region} in the bundle or the install"
+        )
+        + ")"
+    )
+    envelope = _ENVELOPE.fullmatch(raw)
+    if envelope is None:
+        return _why_refused(raw, keys, no_keys)
+    kid = envelope["kid"].decode()
+    body_raw = envelope["body"]
+    if kid in revoked:
+        return Refusal(RefusalReason.REVOKED_KEY, f"key {kid} is revoked", _label(body_raw), kid)
+    if not keys or lead is None:
+        return Refusal(RefusalReason.NO_POLICY, no_keys, _label(body_raw), kid)
+    public = keys.get(kid)
     if public is None:
-        return Refusal(RefusalReason.UNKNOWN_KEY, f"key {kid} is not in the bundle", named, kid)
+        return Refusal(
+            RefusalReason.UNKNOWN_KEY, f"key {kid} is not in the bundle", _label(body_raw), kid
+        )
     try:
         VerifyKey(public.encode(), encoder=HexEncoder).verify(
-            DOMAIN + canonical_json(body), HexEncoder.decode(sig.encode())
+            DOMAIN + body_raw, bytes.fromhex(envelope["sig"].decode())
         )
     except (BadSignatureError, ValueError, TypeError) as exc:
         return Refusal(
-            RefusalReason.BAD_SIGNATURE, f"bad signature for key {kid}: {exc}", named, kid
+            RefusalReason.BAD_SIGNATURE,
+            f"bad signature for key {kid}: {exc}",
+            _label(body_raw),
+            kid,
         )
     try:
+        body = loads(body_raw, what="signed notice", max_bytes=MAX_NOTICE_BYTES)
+        canonical = canonical_json(body) == body_raw
         notice = ReclaimNotice.model_validate(body)
+    except InputRejected as exc:
+        return Refusal(RefusalReason.MALFORMED, str(exc), key_id=kid)
     except ValidationError as exc:
-        return Refusal(RefusalReason.MALFORMED, f"signed body is not a notice: {exc}", named, kid)
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "-"
+        return Refusal(
+            RefusalReason.MALFORMED,
+            f"signed body is not a notice: {where}: {first['msg']}",
+            key_id=kid,
+        )
+    except ValueError as exc:  # a lone surrogate cannot be re-encoded
+        return Refusal(RefusalReason.MALFORMED, f"signed body unusable: {exc}", key_id=kid)
+    if not canonical:
+        return Refusal(
+            RefusalReason.MALFORMED, "signed body is not in canonical form", notice.notice_id, kid
+        )
+    if notice.deadline.tzinfo is None or notice.issued_at.tzinfo is None:
+        return Refusal(
+            RefusalReason.MALFORMED, "deadline and issued_at need a timezone", notice.notice_id, kid
+        )
+    try:
+        return _judge(notice, kid, me, now, margin, lead)
+    except (OverflowError, ValueError) as exc:  # dates at the ends of the calendar
+        return Refusal(RefusalReason.MALFORMED, f"times out of range: {exc}", notice.notice_id, kid)
+
+
+def _judge(
+    notice: ReclaimNotice,
+    kid: str,
+    me: NodeIdentity,
+    now: datetime,
+    margin: timedelta,
+    lead_seconds: int,
+) -> Accepted | Refusal:
+    """Who the notice is for, and its times against the node's (corrected) clock."""
     if (notice.region, notice.hall, notice.node) != (me.region, me.hall, me.node):
         return Refusal(
             RefusalReason.OTHER_NODE,
@@ -135,6 +258,7 @@ def check(
         return Refusal(
             RefusalReason.EXPIRED, f"deadline {notice.deadline} passed", notice.notice_id, kid
         )
+    lead = timedelta(seconds=lead_seconds)
     if notice.early:
         if notice.deadline > now + EARLY_WARNING_HORIZON:
             return Refusal(
@@ -143,13 +267,31 @@ def check(
                 notice.notice_id,
                 kid,
             )
-        return Accepted(notice, kid)
-    latest = now + timedelta(seconds=policy.lead_seconds) + margin
-    if notice.deadline > latest:
+        oldest = now - EARLY_WARNING_HORIZON - margin
+    else:
+        latest = now + lead + margin
+        if notice.deadline > latest:
+            return Refusal(
+                RefusalReason.DEADLINE_TOO_FAR,
+                f"deadline {notice.deadline} is beyond the region's lead "
+                f"{lead_seconds} s + {margin.total_seconds():.0f} s",
+                notice.notice_id,
+                kid,
+            )
+        # A relay republishes a hard notice until its deadline, with the first issued_at.
+        oldest = now - lead - margin
+    if notice.issued_at > now + margin:
         return Refusal(
-            RefusalReason.DEADLINE_TOO_FAR,
-            f"deadline {notice.deadline} is beyond the region's lead "
-            f"{policy.lead_seconds} s + {margin.total_seconds():.0f} s",
+            RefusalReason.ISSUED_IN_FUTURE,
+            f"issued_at {notice.issued_at} is later than now + {margin.total_seconds():.0f} s "
+            "(clock skew bound)",
+            notice.notice_id,
+            kid,
+        )
+    if notice.issued_at < oldest:
+        return Refusal(
+            RefusalReason.ISSUED_TOO_LONG_AGO,
+            f"issued_at {notice.issued_at} is older than {oldest}",
             notice.notice_id,
             kid,
         )

@@ -14,6 +14,7 @@ This module is part of the contract layer: it must not import ``workflows``,
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import tomllib
@@ -33,6 +34,8 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails, InitErrorDetails, PydanticCustomError
 
+from contracts.pool_id import NAME_RE, PoolId
+
 __all__ = [
     "SIZES",
     "CommittedCapacity",
@@ -49,14 +52,13 @@ __all__ = [
 Size = Literal["l", "xl", "2xl", "4xl"]
 SIZES: tuple[Size, ...] = ("l", "xl", "2xl", "4xl")
 
-_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
 _CURRENCY_RE = re.compile(r"[A-Z]{3}")
 
 
 def _check_name(value: str) -> str:
     # Names are joined with dots into pool ids ("r1.A.gp.xl"), so a dot or a space in a
     # name would make ids ambiguous.
-    if not _NAME_RE.fullmatch(value):
+    if not NAME_RE.fullmatch(value):
         raise ValueError(
             "must be a non-empty name of letters, digits, '-' or '_' "
             "(it becomes part of pool ids like 'r1.A.gp.xl')"
@@ -92,6 +94,13 @@ class Sku(_Model):
     gpu_model: str | None = Field(default=None, min_length=1)
 
 
+@functools.lru_cache(maxsize=4096)
+def _pool_id_text(region: str, hall: str, sku: str, size: str) -> str:
+    # The planner and the estate simulator ask for pool ids in inner loops, and PoolId
+    # checks each part every time it is built; the ids of a few regions' pools are few.
+    return str(PoolId(region=region, hall=hall, sku=sku, size=size))
+
+
 class Pool(_Model):
     """Reclaimable capacity of one shape in one hall.
 
@@ -121,8 +130,12 @@ class Pool(_Model):
         return self.hall
 
     def pool_id(self, region: str) -> str:
-        """The pool id within ``region``, e.g. ``r1.A.gp.xl``."""
-        return f"{region}.{self.hall}.{self.sku}.{self.size}"
+        """The pool id within ``region``, e.g. ``r1.A.gp.xl`` (:class:`PoolId`'s wire form)."""
+        return _pool_id_text(region, self.hall, self.sku, self.size)
+
+    def id_in(self, region: str) -> PoolId:
+        """The pool's :class:`PoolId` within ``region``."""
+        return PoolId(region=region, hall=self.hall, sku=self.sku, size=self.size)
 
 
 class CommittedCapacity(_Model):

@@ -19,23 +19,26 @@ a floor or committed fallback (their tier-1 services run on reclaimable capacity
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from estate.config import EstateConfig
 from estate.fleet import Committed, Fleet, ceil_div
+from estate.policy import PolicyBase
+from estate.trace import RegionTrace
 from planning.arbiter import price_fallback
 from planning.costs import pool_share_cap
 from planning.models import PoolInput, pool_input
 
 
-class Policy:
-    name = "policy"
+class PerContract(PolicyBase):
+    """Each contract's demand placed on its own, in the policy's pool order; a pool it
+    blocks (after a reclaim, say) is skipped until its minute."""
 
-    def __init__(self, fleet: Fleet, cfg: EstateConfig) -> None:
-        self.fleet = fleet
-        self.cfg = cfg
+    def __init__(self, fleet: Fleet, cfg: EstateConfig, trace: RegionTrace) -> None:
+        super().__init__(fleet, cfg, trace)
         self.blocked: dict[int, int] = {}  # pool -> minute it may be used again
 
-    def step(self, minute: int, targets: list[int]) -> None:
+    def step(self, minute: int, targets: Sequence[int]) -> None:
         for t in range(len(self.fleet.tenants)):
             self.place(t, minute, targets[t])
 
@@ -68,15 +71,12 @@ class Policy:
         held = [p for p, h in enumerate(self.fleet.held) if t in h]
         return sorted(held, key=lambda p: (-self.fleet.price[p] / upi[p], p))
 
-    def reclaimed(self, pool: int, minute: int) -> None:
-        """An instance of ours in ``pool`` got a reclaim notice."""
 
-
-class PriceOnly(Policy):
+class PriceOnly(PerContract):
     name = "price-only"
 
 
-class KarpenterLike(Policy):
+class KarpenterLike(PerContract):
     name = "karpenter-like"
 
     def order(self, t: int, minute: int) -> list[int]:
@@ -96,18 +96,18 @@ class KarpenterLike(Policy):
 
         return sorted(deep, key=price) + sorted(rest, key=price)
 
-    def reclaimed(self, pool: int, minute: int) -> None:
+    def on_reclaim(self, pool: int, instance_id: str, minute: int) -> None:
         self.blocked[pool] = minute + self.cfg.karpenter_unavailable_minutes
 
 
-class SkyPilotLike(Policy):
+class SkyPilotLike(PerContract):
     name = "skypilot-like"
 
-    def reclaimed(self, pool: int, minute: int) -> None:
+    def on_reclaim(self, pool: int, instance_id: str, minute: int) -> None:
         self.blocked[pool] = minute + self.cfg.skypilot_block_minutes
 
 
-class AllCommitted(Policy):
+class AllCommitted(PerContract):
     name = "all-committed"
 
     def place(self, t: int, minute: int, target: int) -> None:

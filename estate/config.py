@@ -3,7 +3,11 @@ detection times, and the exclusion cycle's settings (the workflow's defaults).""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from pydantic import BaseModel, ConfigDict, Field
+
+from planning.exclusion_cycle import CycleRules
 
 
 class EstateConfig(BaseModel):
@@ -69,6 +73,19 @@ class EstateConfig(BaseModel):
     @property
     def minutes(self) -> int:
         return round(self.days * 1440)
+
+    def exclusion_rules(self) -> CycleRules:
+        """The exclusion cycle's settings, for the product's own state machine."""
+        return CycleRules(
+            window=timedelta(minutes=self.exclusion_window_minutes),
+            threshold=self.exclusion_threshold,
+            burst_merge=timedelta(minutes=self.burst_merge_minutes),
+            base_cooldown=timedelta(minutes=self.base_cooldown_minutes),
+            max_cooldown=timedelta(minutes=self.max_cooldown_minutes),
+            jitter=self.cooldown_jitter,
+            probe=timedelta(minutes=self.probe_minutes),
+            strike_reset=timedelta(minutes=self.strike_reset_minutes),
+        )
 
 
 def small_config(seed: int = 1) -> EstateConfig:

@@ -4,7 +4,9 @@ Each minute: hall losses start or end (everything in a lost hall is gone without
 notice), booted instances come up, the trace's reclaims hit whoever holds the slots (a
 notice with the region's lead: the instance drains and is replaced at once), the policy
 plans on its tick and on every minute with notices, spend and instance time accrue, and
-every tier-1 floor is checked whole or not.
+every tier-1 floor is checked whole or not. What a policy decides, hears and measures goes
+through its hooks (estate.policy.Policy), the same for SCO and every peer: the loop never
+asks which policy it runs.
 """
 
 from __future__ import annotations
@@ -14,14 +16,13 @@ from collections.abc import Callable, Sequence
 
 from contracts.model import Contract, WorkloadKind
 from contracts.region import Region
-from estate.baselines import AllCommitted, KarpenterLike, Policy, PriceOnly, SkyPilotLike
+from estate.baselines import AllCommitted, KarpenterLike, PriceOnly, SkyPilotLike
 from estate.config import EstateConfig
 from estate.demand import BLOCK_MINUTES, demand_units
 from estate.fleet import Fleet, tenants
+from estate.policy import Policy
 from estate.results import (
     EstateResult,
-    ExclusionResult,
-    FallbackResult,
     FloorResult,
     Gap,
     KindLoss,
@@ -32,28 +33,17 @@ from estate.sco import Sco
 from estate.trace import RegionTrace, region_trace
 from estate.work import lost_minutes, steps
 
-POLICIES: tuple[str, ...] = (
-    "sco",
-    "price-only",
-    "karpenter-like",
-    "skypilot-like",
-    "all-committed",
-)
-
-_BASELINES: dict[str, Callable[[Fleet, EstateConfig], Policy]] = {
-    "price-only": PriceOnly,
-    "karpenter-like": KarpenterLike,
-    "skypilot-like": SkyPilotLike,
-    "all-committed": AllCommitted,
+#: Every policy by name, in the order runs and reports list them.
+_POLICIES: dict[str, Callable[[Fleet, EstateConfig, RegionTrace], Policy]] = {
+    p.name: p for p in (Sco, PriceOnly, KarpenterLike, SkyPilotLike, AllCommitted)
 }
+POLICIES: tuple[str, ...] = tuple(_POLICIES)
 
 
 def make_policy(name: str, fleet: Fleet, cfg: EstateConfig, trace: RegionTrace) -> Policy:
-    if name == "sco":
-        return Sco(fleet, cfg, trace)
-    if name not in _BASELINES:
+    if name not in _POLICIES:
         raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")
-    return _BASELINES[name](fleet, cfg)
+    return _POLICIES[name](fleet, cfg, trace)
 
 
 def run_region(
@@ -71,7 +61,6 @@ def run_region(
         trace=trace,
     )
     policy = make_policy(policy_name, fleet, cfg, trace)
-    sco = policy if isinstance(policy, Sco) else None
     lead = float(region.notice_lead_seconds)
     loss = {k.value: KindLoss() for k in WorkloadKind}
     pool_reclaims: dict[str, int] = {}
@@ -87,10 +76,7 @@ def run_region(
     gap_start: dict[int, int] = {}
     gaps: dict[int, list[Gap]] = {t: [] for t in tier1}
     targets: list[int] = []
-    # The plotted floor: the largest keeper's, in the region's first hall loss.
-    plotted = (
-        max(sco.keepers, key=lambda k: (k.instances, -k.tenant)) if sco and sco.keepers else None
-    )
+    # The plotted floor, in the region's first hall loss.
     trace_window = (
         (trace.hall_losses[0].start - 60, trace.hall_losses[0].end + 120)
         if trace.hall_losses
@@ -98,7 +84,6 @@ def run_region(
     )
     floor_trace: dict[str, list[tuple[int, int]]] = {}
     last_units: dict[str, int] = {}
-    exposed: set[int] = set()
 
     def record(kind: WorkloadKind, draw: float, *, notice: bool) -> None:
         entry = loss[kind.value]
@@ -143,8 +128,7 @@ def run_region(
             p = hit.pool
             n = fleet.count(p)
             fleet.taken[p].extend([m] * len(hit.slots))
-            if sco and sco.cycle.pools[p].state == "probing" and hit.slots[0] <= n:
-                sco.cycle.pools[p].dirty = True  # the canary sits in the next slot
+            policy.on_hit(p, hit.slots, m)
             ours = [(s, d) for s, d in zip(hit.slots, hit.draws, strict=True) if s < n]
             if not ours:
                 continue
@@ -153,9 +137,7 @@ def run_region(
             for (slot, draw), t in zip(ours, victims, strict=True):
                 record(fleet.tenants[t].kind, draw, notice=True)
                 fleet.remove(p, t, 1, m)
-                policy.reclaimed(p, m)
-                if sco:
-                    sco.cycle.notice(p, f"{m}:{p}:{slot}", m)
+                policy.on_reclaim(p, f"{m}:{p}:{slot}", m)
             pool_reclaims[pool_id] = pool_reclaims.get(pool_id, 0) + len(ours)
             noticed = changed = True
         if m % BLOCK_MINUTES == 0:
@@ -167,8 +149,6 @@ def run_region(
         if tick or noticed or m in keeper_minutes:
             policy.step(m, targets)
             changed = True
-            if sco:
-                exposed.update(p for p, h in enumerate(fleet.held) if h)
         if tick:
             # Demand no capacity was even launched for (booting instances count).
             for t in range(len(fleet.tenants)):
@@ -177,23 +157,19 @@ def run_region(
                 )
                 short_units += max(0, targets[t] - held) * cfg.tick_minutes / 60.0
         if changed:
-            if sco:
-                sco.account(m)
+            policy.after_change(m)
             for t in tier1:
-                if sco:
-                    keeper = next(k for k in sco.keepers if k.tenant == t)
-                    units = sum(sco.floor_units(keeper, m).values())
-                else:
-                    units = fleet.ready_units[t] + fleet.committed_units(t, "committed", m)
-                ok = units >= fleet.tenants[t].floor_units
+                ok = policy.floor_units(t, m) >= fleet.tenants[t].floor_units
                 if ok != whole[t]:
                     if not ok:
                         gap_start[t] = m
                     else:
                         gaps[t].append(_gap(gap_start.pop(t), m, trace, cfg))
                     whole[t] = ok
-            if plotted and trace_window[0] <= m <= trace_window[1]:
-                units_by_hall = sco.floor_units(plotted, m) if sco else {}
+            units_by_hall = (
+                policy.floor_by_hall(m) if trace_window[0] <= m <= trace_window[1] else None
+            )
+            if units_by_hall is not None:
                 for hall in sorted(set(units_by_hall) | set(last_units) | set(region.halls)):
                     u = units_by_hall.get(hall, 0)
                     if last_units.get(hall) != u:
@@ -231,25 +207,9 @@ def run_region(
         floors=floors,
         pool_reclaims=dict(sorted(pool_reclaims.items())),
         hourly_cost=hourly,
+        floor_trace=floor_trace,
     )
-    if sco:
-        out.fallback = [
-            FallbackResult(
-                region=region.id,
-                contract=fleet.tenants[t].name,
-                authority_per_hour=fleet.tenants[t].authority,
-                max_spend_per_hour=round(log.max_spend, 6),
-                minutes_over=log.minutes_over,
-                launched=log.launched,
-                declined=log.declined,
-                reasons=log.reasons,
-            )
-            for t, log in sco.fallback.items()
-        ]
-        out.exclusion = _exclusion(sco, fleet, trace, exposed, cfg)
-        if plotted:
-            out.floor_trace = floor_trace
-            out.floor_trace_contract = fleet.tenants[plotted.tenant].name
+    policy.report(out)
     return out
 
 
@@ -268,24 +228,6 @@ def _gap(start: int, end: int, trace: RegionTrace, cfg: EstateConfig) -> Gap:
         if h.end <= start and end <= h.end + bound:
             return Gap(start=start, end=end, explained=True, why=f"hall {h.hall} back: rebalance")
     return Gap(start=start, end=end, explained=False, why="reclaims left the floor short")
-
-
-def _exclusion(
-    sco: Sco, fleet: Fleet, trace: RegionTrace, exposed: set[int], cfg: EstateConfig
-) -> ExclusionResult:
-    region = fleet.region
-    ids = [region.pool_id(p) for p in fleet.pools]
-    ever = [i for i, c in enumerate(sco.cycle.pools) if c.timeline]
-    return ExclusionResult(
-        bad_pools=sorted(ids[i] for i in trace.bad_pools),
-        excluded_pools=sorted(ids[i] for i in ever),
-        bad_excluded=sorted(ids[i] for i in ever if i in trace.bad_pools),
-        good_excluded=sorted(ids[i] for i in ever if i not in trace.bad_pools),
-        exposed_good_pools=len(exposed - trace.bad_pools),
-        probes=sco.cycle.probes,
-        excluded_minutes={ids[i]: sco.cycle.excluded_minutes(i, cfg.minutes) for i in ever},
-        timelines={ids[i]: sco.cycle.pools[i].timeline for i in sorted(trace.bad_pools)},
-    )
 
 
 def summarise(name: str, runs: Sequence[RegionRun], cfg: EstateConfig) -> PolicySummary:

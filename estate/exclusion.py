@@ -1,7 +1,9 @@
-"""The pool exclusion cycle in simulated time, on the workflow's own arithmetic
-(planning.exclusion_policy): notices in a sliding window, exclusion past the threshold, a
-jittered doubling cool-down, a one-instance canary probe, strikes forgiven after a clean
-day. Every state change goes on the pool's timeline."""
+"""The pool exclusion cycle in simulated time: the product's own state machine
+(planning.exclusion_cycle, the one PoolExclusionWorkflow runs) driven for every pool of a
+region. Every decision is the machine's; what is the simulator's own is what the workflow
+does with timers and activities: the clock (whole minutes: a cool-down ends at the first
+simulated minute at or after its end), the cool-down's seeded draw, a probe that lasts
+exactly the probe time (its canary costs that long), and each pool's timeline."""
 
 from __future__ import annotations
 
@@ -11,6 +13,14 @@ from datetime import UTC, datetime, timedelta
 
 from estate.config import EstateConfig
 from planning import exclusion_policy as policy
+from planning.exclusion_cycle import (
+    CYCLE_SET_BY,
+    Draw,
+    ExclusionCycle,
+    Move,
+    PoolState,
+    ProbeWatch,
+)
 
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -21,93 +31,88 @@ def at(minute: int) -> datetime:
 
 @dataclass
 class PoolCycle:
-    state: str = "admitted"  # admitted | excluded | probing
+    """One pool's cycle state (planning.exclusion_cycle.CycleState) and its timeline."""
+
+    state: PoolState = PoolState.ADMITTED
     strikes: int = 0
-    notices: dict[str, datetime] = field(default_factory=dict)
-    counted_since: datetime | None = None
+    reason: str = ""
+    set_by: str = CYCLE_SET_BY
+    excluded_until: datetime | None = None
+    since: datetime | None = None
     admitted_since: datetime | None = None
-    until: int = 0  # minute the cool-down (excluded) or the probe (probing) ends
-    dirty: bool = False
+    counted_since: datetime | None = None
+    notices: dict[str, datetime] = field(default_factory=dict)
+    probe: ProbeWatch | None = None
+    probe_ends: int = 0  # minute the probe's verdict is due
     timeline: list[tuple[int, str]] = field(default_factory=list)  # (minute, new state)
 
 
-class ExclusionCycle:
+class PoolCycles:
     def __init__(self, pools: int, cfg: EstateConfig, seed_key: str) -> None:
-        self.cfg = cfg
+        self.cycle = ExclusionCycle(cfg.exclusion_rules())
         self.pools = [PoolCycle() for _ in range(pools)]
         self.seed_key = seed_key
-        self.window = timedelta(minutes=cfg.exclusion_window_minutes)
+        self.probe_minutes = cfg.probe_minutes
         self.probes = 0
 
     def excluded(self) -> set[int]:
-        return {i for i, p in enumerate(self.pools) if p.state != "admitted"}
+        return {i for i, p in enumerate(self.pools) if p.state is not PoolState.ADMITTED}
 
     def notice(self, pool: int, instance_id: str, minute: int) -> None:
-        c = self.pools[pool]
-        now = at(minute)
-        if c.state == "probing":
-            c.dirty = True
-            return
-        if not policy.add_notice(c.notices, instance_id, now, now, self.window):
-            return
-        if c.state != "admitted":
-            return
-        count = policy.count_bursts(
-            c.notices,
-            now,
-            self.window,
-            c.counted_since,
-            timedelta(minutes=self.cfg.burst_merge_minutes),
-        )
-        if policy.over_threshold(count, self.cfg.exclusion_threshold):
-            self._exclude(pool, minute)
+        """A reclaim notice for an instance in the pool (the workflow's `reclaim_noticed`)."""
+        c, now = self.pools[pool], at(minute)
+        if self.cycle.on_notice(c, instance_id, now, now, c.probe):
+            self._move(pool, self.cycle.on_count(c, now, self._draw(pool, minute)), minute)
 
-    def _exclude(self, pool: int, minute: int) -> None:
-        c = self.pools[pool]
-        c.strikes += 1
-        draw = random.Random(f"{self.seed_key}:{pool}:{c.strikes}:{minute}").random()
-        wait = policy.cooldown(
-            c.strikes,
-            base=timedelta(minutes=self.cfg.base_cooldown_minutes),
-            cap=timedelta(minutes=self.cfg.max_cooldown_minutes),
-            jitter=self.cfg.cooldown_jitter,
-            draw=draw,
-        )
-        c.state = "excluded"
-        c.until = minute + max(1, round(wait.total_seconds() / 60))
-        c.admitted_since = None
-        c.timeline.append((minute, "excluded"))
+    def canary_reclaimed(self, pool: int, minute: int) -> None:
+        """The provider took back the pool's canary: its notice, if a probe is running."""
+        if self.pools[pool].state is PoolState.PROBING:
+            self.notice(pool, f"{minute}:{pool}:canary", minute)
 
     def tick(self, minute: int) -> list[int]:
-        """Advance cool-downs and probes; returns the pools whose canary starts now."""
+        """A turn of every pool's cycle; returns the pools whose canary starts now."""
         now = at(minute)
         started = []
         for i, c in enumerate(self.pools):
-            if c.state == "excluded" and minute >= c.until:
-                c.state, c.until, c.dirty = "probing", minute + self.cfg.probe_minutes, False
-                c.timeline.append((minute, "probing"))
-                started.append(i)
-                self.probes += 1
-            elif c.state == "probing" and minute >= c.until:
-                if c.dirty:
-                    self._exclude(i, minute)
-                else:
-                    c.state = "admitted"
-                    c.counted_since = c.admitted_since = now
-                    c.notices = policy.prune(c.notices, now, self.window)
-                    c.timeline.append((minute, "admitted"))
-            elif c.state == "admitted" and policy.strikes_forgiven(
-                c.strikes, c.admitted_since, now, timedelta(minutes=self.cfg.strike_reset_minutes)
-            ):
-                c.strikes = 0
+            if c.state is PoolState.EXCLUDED:
+                if self._move(i, self.cycle.on_cooldown_over(c, now), minute):
+                    c.probe, c.probe_ends = ProbeWatch(since=now), minute + self.probe_minutes
+                    started.append(i)
+                    self.probes += 1
+            elif c.state is PoolState.PROBING:
+                if minute >= c.probe_ends and c.probe is not None:
+                    dirty = c.probe.dirty
+                    c.probe = None
+                    verdict = self.cycle.on_probe_over(
+                        c, f"{i}@{minute}", dirty, now, self._draw(i, minute)
+                    )
+                    self._move(i, verdict, minute)
+            elif (forgive := self.cycle.on_check(c, now)) is not None:
+                self.cycle.forgive(c, forgive)
         return started
+
+    def _move(self, pool: int, move: Move | None, minute: int) -> bool:
+        c = self.pools[pool]
+        if move is None or not self.cycle.apply(c, move, at(minute)):
+            return False
+        c.timeline.append((minute, c.state.value))
+        if c.state is PoolState.ADMITTED:
+            # Memory only: notices outside the window never count again.
+            c.notices = policy.prune(c.notices, at(minute), self.cycle.rules.window)
+        return True
+
+    def _draw(self, pool: int, minute: int) -> Draw:
+        def draw(strikes: int) -> float:
+            return random.Random(f"{self.seed_key}:{pool}:{strikes}:{minute}").random()
+
+        return draw
 
     def excluded_minutes(self, pool: int, end: int) -> int:
         total, since = 0, None
         for minute, state in self.pools[pool].timeline:
-            if state != "admitted" and since is None:
+            if state != PoolState.ADMITTED and since is None:
                 since = minute
-            elif state == "admitted" and since is not None:
+            elif state == PoolState.ADMITTED and since is not None:
                 total += minute - since
                 since = None
         return total + (end - since if since is not None else 0)

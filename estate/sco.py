@@ -11,12 +11,15 @@ surplus once the new instances are up.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from estate.baselines import Policy, pool_index, release_committed
+from estate.baselines import pool_index, release_committed
 from estate.config import EstateConfig
-from estate.exclusion import ExclusionCycle
+from estate.exclusion import PoolCycles
 from estate.fleet import Committed, Fleet, ceil_div, cheapest_committed_shape, shape_pools
+from estate.policy import PolicyBase
+from estate.results import ExclusionResult, FallbackResult, RegionRun
 from estate.trace import RegionTrace
 from planning.arbiter import price_fallback
 from planning.costs import expected_cost
@@ -42,18 +45,18 @@ class FloorKeeper:
     units_per_instance: int
 
 
-class Sco(Policy):
+class Sco(PolicyBase):
     name = "sco"
 
     def __init__(self, fleet: Fleet, cfg: EstateConfig, trace: RegionTrace) -> None:
-        super().__init__(fleet, cfg)
-        self.trace = trace
-        self.cycle = ExclusionCycle(len(fleet.pools), cfg, f"{cfg.seed}:{fleet.region.id}")
+        super().__init__(fleet, cfg, trace)
+        self.cycles = PoolCycles(len(fleet.pools), cfg, f"{cfg.seed}:{fleet.region.id}")
         self.notices_by_day: list[dict[int, int]] = [{} for _ in fleet.pools]
         self.index = pool_index(fleet)
         self.fallback = {t: FallbackLog() for t in range(len(fleet.tenants))}
         self.keepers: list[FloorKeeper] = []
         self.canary_minutes = 0
+        self.exposed: set[int] = set()  # pools SCO ever held instances in (after a step)
         self.max_upi = [max(t.upi, default=1) for t in fleet.tenants]
         self._inputs: dict[tuple[int, int, float, bool], PoolInput] = {}
         for t, tenant in enumerate(fleet.tenants):
@@ -65,6 +68,8 @@ class Sco(Policy):
             self.keepers.append(FloorKeeper(t, by_hall, ceil_div(tenant.floor_units, per), per))
         for k in self.keepers:  # built before the month starts
             self.keep(k, 0, boot=0)
+        # The plotted floor: the largest keeper's.
+        self.plotted = max(self.keepers, key=lambda k: (k.instances, -k.tenant), default=None)
 
     # -- floors ---------------------------------------------------------------------------
 
@@ -116,20 +121,40 @@ class Sco(Policy):
                     held[g.hall] -= n
                     fleet.uncommit(g, n)
 
-    def floor_units(self, k: FloorKeeper, minute: int) -> dict[str, int]:
+    def keeper_units(self, k: FloorKeeper, minute: int) -> dict[str, int]:
         return {h: n * k.units_per_instance for h, n in self.floor_ready(k, minute).items()}
+
+    def floor_units(self, tenant: int, minute: int) -> int:
+        """What the tenant's keeper holds up (its floor is the keeper's alone)."""
+        keeper = next(k for k in self.keepers if k.tenant == tenant)
+        return sum(self.keeper_units(keeper, minute).values())
+
+    def floor_by_hall(self, minute: int) -> dict[str, int] | None:
+        return None if self.plotted is None else self.keeper_units(self.plotted, minute)
+
+    # -- reclaims and the exclusion cycle -------------------------------------------------
+
+    def on_hit(self, pool: int, slots: Sequence[int], minute: int) -> None:
+        # A probing pool's canary sits in the slot after ours.
+        if self.fleet.count(pool) in slots:
+            self.cycles.canary_reclaimed(pool, minute)
+
+    def on_reclaim(self, pool: int, instance_id: str, minute: int) -> None:
+        day = self.notices_by_day[pool]
+        day[minute // 1440] = day.get(minute // 1440, 0) + 1
+        self.cycles.notice(pool, instance_id, minute)
 
     # -- reclaimable and fallback ----------------------------------------------------------
 
-    def reclaimed(self, pool: int, minute: int) -> None:
-        day = self.notices_by_day[pool]
-        day[minute // 1440] = day.get(minute // 1440, 0) + 1
+    def step(self, minute: int, targets: Sequence[int]) -> None:
+        self._plan(minute, targets)
+        self.exposed.update(p for p, h in enumerate(self.fleet.held) if h)
 
-    def step(self, minute: int, targets: list[int]) -> None:
+    def _plan(self, minute: int, targets: Sequence[int]) -> None:
         fleet, cfg = self.fleet, self.cfg
         for k in self.keepers:
             self.keep(k, minute)
-        for pool in self.cycle.tick(minute):
+        for pool in self.cycles.tick(minute):
             self.canary_minutes += cfg.probe_minutes
             fleet.cost_committed["canary"] = fleet.cost_committed.get("canary", 0.0) + (
                 fleet.price[pool] * cfg.probe_minutes / 60.0
@@ -139,7 +164,7 @@ class Sco(Policy):
             0 <= fleet.held_units[t] - wanted[t] < self.max_upi[t] for t in range(len(wanted))
         ):
             return  # every contract holds its demand: the planner would plan nothing
-        excluded = self.cycle.excluded()
+        excluded = self.cycles.excluded()
         rates = [
             fleet.rate(p, self.notices_by_day[p], minute, cfg.rate_window_days)
             for p in range(len(fleet.pools))
@@ -255,8 +280,8 @@ class Sco(Policy):
             )
             log.launched += n
 
-    def account(self, minute: int) -> None:
-        """Fallback spend against authority, once a minute."""
+    def after_change(self, minute: int) -> None:
+        """Fallback spend against authority, in every minute the fleet changed."""
         for t, log in self.fallback.items():
             spend = sum(
                 g.count * g.price
@@ -266,3 +291,39 @@ class Sco(Policy):
             log.max_spend = max(log.max_spend, spend)
             if spend > self.fleet.tenants[t].authority + 1e-9:
                 log.minutes_over += 1
+
+    # -- results --------------------------------------------------------------------------
+
+    def report(self, out: RegionRun) -> None:
+        fleet = self.fleet
+        out.fallback = [
+            FallbackResult(
+                region=out.region,
+                contract=fleet.tenants[t].name,
+                authority_per_hour=fleet.tenants[t].authority,
+                max_spend_per_hour=round(log.max_spend, 6),
+                minutes_over=log.minutes_over,
+                launched=log.launched,
+                declined=log.declined,
+                reasons=log.reasons,
+            )
+            for t, log in self.fallback.items()
+        ]
+        out.exclusion = self.exclusion_result()
+        if self.plotted is not None:
+            out.floor_trace_contract = fleet.tenants[self.plotted.tenant].name
+
+    def exclusion_result(self) -> ExclusionResult:
+        ids = [self.fleet.region.pool_id(p) for p in self.fleet.pools]
+        bad, cycles = self.trace.bad_pools, self.cycles
+        ever = [i for i, c in enumerate(cycles.pools) if c.timeline]
+        return ExclusionResult(
+            bad_pools=sorted(ids[i] for i in bad),
+            excluded_pools=sorted(ids[i] for i in ever),
+            bad_excluded=sorted(ids[i] for i in ever if i in bad),
+            good_excluded=sorted(ids[i] for i in ever if i not in bad),
+            exposed_good_pools=len(self.exposed - bad),
+            probes=cycles.probes,
+            excluded_minutes={ids[i]: cycles.excluded_minutes(i, self.cfg.minutes) for i in ever},
+            timelines={ids[i]: cycles.pools[i].timeline for i in sorted(bad)},
+        )

@@ -25,7 +25,9 @@ Algorithm. The exact solution is a mixed-integer program: too slow and too heavy
 workflow code. The planner is a greedy with regret ordering followed by a bounded local
 search (:func:`plan`); tests/workflows/test_planner.py and bench/planner_bench.py measure it against
 the exact optimum (HiGHS). It is pure, deterministic Python without clocks, randomness or
-I/O: it runs inside Temporal workflow code, where a replay must reproduce it exactly.
+I/O: the controller runs it in a local activity (decision 0015), and controllers that
+began before that still run it in workflow code, where a replay must reproduce it
+exactly: a change to it must not change its plans (bench/planner_bench.py, the tests).
 Ties are broken by contract name and pool id, so the order of the inputs does not matter.
 """
 
@@ -101,17 +103,14 @@ class _Solver:
         self.free = [p.free for p in pools]
         self.target = [min(c.demand_units, c.max_units_per_region) for c in contracts]
         self.held = [0] * len(contracts)
-        upi_all: list[list[int]] = []
         for k, c in enumerate(contracts):
-            upi_row = [units_per_instance(c, p) for p in pools]
-            upi_all.append(upi_row)
             for pool_id, n in c.existing.items():
                 if pool_id not in index:
                     raise ValueError(
                         f"contract {c.contract}: holds instances in unknown pool {pool_id!r}; "
                         "pass every pool of the region (excluded=True for excluded ones)"
                     )
-                self.held[k] += n * upi_row[index[pool_id]]
+                self.held[k] += n * units_per_instance(c, pools[index[pool_id]])
         self.need = [max(0, t - h) for t, h in zip(self.target, self.held, strict=True)]
 
         # Spread groups: the per-pool room left in units after existing instances.
@@ -125,7 +124,8 @@ class _Solver:
             used = [0] * len(pools)
             for k in members:
                 for pool_id, n in contracts[k].existing.items():
-                    used[index[pool_id]] += n * upi_all[k][index[pool_id]]
+                    i = index[pool_id]
+                    used[i] += n * units_per_instance(contracts[k], pools[i])
             self.room.append([max(0, cap - x) for x in used])
 
         # Arcs: (contract, usable pool), cheapest per unit first, ties by pool id.
@@ -135,14 +135,15 @@ class _Solver:
         self.acu: list[list[float]] = []  # ... per unit
         self.acap: list[list[int]] = []  # new instances the pool share cap allows
         self.arc_of: list[dict[int, int]] = []  # pool index -> arc index
-        for k, c in enumerate(contracts):
+        for c in contracts:
             skus, sizes, halls = set(c.skus), set(c.sizes), set(c.halls)
             arcs = []
             for i, p in enumerate(pools):
-                upi = upi_all[k][i]
-                if p.excluded or upi < 1 or p.sku not in skus or p.size not in sizes:
+                # The cheap tests first: most pools are not the contract's shapes.
+                if p.excluded or p.sku not in skus or p.size not in sizes or p.hall not in halls:
                     continue
-                if p.hall not in halls:
+                upi = units_per_instance(c, p)
+                if upi < 1:
                     continue
                 cap = pool_share_cap(c.max_pool_share, p.reclaimable_units)
                 cap -= c.existing.get(p.pool_id, 0)
@@ -157,6 +158,12 @@ class _Solver:
             self.ac.append([a[3] for a in arcs])
             self.acap.append([a[4] for a in arcs])
             self.arc_of.append({a[1]: j for j, a in enumerate(arcs)})
+        # Per pool: (contract, its arc there) for every contract that may use it, in
+        # contract order.
+        self.pool_arcs: list[list[tuple[int, int]]] = [[] for _ in pools]
+        for k, row in enumerate(self.ap):
+            for j, i in enumerate(row):
+                self.pool_arcs[i].append((k, j))
 
         n = len(contracts)
         self.y: list[list[int]] = [[0] * len(self.ap[k]) for k in range(n)]
@@ -184,21 +191,43 @@ class _Solver:
                 units = room
         return units if units > 0 else 0
 
+    def _first_with_room(self, k: int, start: int, skip: int = -1) -> int:
+        """The first arc of contract k from ``start`` on (``skip`` aside) with headroom;
+        the number of arcs when none has. :meth:`headroom` inlined: this scan is the
+        planner's innermost loop."""
+        ap, aupi, acap, yk, uk = self.ap[k], self.aupi[k], self.acap[k], self.y[k], self.u[k]
+        free, rooms, groups = self.free, self.room, self.groups[k]
+        n = len(ap)
+        while start < n:
+            if start != skip:
+                p, y, upi = ap[start], yk[start], aupi[start]
+                inst, f = acap[start] - y, free[p]
+                if y * upi - uk[start] + (inst if inst < f else f) * upi > 0:
+                    for g in groups:
+                        if rooms[g][p] <= 0:
+                            break
+                    else:
+                        return start
+            start += 1
+        return n
+
     def add(self, k: int, j: int, x: int) -> None:
         """Move x units of contract k onto arc j (x < 0 takes them off)."""
-        upi = self.aupi[k][j]
-        u = self.u[k][j] + x
+        uk, yk = self.u[k], self.y[k]
+        upi, u0, y0 = self.aupi[k][j], uk[j], yk[j]
+        u = u0 + x
         y = -(-u // upi)
-        dy = y - self.y[k][j]
+        dy = y - y0
         p = self.ap[k][j]
-        self.slack[k] += (u < y * upi) - (self.u[k][j] < self.y[k][j] * upi)
-        self.u[k][j] = u
-        self.y[k][j] = y
-        self.free[p] -= dy
+        self.slack[k] += (u < y * upi) - (u0 < y0 * upi)
+        uk[j] = u
+        yk[j] = y
+        if dy:  # adding 0.0 to the cost would change nothing either
+            self.free[p] -= dy
+            self.cost += dy * self.ac[k][j]
         for g in self.groups[k]:
             self.room[g][p] -= x
         self.left[k] -= x
-        self.cost += dy * self.ac[k][j]
         if self.log is not None:
             self.log.append((k, j, x))
 
@@ -221,19 +250,28 @@ class _Solver:
         per unit than its arc, so the scan stops at the first arc that cannot win."""
         need = self.left[k]
         best, best_cost, best_x = -1, _BIG, 0
-        acu = self.acu[k]
+        ap, acu, aupi, ac, acap = self.ap[k], self.acu[k], self.aupi[k], self.ac[k], self.acap[k]
+        yk, uk, free, rooms, groups = self.y[k], self.u[k], self.free, self.room, self.groups[k]
         for j in range(start, len(acu)):
             if acu[j] >= best_cost - _TOL:
                 break
             if j == skip:
                 continue
-            room = min(self.headroom(k, j), need)
+            # min(headroom(k, j), need), inlined
+            p, upi, y, u = ap[j], aupi[j], yk[j], uk[j]
+            inst, f = acap[j] - y, free[p]
+            room = y * upi - u + (inst if inst < f else f) * upi
+            for g in groups:
+                if rooms[g][p] < room:
+                    room = rooms[g][p]
+            if need < room:
+                room = need
             if room <= 0:
                 continue
-            upi, u = self.aupi[k][j], self.u[k][j]
             whole = (u + room) // upi * upi - u
             for x in (whole, room) if 0 < whole < room else (room,):
-                c = self.eff_cost(k, j, x)
+                # eff_cost(k, j, x), inlined
+                c = (-(-(u + x) // upi) - -(-u // upi)) * ac[j] / x
                 if c < best_cost - _TOL:
                     best, best_cost, best_x = j, c, x
         return best, best_cost, best_x
@@ -244,10 +282,9 @@ class _Solver:
         Only k's own additions change room meanwhile, and only on the arc they go to, so an
         arc without room stays without room: the scans start past the dead cheap ones."""
         skip = self.arc_of[k].get(skip_pool, -1)
-        start, n = 0, len(self.acu[k])
+        start = 0
         while self.left[k] > 0:
-            while start < n and (start == skip or self.headroom(k, start) == 0):
-                start += 1
+            start = self._first_with_room(k, start, skip)
             j, _, x = self.best_arc(k, skip, start)
             if j < 0:
                 return
@@ -276,8 +313,7 @@ class _Solver:
             for k in active:
                 entry = cache[k]
                 if entry is None:
-                    while start[k] < len(self.acu[k]) and self.headroom(k, start[k]) == 0:
-                        start[k] += 1
+                    start[k] = self._first_with_room(k, start[k])
                     j1, c1, x1 = self.best_arc(k, start=start[k])
                     if j1 < 0:
                         continue  # nothing left for k: the rest is shortfall
@@ -347,17 +383,31 @@ class _Solver:
         unit without that pool). The unused part of a partly used instance costs 0."""
         first_pool, first, second = -1, _BIG, _BIG
         any_slack = self.slack[k] > 0
-        for j in range(len(self.acu[k])):
-            slack = any_slack and self.u[k][j] < self.y[k][j] * self.aupi[k][j]
-            cost = 0.0 if slack else self.acu[k][j]
+        ap, acu, aupi, acap, yk, uk = (
+            self.ap[k],
+            self.acu[k],
+            self.aupi[k],
+            self.acap[k],
+            self.y[k],
+            self.u[k],
+        )
+        free, rooms, groups = self.free, self.room, self.groups[k]
+        for j in range(len(acu)):
+            y, upi, u = yk[j], aupi[j], uk[j]
+            cost = 0.0 if any_slack and u < y * upi else acu[j]
             if cost >= second:
                 if any_slack:
                     continue
                 break  # arcs are in cost order: none further can be cheaper
-            if self.headroom(k, j) == 0:
+            # headroom(k, j) == 0, inlined
+            p = ap[j]
+            inst, f = acap[j] - y, free[p]
+            if y * upi - u + (inst if inst < f else f) * upi <= 0:
+                continue
+            if any(rooms[g][p] <= 0 for g in groups):
                 continue
             if cost < first:
-                first_pool, first, second = self.ap[k][j], cost, first
+                first_pool, first, second = p, cost, first
             else:
                 second = cost
         return first_pool, first, second
@@ -400,21 +450,23 @@ class _Solver:
             return second if pool == first_pool else first
 
         margin = self._margin(b)
-        for j in range(len(self.acu[b])):
-            cu = self.acu[b][j]
-            if cu >= margin - _TOL:
+        acu, ap, aupi, ac = self.acu[b], self.ap[b], self.aupi[b], self.ac[b]
+        u, y, ac_all = self.u, self.y, self.ac
+        for j in range(len(acu)):
+            if acu[j] >= margin - _TOL:
                 return False
             if self.headroom(b, j) > 0 and self._try(partial(self._shift, b, j)):
                 return True
-            if self.y[b][j] >= self.acap[b][j]:
+            if y[b][j] >= self.acap[b][j]:
                 continue  # b's own share cap: no exchange can help
-            p = self.ap[b][j]
-            value_b = self.aupi[b][j] * margin - self.ac[b][j]
-            for a in range(len(self.contracts)):
-                ja = self.arc_of[a].get(p, -1)
-                if a == b or ja < 0 or self.u[a][ja] == 0:
+            p = ap[j]
+            value_b = aupi[j] * margin - ac[j]
+            for a, ja in self.pool_arcs[p]:
+                ua = u[a][ja]
+                if a == b or ua == 0:
                     continue
-                loss_a = self._top(a, ja) * next_cost(a, p) - self.ac[a][ja]
+                top = ua - (y[a][ja] - 1) * self.aupi[a][ja]
+                loss_a = top * next_cost(a, p) - ac_all[a][ja]
                 if value_b > loss_a + _TOL:
                     # One instance, enough for b's dearest arc (or shortfall), or all.
                     wanted = -(-self._dearest_units(b) // self.aupi[b][j])
@@ -453,10 +505,20 @@ class _Solver:
         """(arc of k, occupant, occupant's arc) for every pool where contract k could hold
         more but for the room other contracts take: free capacity or a spread cap."""
         out: list[tuple[int, int, int]] = []
-        for j in range(len(self.ap[k])):
-            if self.y[k][j] >= self.acap[k][j] or self.headroom(k, j) > 0:
+        ap, aupi, acap, yk, uk = self.ap[k], self.aupi[k], self.acap[k], self.y[k], self.u[k]
+        free, rooms, groups = self.free, self.room, self.groups[k]
+        for j in range(len(ap)):
+            y = yk[j]
+            if y >= acap[j]:
                 continue
-            out.extend((j, o, jo) for o, jo in occupants[self.ap[k][j]] if o != k)
+            # headroom(k, j) > 0, inlined
+            p, upi = ap[j], aupi[j]
+            inst, f = acap[j] - y, free[p]
+            if y * upi - uk[j] + (inst if inst < f else f) * upi > 0 and all(
+                rooms[g][p] > 0 for g in groups
+            ):
+                continue
+            out.extend([(j, o, jo) for o, jo in occupants[p] if o != k])
         return out
 
     def _chain_for(self, b: int) -> bool:
@@ -469,6 +531,8 @@ class _Solver:
         trade single exchanges cannot make because o1 has no room of its own to go to.
         Estimate per instance of p, as in :meth:`_exchange_for`: b's gain, less o1's
         extra cost of covering in q, less o2's cost of covering elsewhere."""
+        if self.chain_tries >= _MAX_CHAIN_TRIES:
+            return False  # what the loop below ends with, whatever the candidates
         margin = self._margin(b)
         if margin == 0.0:
             return False
@@ -492,7 +556,8 @@ class _Solver:
                             fallbacks[o2] = self._fallbacks(o2)
                         first_pool, first, second = fallbacks[o2]
                         value = second if self.ap[o1][jt] == first_pool else first
-                    loss = self._top(o2, jo2) * value - self.ac[o2][jo2]
+                    top = self.u[o2][jo2] - (self.y[o2][jo2] - 1) * self.aupi[o2][jo2]
+                    loss = top * value - self.ac[o2][jo2]
                     paths.append((self.acu[o1][jt] + loss / self.aupi[o1][jt], jt, o2, jo2))
                 paths.sort()
                 onward[o1] = paths

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
 from pathlib import Path
 
+# numpy's submodules load lazily (numpy.__getattr__), and a lazy load racing another
+# thread's (a Temporal activity thread planning exactly, left from an earlier test of the
+# same xdist worker) left numpy half-initialised: RecursionError in numpy.__getattr__ for
+# `linalg`, then "AST constructor recursion depth mismatch" in every later test of that
+# worker. Loaded here, in the main thread, before any test starts a thread. The product
+# imports them under one lock (activities/control/exact_plan.scientific).
+import numpy.linalg  # noqa: F401  (for the side effect above)
 import pytest
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
@@ -16,15 +25,16 @@ from activities.fleet.db import open_pool
 from activities.fleet.migrate import migrate
 from activities.fleet.repository import FleetRepository
 from contracts.region import Region, load_region
-from tests.support import services, tools
+from tests.support import parallel, services, tools
 from tests.support.paths import BASE_DSN, REGIONS_DIR
 from workers.devbox import process
 from workers.devbox.services import KafkaService
 from workers.settings import Settings
 from workers.temporal_bootstrap import bootstrap_namespace, ensure_search_attributes
 
-# The Ceph RGW session fixture `rgw` (started only by the tests that ask for it).
-pytest_plugins = ["tests.support.rgw"]
+# The Ceph RGW session fixture `rgw` (started only by the tests that ask for it), and the
+# report of where the time went (session fixtures' set-up, at the end of every run).
+pytest_plugins = ["tests.support.prep", "tests.support.rgw", "tests.support.timing"]
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -37,11 +47,17 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "slow: starts a real cluster of JVMs or the like (a minute or more)"
     )
+    config.addinivalue_line(
+        "markers", "services: needs a running service; set by tests/support/parallel.py"
+    )
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """`@pytest.mark.tools("slurmctld", ...)`: the test skips unless those tools are here
-    (a skip mark, so the skip is reported at the test)."""
+    (a skip mark, so the skip is reported at the test). And the xdist groups
+    (tests/support/parallel.py): which tests must share one worker."""
+    parallel.group(items)
+    parallel.mark_services(items)
     if tools.REQUIRED:
         return  # pytest_runtest_setup fails them instead
     for item in items:
@@ -65,6 +81,15 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_sep("=", "missing tools")
         for line in lines:
             terminalreporter.write_line(line)
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A temporary directory with a short path, for Unix sockets in it: a socket's path is
+    at most 107 bytes, and under xdist tmp_path is 11 longer (`popen-gwN/`)."""
+    path = Path(tempfile.mkdtemp(prefix="sco-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,6 @@
-"""Imports run one way: workers → workflows → activities → (contracts, planning).
+"""Imports run one way: (workers' CLI and box) → services → workflows → activities →
+(contracts, planning); every service may use the workers' shared runtime (settings, logs,
+endpoints, clients), which itself never imports a service.
 
 The node plane (`agent`) and the contract layer never import the control plane or Temporal,
 so drains and admission keep working when Temporal and every worker are down; `planning`
@@ -15,16 +17,36 @@ import pytest
 
 from tests.support.paths import REPO
 
-#: package -> the top-level modules it must never import.
+#: package (or one module's folder) -> the modules it must never import, with their
+#: submodules ("workers.cli" forbids workers.cli.main, not workers.settings).
 FORBIDDEN: dict[str, frozenset[str]] = {
-    "agent": frozenset({"workflows", "activities", "workers", "planning", "temporalio"}),
-    "contracts": frozenset({"workflows", "activities", "workers", "planning", "temporalio"}),
-    "planning": frozenset({"workflows", "activities", "workers", "agent", "temporalio"}),
+    "agent": frozenset(
+        {"workflows", "activities", "workers", "services", "planning", "temporalio"}
+    ),
+    "contracts": frozenset(
+        {"workflows", "activities", "workers", "services", "planning", "temporalio"}
+    ),
+    "planning": frozenset(
+        {"workflows", "activities", "workers", "services", "agent", "temporalio"}
+    ),
     # The estate simulator drives the pure policy code only, like planning is.
-    "estate": frozenset({"workflows", "activities", "workers", "agent", "temporalio"}),
-    "activities": frozenset({"workflows", "workers"}),
-    "workflows": frozenset({"workers"}),
+    "estate": frozenset({"workflows", "activities", "workers", "services", "agent", "temporalio"}),
+    "activities": frozenset({"workflows", "workers", "services"}),
+    "workflows": frozenset({"workers", "services"}),
+    # A process's loop uses the shared runtime (workers.settings, workers.endpoints, ...),
+    # activities and workflows, never the commands or the box that start it.
+    "services": frozenset({"workers.cli", "workers.devbox"}),
+    # The shared runtime is under every service: it never imports one.
+    "workers": frozenset({"services"}),
 }
+
+#: Folders of a package the package's rule does not cover: the CLI and the box start the
+#: services, so they import them.
+EXEMPT: dict[str, frozenset[str]] = {"workers": frozenset({"cli", "devbox"})}
+
+
+def forbids(forbidden: frozenset[str], name: str) -> bool:
+    return any(name == f or name.startswith(f + ".") for f in forbidden)
 
 
 def imported_modules(tree: ast.AST) -> list[tuple[int, str]]:
@@ -53,13 +75,15 @@ def violations(path: Path, forbidden: frozenset[str]) -> list[str]:
     return [
         f"{shown}:{line}: imports {name}"
         for line, name in imported_modules(tree)
-        if name.split(".")[0] in forbidden
+        if forbids(forbidden, name)
     ]
 
 
 @pytest.mark.parametrize("package", sorted(FORBIDDEN))
 def test_imports_run_one_way(package: str) -> None:
-    files = sorted((REPO / package).rglob("*.py"))
+    root = REPO / package
+    exempt = EXEMPT.get(package, frozenset())
+    files = sorted(f for f in root.rglob("*.py") if f.relative_to(root).parts[0] not in exempt)
     assert files, f"no files in {package}/: the check would pass vacuously"
     found = [v for f in files for v in violations(f, FORBIDDEN[package])]
     assert found == []
@@ -72,7 +96,11 @@ PROBES = {
     "estate": "from workflows.floor.plan import plan_floor\nimport temporalio.workflow\n",
     "activities": "from workflows.exclusion.models import ExclusionInput\n"
     "import importlib\nimportlib.import_module('workers.cli')\n",
-    "workflows": "from workers.settings import Settings\n__import__('workers.region_worker')\n",
+    "workflows": "from workers.settings import Settings\n__import__('services.registry')\n",
+    "services": "from workers.cli.common import settings\nimport workers.devbox.box\n"
+    "from workers.settings import Settings\nimport workers.endpoints\n",
+    "workers": "from services.registry import SERVICES\n"
+    "import importlib\nimportlib.import_module('services.region_worker.service')\n",
 }
 
 
@@ -83,7 +111,33 @@ def test_each_rule_catches_a_violation(package: str, tmp_path: Path) -> None:
     assert len(violations(probe, FORBIDDEN[package])) == 2
 
 
+@pytest.mark.parametrize("package", sorted(p for p in FORBIDDEN if "services" in FORBIDDEN[p]))
+def test_no_layer_under_the_services_imports_one(package: str, tmp_path: Path) -> None:
+    """workflows, activities, the node agent, contracts, planning, estate and the shared
+    runtime: a service's loop is never theirs to call."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "from services.notice_relay.reply import ReclaimReply\nimport services\n"
+        "import importlib\nimportlib.import_module('services.registry')\n"
+    )
+    assert len(violations(probe, FORBIDDEN[package])) == 3
+
+
 def test_allowed_directions_pass(tmp_path: Path) -> None:
     probe = tmp_path / "probe.py"
     probe.write_text("from activities.events import InstanceState\nimport planning.costs\n")
     assert violations(probe, FORBIDDEN["workflows"]) == []
+    probe.write_text(
+        "from workers.settings import Settings\nimport workers.endpoints\n"
+        "from activities.backoff import CappedBackoff\nfrom workflows.sync_pools import X\n"
+        "import workers_cli_lookalike\n"
+    )
+    assert violations(probe, FORBIDDEN["services"]) == []
+
+
+def test_the_cli_and_the_box_are_exempt_from_the_runtime_rule() -> None:
+    """They start the services: the exemption is what lets them, and it is all it covers."""
+    assert any(
+        violations(f, FORBIDDEN["workers"]) for f in (REPO / "workers" / "cli").rglob("*.py")
+    )
+    assert EXEMPT["workers"] <= {p.name for p in (REPO / "workers").iterdir() if p.is_dir()}

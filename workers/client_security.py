@@ -10,10 +10,17 @@ from __future__ import annotations
 import ssl
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
-from psycopg.conninfo import make_conninfo
+from prometheus_client import Gauge
 
 from workers.settings import KafkaSettings, Settings, TLSSettings
+
+CLIENT_CERT_NOT_AFTER = Gauge(
+    "sco_client_certificate_not_after_timestamp_seconds",
+    "notAfter of the client certificate this process last loaded, by the setting naming it",
+    ["setting"],
+)
 
 
 class SecretFileError(ValueError):
@@ -25,6 +32,21 @@ def read_file(path: Path, setting: str) -> bytes:
         return path.read_bytes()
     except OSError as exc:
         raise SecretFileError(f"{setting}: {path}: {exc.strerror}") from exc
+
+
+def observe_client_cert(path: Path | None, setting: str) -> None:
+    """Export the client certificate's notAfter (SCOClientCertificateExpiring fires inside
+    the renewal window): read when a client is made, so a renewed file shows at once. An
+    unreadable certificate is left to the client library, which names it."""
+    if path is None:
+        return
+    from cryptography import x509
+
+    try:
+        cert = x509.load_pem_x509_certificate(path.read_bytes())
+    except (OSError, ValueError):
+        return
+    CLIENT_CERT_NOT_AFTER.labels(setting).set(cert.not_valid_after_utc.timestamp())
 
 
 def read_secret(path: Path, setting: str) -> str:
@@ -39,6 +61,7 @@ def ssl_context(t: TLSSettings, setting: str) -> ssl.SSLContext | None:
     for name, path in (("ca_file", t.ca_file), ("client_cert_file", t.client_cert_file)):
         if path is not None and not path.is_file():
             raise SecretFileError(f"{setting}.{name}: {path}: no such file")
+    observe_client_cert(t.client_cert_file, f"{setting}.client_cert_file")
     try:
         ctx = ssl.create_default_context(cafile=str(t.ca_file) if t.ca_file else None)
         if t.client_cert_file and t.client_key_file:
@@ -49,13 +72,36 @@ def ssl_context(t: TLSSettings, setting: str) -> ssl.SSLContext | None:
 
 
 def nats_options(s: Settings) -> dict[str, Any]:
-    """Extra `nats.connect` keyword arguments."""
+    """Extra `nats.connect` keyword arguments: TLS (with a client certificate for mutual
+    TLS), this process's NATS identity (`nats_auth`, its secret read from its file now), and
+    the identity's own inbox prefix (its permissions let it read replies there only, never
+    `_INBOX.>`, so no identity reads another's replies: workers/nats_permissions.py). The
+    user is `nats_auth.user`, or the user a `nats_url` names."""
+    from workers.nats_permissions import identity_inbox
+
+    out: dict[str, Any] = {}
+    a = s.nats_auth
+    if a.user and a.password_file is not None:
+        out["user"] = a.user
+        out["password"] = read_secret(a.password_file, "nats_auth.password_file")
+    for key, path, setting in (
+        ("user_credentials", a.creds_file, "nats_auth.creds_file"),
+        ("nkeys_seed", a.nkey_seed_file, "nats_auth.nkey_seed_file"),
+    ):
+        if path is not None:
+            if not path.is_file():
+                raise SecretFileError(f"{setting}: {path}: no such file")
+            out[key] = str(path)
+    if a.token_file is not None:
+        out["token"] = read_secret(a.token_file, "nats_auth.token_file")
+    user = a.user or unquote(urlsplit(s.nats_url.split(",")[0].strip()).username or "")
+    if user:
+        out["inbox_prefix"] = identity_inbox(user)
     ctx = ssl_context(s.nats_tls, "nats_tls")
-    if ctx is None:
-        return {}
-    out: dict[str, Any] = {"tls": ctx}
-    if s.nats_tls.server_name:
-        out["tls_hostname"] = s.nats_tls.server_name
+    if ctx is not None:
+        out["tls"] = ctx
+        if s.nats_tls.server_name:
+            out["tls_hostname"] = s.nats_tls.server_name
     return out
 
 
@@ -69,6 +115,7 @@ def kafka_config(k: KafkaSettings) -> dict[str, Any]:
         if t.ca_file:
             out["ssl.ca.location"] = str(t.ca_file)
         if t.client_cert_file and t.client_key_file:
+            observe_client_cert(t.client_cert_file, "kafka.tls.client_cert_file")
             out["ssl.certificate.location"] = str(t.client_cert_file)
             out["ssl.key.location"] = str(t.client_key_file)
     elif k.sasl_username:
@@ -97,9 +144,14 @@ def postgres_conninfo(s: Settings) -> str:
     ):
         if path is not None:
             extra[key] = str(path)
+    observe_client_cert(p.sslcert_file, "postgres.sslcert_file")
     if p.password_file is not None:
         extra["password"] = read_secret(p.password_file, "postgres.password_file")
-    return make_conninfo(s.postgres_dsn, **extra) if extra else s.postgres_dsn
+    if not extra:
+        return s.postgres_dsn
+    from psycopg.conninfo import make_conninfo  # here: processes without PostgreSQL skip it
+
+    return make_conninfo(s.postgres_dsn, **extra)
 
 
 def ledger_options(s: Settings) -> dict[str, Any]:
@@ -111,6 +163,7 @@ def ledger_options(s: Settings) -> dict[str, Any]:
         if t.ca_file:
             out["ca_cert"] = str(t.ca_file)
         if t.client_cert_file and t.client_key_file:
+            observe_client_cert(t.client_cert_file, "ledger.tls.client_cert_file")
             out["client_cert"] = str(t.client_cert_file)
             out["client_cert_key"] = str(t.client_key_file)
         if t.server_name:

@@ -12,7 +12,11 @@ from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
 from contracts.notice import ReclaimNotice
-from workflows.controller.models import DemandChanged, controller_workflow_id
+from workflows.controller.models import (
+    DEMAND_CHANGED_SIGNAL,
+    DemandChanged,
+    controller_workflow_id,
+)
 
 
 async def wake_controllers(
@@ -25,7 +29,7 @@ async def wake_controllers(
         handle = client.get_workflow_handle(controller_workflow_id(region, partition))
         try:
             await handle.signal(
-                "demand_changed",
+                DEMAND_CHANGED_SIGNAL,
                 DemandChanged(source=f"early warning {notice.notice_id} for {notice.node}"),
             )
         except RPCError as exc:

@@ -24,10 +24,22 @@ DEPENDENCY_UP = Gauge("sco_dependency_up", "1 while the dependency answers", ["d
 _REASONS = {200: "OK", 503: "Service Unavailable", 404: "Not Found"}
 
 
-def start_metrics(port: int) -> None:
-    """Serve the process's prometheus_client registry on `port` (0: not at all)."""
-    if port:
+class PortInUse(OSError):
+    """A port a process must serve on is taken; the message names the setting."""
+
+
+def start_metrics(port: int, *, setting: str) -> None:
+    """Serve the process's prometheus_client registry on `port` (0: not at all). A port in
+    use says which setting chose it: a bare "[Errno 98] Address already in use" from a
+    process with four ports does not."""
+    if not port:
+        return
+    try:
         start_http_server(port)
+    except OSError as exc:
+        raise PortInUse(
+            f"{setting}={port}: {exc.strerror} (choose another, or 0 for none)"
+        ) from exc
 
 
 def _answer(path: bytes, ready: Callable[[], bool]) -> tuple[int, bytes]:

@@ -15,12 +15,13 @@ import itertools
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-
-from temporalio.client import Client
+from typing import TYPE_CHECKING
 
 from activities.backoff import CappedBackoff
 from contracts.notice import ReclaimNotice
-from workflows.exclusion.client import notify_reclaim
+
+if TYPE_CHECKING:
+    from temporalio.client import Client
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +105,10 @@ class ExclusionHookQueue:
             if self._tell_one is not None:
                 call = self._tell_one(self._client, notice)
             else:
+                # Loaded with the first notice, as Temporal's client is: a hall without
+                # reclaims keeps its relay free of temporalio (~30 MB).
+                from workflows.exclusion.client import notify_reclaim
+
                 call = notify_reclaim(
                     self._client,
                     self._region,

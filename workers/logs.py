@@ -26,32 +26,73 @@ LEVEL_ENV = "SCO_LOG__LEVEL"
 #: Set by `sco`'s entry point: this process's logging is ours to configure. A command run
 #: in-process (typer's CliRunner, in tests) leaves the host's logging alone.
 _owned = False
+#: An operator's command (`sco demand set`) logs warnings and errors only, to stderr: its
+#: stdout is the answer and its stderr the one-line error. `-v` shows its INFO lines; a
+#: long-running process (services/registry.py loads its `run`) logs at `log.level`.
+_verbose = False
+_serving = False
+_last: LogSettings | None = None
 
 
-def configure_from_env() -> None:
+def configure_from_env(verbose: bool = False) -> None:
     """Before settings load: the format and level the environment asks for (a bad value is
     left to the settings, which refuse it with the field's name)."""
-    global _owned
+    global _owned, _verbose
     _owned = True
+    _verbose = verbose
     try:
         fmt: LogFormat = parse_format(os.environ.get(FORMAT_ENV, "auto"), FORMAT_ENV)
     except ValueError:
         fmt = "auto"
     level = os.environ.get(LEVEL_ENV, "INFO").upper()
-    configure_logging(fmt, level if level in {"DEBUG", "INFO", "WARNING", "ERROR"} else "INFO")
+    level = level if level in {"DEBUG", "INFO", "WARNING", "ERROR"} else "INFO"
+    configure_logging(fmt, _command_level(level))
     quiet_libraries()
+
+
+def _command_level(level: str) -> str:
+    """LEVEL for a long-running process or under `-v`; at least WARNING for a command."""
+    if _verbose or _serving or level in {"WARNING", "ERROR"}:
+        return level
+    return "WARNING"
+
+
+def set_verbose(verbose: bool) -> None:
+    """`sco -v`: the command's own INFO lines too (set before the command runs)."""
+    global _verbose
+    _verbose = verbose
+    if _owned:
+        import logging
+
+        level = _last.level if _last is not None else os.environ.get(LEVEL_ENV, "INFO")
+        logging.getLogger().setLevel(_command_level(level.upper()))
+
+
+def verbose() -> bool:
+    return _verbose
+
+
+def serving() -> None:
+    """A long-running process starts (its `run` is loaded): it logs at `log.level`."""
+    global _serving
+    _serving = True
+    if _owned and _last is not None:
+        configure_from_settings(_last)
 
 
 def configure_from_settings(
     log: LogSettings, stream: TextIO | None = None
 ) -> Literal["json", "text"]:
-    chosen = configure_logging(log.format, log.level, stream)
+    level = _command_level(log.level.upper()) if _owned and stream is None else log.level
+    chosen = configure_logging(log.format, level, stream)
     quiet_libraries()
     return chosen
 
 
 def configure_owned(log: LogSettings) -> None:
     """Once a command has its settings: their `[log]`, when `sco` owns the process's logging."""
+    global _last
+    _last = log
     if _owned:
         configure_from_settings(log)
 

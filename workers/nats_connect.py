@@ -14,6 +14,7 @@ import nats.errors
 from nats.aio.client import Client as NATS
 
 from activities.backoff import CappedBackoff
+from contracts.redact import mask_credentials
 from workers.client_security import nats_options
 from workers.settings import Settings
 
@@ -38,7 +39,10 @@ async def connect_until_up(
         except (nats.errors.Error, OSError) as exc:
             wait = backoff.next()
             log.warning(
-                "NATS at %s unavailable (%s); retrying in %.1f s", settings.nats_url, exc, wait
+                "NATS at %s unavailable (%s); retrying in %.1f s",
+                mask_credentials(settings.nats_url),
+                exc,
+                wait,
             )
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), wait)

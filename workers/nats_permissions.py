@@ -49,6 +49,17 @@ class User:
         return {"user": self.name, "password": password, "permissions": permissions}
 
 
+#: Every identity but an agent gets replies under `_INBOX_SCO.<user>` (nats_options adds
+#: it for a `nats_url` that names a user): no agent's `_INBOX_<node>` can start with it, and
+#: no identity may subscribe to another's or to `_INBOX.>`.
+IDENTITY_INBOX_ROOT = "_INBOX_SCO"
+
+
+def identity_inbox(user: str) -> str:
+    """The inbox prefix of a control-plane identity (a process or the CLI)."""
+    return f"{IDENTITY_INBOX_ROOT}.{user}"
+
+
 def agent_inbox(node: str) -> str:
     """The agent's inbox prefix (agent/natslink.py uses the same): replies and JetStream
     deliveries to one node land where no other node may subscribe."""
@@ -56,6 +67,8 @@ def agent_inbox(node: str) -> str:
 
 
 def agent_user(region: str, hall: str, node: str) -> User:
+    if agent_inbox(node) == IDENTITY_INBOX_ROOT:
+        raise ValueError(f"node {node!r}: its inbox would be the control plane's")
     stream, durable = notice_stream(region), f"sco-agent-{node}"
     subject = notice_subject(region, hall, node)
     objects = f"OBJ_{bucket_for(region)}"
@@ -71,9 +84,10 @@ def agent_user(region: str, hall: str, node: str) -> User:
             "$JS.API.STREAM.NAMES",  # the object store looks its stream up by subject
             f"$JS.API.DIRECT.GET.{objects}.>",
             f"$JS.API.STREAM.MSG.GET.{objects}",
+            # Ephemeral consumers only (the server names them and drops them once idle):
+            # no named or durable one, and no deleting anyone's (the stream also caps how
+            # many consumers it holds: contracts.distribution).
             f"$JS.API.CONSUMER.CREATE.{objects}",
-            f"$JS.API.CONSUMER.CREATE.{objects}.>",
-            f"$JS.API.CONSUMER.DELETE.{objects}.>",
             f"$JS.FC.{objects}.>",
             # The serial it holds, under its own key (`sco contracts status`).
             holder_subject(region, "agent", node),
@@ -83,31 +97,34 @@ def agent_user(region: str, hall: str, node: str) -> User:
 
 
 def relay_user(region: str, hall: str) -> User:
-    stream = notice_stream(region)
+    stream, name = notice_stream(region), f"relay-{region}-{hall}"
     return User(
-        f"relay-{region}-{hall}",
+        name,
         publish=[
             f"sco.{region}.notice.{hall}.>",
             f"$JS.API.STREAM.INFO.{stream}",
             f"$JS.API.STREAM.CREATE.{stream}",
             f"sco.{region}.sim.>",  # the simulated cloud's API (the region in a box)
         ],
-        subscribe=[reclaim_subject(region, hall), "_INBOX.>"],
+        subscribe=[reclaim_subject(region, hall), f"{identity_inbox(name)}.>"],
         allow_responses=True,  # answers `sco reclaim` on its reply subject
     )
 
 
 def operator_user(region: str) -> User:
-    return User(
-        f"operator-{region}",
-        publish=[f"sco.{region}.reclaim.>"],
-        subscribe=["_INBOX.>"],
-    )
+    name = f"operator-{region}"
+    return User(name, publish=[f"sco.{region}.reclaim.>"], subscribe=[f"{identity_inbox(name)}.>"])
 
 
 def control_user(region: str) -> User:
-    everything = [f"sco.{region}.>", "$JS.>", "$O.>", "$KV.>", "_INBOX.>"]
-    return User(f"control-{region}", publish=everything, subscribe=everything)
+    name = f"control-{region}"
+    everything = [f"sco.{region}.>", "$JS.>", "$O.>", "$KV.>"]
+    return User(
+        name,
+        # It answers requests (the simulated cloud) on the requester's inbox.
+        publish=[*everything, "_INBOX.>", f"{IDENTITY_INBOX_ROOT}.>"],
+        subscribe=[*everything, f"{identity_inbox(name)}.>"],
+    )
 
 
 def region_users(region: str, halls: Sequence[str], nodes: Sequence[tuple[str, str]]) -> list[User]:

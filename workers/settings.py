@@ -10,18 +10,18 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
-import re
 from pathlib import Path
-from typing import Any, Literal
-from urllib.parse import urlsplit, urlunsplit
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
     SecretStr,
+    SerializerFunctionWrapHandler,
     ValidationError,
     field_validator,
+    model_serializer,
     model_validator,
 )
 from pydantic_settings import (
@@ -31,8 +31,13 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from activities.fleet.db import DbTimeouts
 from contracts.logformat import LogFormat
+from contracts.redact import mask_credentials
+
+if TYPE_CHECKING:
+    # At run time only in timeouts(): activities.fleet.db imports psycopg (~20 MB), which
+    # the processes without fleet state (drain intake, agent tools, `sco --help`) skip.
+    from activities.fleet.db import DbTimeouts
 
 CONFIG_ENV = "SCO_CONFIG"
 DEFAULT_CONFIG_FILE = Path("sco.toml")
@@ -59,6 +64,47 @@ class TLSSettings(BaseModel):
             raise ValueError("client_cert_file and client_key_file go together")
         if not self.enabled and (self.ca_file or self.client_cert_file or self.server_name):
             raise ValueError("TLS files or server_name are set but enabled is false")
+        return self
+
+
+class NatsAuthSettings(BaseModel):
+    """Who this process is to NATS: one of the per-role users `sco nats-users` renders
+    (workers/nats_permissions.py: control-<region>, operator-<region>, relay-<region>-<hall>)
+    with its password file, a credentials (JWT + nkey) file, an nkey seed file, or a token
+    file. Every one is a file, read when the connection is made; none: no credentials (the
+    region in a box's NATS). A client certificate for mutual TLS is `nats_tls`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # The per-role user, e.g. control-r1 or relay-r1-A (SCO_NATS_AUTH__USER per process).
+    user: str = ""
+    # The user's password alone (`<user>.password`); used only with `user`.
+    password_file: Path | None = None
+    # A decentralised-auth .creds file (JWT and nkey seed).
+    creds_file: Path | None = None
+    # An nkey seed (SU...) file.
+    nkey_seed_file: Path | None = None
+    # A token alone.
+    token_file: Path | None = None
+
+    @model_validator(mode="after")
+    def _one_way_in(self) -> NatsAuthSettings:
+        # A password file alone is fine: the user may come from elsewhere (the environment:
+        # one settings file for every process, one NATS user per process kind).
+        if self.user and self.password_file is None:
+            raise ValueError("user needs password_file")
+        ways = [
+            name
+            for name, on in (
+                ("user", bool(self.user)),
+                ("creds_file", self.creds_file is not None),
+                ("nkey_seed_file", self.nkey_seed_file is not None),
+                ("token_file", self.token_file is not None),
+            )
+            if on
+        ]
+        if len(ways) > 1:
+            raise ValueError(f"one NATS credential at a time, not {' and '.join(ways)}")
         return self
 
 
@@ -115,6 +161,10 @@ class ProviderSettings(BaseModel):
     # while NATS is away); 0 turns each off.
     simulator_metrics_port: int = Field(default=0, ge=0, le=65535)
     simulator_health_port: int = Field(default=0, ge=0, le=65535)
+    # The provider's own limit on mutating API calls (what it throttles above): the region's
+    # token budget (`control.budget_*`, `sco budget set-rate`) stays within it.
+    api_rate_limit_per_second: float = Field(default=50.0, gt=0)
+    api_burst_limit: int = Field(default=200, ge=1)
 
 
 class OutboxSettings(BaseModel):
@@ -150,6 +200,10 @@ class PrometheusSettings(BaseModel):
     # The box's processes serve metrics and health on consecutive ports from here (the
     # order of `sco dev status`); the scrape config names the same ports.
     box_ports_from: int = Field(default=9470, ge=1024, le=65000)
+    # A box of several regions (`sco dev up --regions r1,r2,r3`): region i's Prometheus
+    # listens on `port` + i and its processes take ports from `box_ports_from` + 32 i;
+    # the global Prometheus federating them listens here.
+    global_port: int = Field(default=9089, ge=1, le=65535)
 
 
 class NoticeRelaySettings(BaseModel):
@@ -196,6 +250,8 @@ class FleetDbSettings(BaseModel):
         return self
 
     def timeouts(self) -> DbTimeouts:
+        from activities.fleet.db import DbTimeouts
+
         return DbTimeouts(
             connect=self.connect_timeout_seconds,
             statement=self.statement_timeout_seconds,
@@ -243,6 +299,25 @@ class ContractSettings(BaseModel):
     # The contract sources `sco dev up` compiles and signs (with a local key under
     # <data_dir>/contracts/keys) for the region in a box.
     source_dir: Path = Path("contracts/examples")
+    # Contracts from git (`sco contracts sync`): the repository (any git URL: https://,
+    # git://, ssh://, a path), then mirrors tried in order when it does not answer. Empty
+    # repo_url: no sync (the box does not start one).
+    repo_url: str = ""
+    mirror_urls: list[str] = []
+    ref: str = "main"
+    path: str = "contracts"  # the folder of contract files inside the repository
+    # The Ed25519 key (<key id>.key) the sync signs bundles with; its .pub must be in the
+    # trust directory, beside `allowed_signers` (who may sign commits: ssh-keygen(1)).
+    # Empty: the region in a box's local key (<data_dir>/contracts/keys).
+    signing_key_file: Path | None = None
+    # Directory of <region>/<key id>.pub notice keys compiled into each bundle (optional).
+    notice_keys_dir: Path | None = None
+    sync_interval_seconds: float = Field(default=30.0, gt=0)
+    # The sync's local bare mirror of the repository. Empty: <data_dir>/contracts/git.
+    mirror_dir: Path | None = None
+    # Prometheus metrics (sco_contract_sync_*) and GET /healthz, /readyz; 0 turns each off.
+    sync_metrics_port: int = Field(default=0, ge=0, le=65535)
+    sync_health_port: int = Field(default=0, ge=0, le=65535)
 
 
 class NoticeSettings(BaseModel):
@@ -450,6 +525,50 @@ class KubernetesSettings(BaseModel):
         return _check_template(text, ("kubelet_args",))
 
 
+class EstateRegionSettings(BaseModel):
+    """Where `sco estate status` reads one region, when not where this process's settings
+    point (production: each region has its own fleet database and Temporal)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    postgres_dsn: str | None = None
+    temporal_address: str | None = None
+
+
+class ConsoleSettings(BaseModel):
+    """`sco console` over TLS. With `client_ca_file` only an operator whose client
+    certificate that CA signed gets a page (the identities of the rest of SCO's operator
+    endpoints); without these files it serves plain HTTP, for loopback or behind a TLS
+    front that checks the certificates itself."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    client_ca_file: Path | None = None
+
+    @model_validator(mode="after")
+    def _together(self) -> ConsoleSettings:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("console.cert_file and console.key_file go together")
+        if self.client_ca_file is not None and self.cert_file is None:
+            raise ValueError(
+                "console.client_ca_file needs console.cert_file: clients are checked only over TLS"
+            )
+        return self
+
+
+class EstateSettings(BaseModel):
+    """`sco estate status`: every region read at once, each within its own deadline."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # A region that has not answered within this is shown as not answering; the rest print.
+    deadline_seconds: float = Field(default=5.0, gt=0)
+    # Per region overrides: {"r2": {"postgres_dsn": "...", "temporal_address": "..."}}.
+    regions: dict[str, EstateRegionSettings] = {}
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="SCO_",
@@ -465,6 +584,7 @@ class Settings(BaseSettings):
     fleet_db: FleetDbSettings = FleetDbSettings()
     nats_url: str = "nats://127.0.0.1:4222"
     nats_tls: TLSSettings = TLSSettings()
+    nats_auth: NatsAuthSettings = NatsAuthSettings()
     postgres: PostgresSettings = PostgresSettings()
     # Empty means "<data_dir>/ledger" on the embedded chDB backend.
     ledger_dsn: str = ""
@@ -492,6 +612,23 @@ class Settings(BaseSettings):
     intake: IntakeSettings = IntakeSettings()
     slurm: SlurmSettings = SlurmSettings()
     kubernetes: KubernetesSettings = KubernetesSettings()
+    estate: EstateSettings = EstateSettings()
+    console: ConsoleSettings = ConsoleSettings()
+
+    @model_validator(mode="after")
+    def _budget_within_provider_limit(self) -> Settings:
+        c, p = self.control, self.provider
+        if c.budget_rate_per_second > p.api_rate_limit_per_second:
+            raise ValueError(
+                f"control.budget_rate_per_second {c.budget_rate_per_second:g} is above "
+                f"provider.api_rate_limit_per_second {p.api_rate_limit_per_second:g}"
+            )
+        if c.budget_burst > p.api_burst_limit:
+            raise ValueError(
+                f"control.budget_burst {c.budget_burst} is above provider.api_burst_limit "
+                f"{p.api_burst_limit}"
+            )
+        return self
 
     @property
     def bundle_cache_dir(self) -> Path:
@@ -508,7 +645,13 @@ class Settings(BaseSettings):
     def __repr_args__(self) -> Any:
         # A DSN may carry a password (postgresql://u:pw@h/db); repr and logs never show it.
         for name, value in super().__repr_args__():
-            yield name, _redact_url(value) if name in _URL_FIELDS else value
+            yield name, _masked(value)
+
+    @model_serializer(mode="wrap")
+    def _mask_on_dump(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # model_dump()/model_dump_json() are printed too (`sco dev status`, support bundles):
+        # every string in them, DSNs and URLs at any depth, has its credentials masked.
+        return _masked(handler(self))
 
     def region_file(self, region: str | None = None) -> Path:
         return self.regions_dir / f"{region or self.region}.toml"
@@ -526,23 +669,19 @@ class Settings(BaseSettings):
         return (init_settings, env_settings, toml)
 
 
-_URL_FIELDS = frozenset({"postgres_dsn", "ledger_dsn", "nats_url"})
-
-
-#: `password=...` in a key=value connection string (a multi-host Patroni DSN, say).
-_CONNINFO_PASSWORD = re.compile(r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)")
-
-
-def _redact_url(value: object) -> object:
-    if not isinstance(value, str):
-        return value
-    if "://" not in value:
-        return _CONNINFO_PASSWORD.sub(r"\1***", value)
-    parts = urlsplit(value)
-    if parts.password is None:
-        return value
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
+def _masked(value: Any) -> Any:
+    """`value` with `mask_credentials` applied to every string in it (nested models too)."""
+    if isinstance(value, str):
+        return mask_credentials(value)
+    if isinstance(value, dict):
+        return {k: _masked(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_masked(v) for v in value)
+    if isinstance(value, BaseModel):
+        return value.model_copy(
+            update={k: _masked(v) for k, v in value if isinstance(v, str | list | BaseModel)}
+        )
+    return value
 
 
 class SettingsError(ValueError):

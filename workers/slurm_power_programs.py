@@ -36,7 +36,7 @@ from pydantic import BaseModel
 from temporalio.client import Client, WorkflowHandle
 from temporalio.common import WorkflowIDConflictPolicy
 
-from activities.control.models import partition_of
+from activities.control.partition import partition_of
 from activities.demand.hostlist import HostlistError, expand
 from activities.demand.slurm_resume import (
     ResumePlan,
@@ -52,7 +52,12 @@ from contracts.region import RegionFileError, load_region
 from workers.client_security import postgres_conninfo
 from workers.settings import Settings, SettingsError, load_settings
 from workers.temporal_connect import connect_temporal
-from workflows.acquisition.models import AcquisitionInput, LaunchItem, OperatorInput
+from workflows.acquisition.models import (
+    CANCEL_UPDATE,
+    AcquisitionInput,
+    LaunchItem,
+    OperatorInput,
+)
 from workflows.slurm.models import NodeInstance, ReleaseReason, SlurmReleaseInput
 
 ACQUISITION_PREFIX = "slurm-"
@@ -206,7 +211,7 @@ async def release(
     for acq in sorted(open_acqs):
         try:
             await temporal.get_workflow_handle(acq).execute_update(
-                "cancel", OperatorInput(operator="slurm", reason=verb)
+                CANCEL_UPDATE, OperatorInput(operator="slurm", reason=verb)
             )
             report.cancelled.append(acq)
         except Exception as exc:  # finished meanwhile: its instances are released below

@@ -10,7 +10,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.runtime import Runtime
 from temporalio.service import TLSConfig
 
-from workers.client_security import read_file
+from workers.client_security import observe_client_cert, read_file
 from workers.settings import Settings
 
 
@@ -45,6 +45,7 @@ def temporal_tls(s: Settings) -> TLSConfig | bool:
     t = s.temporal.tls
     if not t.enabled:
         return False
+    observe_client_cert(t.client_cert_file, "temporal.tls.client_cert_file")
     return TLSConfig(
         server_root_ca_cert=read_file(t.ca_file, "temporal.tls.ca_file") if t.ca_file else None,
         domain=t.server_name or None,

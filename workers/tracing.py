@@ -11,6 +11,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from contracts.redact import mask_credentials
+
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
     from temporalio.client import Interceptor
@@ -36,7 +38,7 @@ def tracer_provider(settings: TracingSettings, process: str) -> TracerProvider:
         _provider.add_span_processor(
             BatchSpanProcessor(OTLPSpanExporter(endpoint=settings.otlp_endpoint))
         )
-        log.info("traces of %s to %s", name, settings.otlp_endpoint)
+        log.info("traces of %s to %s", name, mask_credentials(settings.otlp_endpoint))
     return _provider
 
 

@@ -17,18 +17,40 @@ command changes, so histories replay with or without tracing. The workers turn i
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+import opentelemetry.context
 import opentelemetry.trace
 from temporalio.api.common.v1 import Payload
 from temporalio.contrib.opentelemetry import TracingInterceptor, TracingWorkflowInboundInterceptor
-from temporalio.contrib.opentelemetry._context import attached_context
 from temporalio.worker import HandleSignalInput, WorkflowInterceptorClassInput
 
 # The text-map carrier temporalio puts in the `_tracer-data` header.
 Carrier = dict[str, Any]
+
+
+@contextmanager
+def attached_context(context: opentelemetry.context.Context) -> Iterator[None]:
+    """`context` is the current OpenTelemetry context for the block.
+
+    Not a plain attach/detach pair: a block abandoned by an evicted workflow is finalized
+    wherever garbage collection runs, in another `contextvars.Context`, where the token is
+    not valid and `opentelemetry.context.detach` would log "Failed to detach context" for
+    nothing. So the detach is the reset it performs, done only where the context is still
+    current and the token belongs (temporalio's interceptor does the same in a private
+    helper of its own, which is not its API).
+    """
+    token = opentelemetry.context.attach(context)
+    try:
+        yield
+    finally:
+        if context is opentelemetry.context.get_current():
+            # ValueError: the token was made in another contextvars.Context.
+            with contextlib.suppress(ValueError):
+                token.var.reset(token)
 
 
 class _Headers:

@@ -3,8 +3,10 @@ acquisitions record about themselves and their decisions.
 
 `snapshot` gathers one consistent-enough view for a controller partition: the contracts
 (from the signed bundle, the same one nodes and admission use), demand, live instances,
-open acquisitions, exclusions, provider free capacity and ledger reclaim rates. The plan is
-made in the workflow from this snapshot, so planning stays pure and replayable.
+open acquisitions, exclusions, provider free capacity and ledger reclaim rates.
+`greedy_plan` plans it (the controller calls it as a local activity, so no workflow task
+does the planner's CPU work: decision 0015), `exact_plan` improves on that under a time
+budget.
 """
 
 from __future__ import annotations
@@ -42,7 +44,10 @@ from activities.provider.interface import CloudProvider
 from contracts.region import Region
 from planning.planner import (
     ContractDemand,
+    Plan,
+    PlanInput,
     contract_demand,
+    plan,
     pool_input,
     units_per_instance,
 )
@@ -94,6 +99,13 @@ class ControlActivities:
         return MarkSurplusOutput(since=since)
 
     # -- the controller's view -----------------------------------------------------------
+
+    @activity.defn(name="control.greedy_plan")
+    def greedy_plan(self, problem: PlanInput) -> Plan:
+        """The greedy plan of the tick's problem (pure, tens of milliseconds at a region's
+        scale): the controller runs it as a local activity, off the workflow thread, and its
+        history records the answer, so a later planner change cannot break a replay."""
+        return plan(problem)
 
     @activity.defn(name="control.exact_plan")
     def exact_plan(self, inp: ExactPlanInput) -> ExactPlanResult:

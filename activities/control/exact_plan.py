@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import threading
 import time
 from typing import Any
 
@@ -81,11 +82,29 @@ def exact_plan(inp: ExactPlanInput) -> ExactPlanResult:
     )
 
 
+#: One import of numpy/scipy at a time: the worker runs this activity on several threads,
+#: and two threads importing numpy's lazy submodules at once can see a half-initialised
+#: module (CI: RecursionError in numpy.__getattr__ on `dtypes` inside scipy's import).
+_IMPORT_LOCK = threading.Lock()
+
+
+def scientific() -> tuple[Any, Any, Any]:
+    """numpy, scipy.optimize and scipy.sparse, imported once, on first use (the CLI and
+    the workers that never plan exactly do not pay for them). Everything in a process
+    that imports them goes through here (the tests' MILP reference too): an import outside
+    the lock races the activity threads' and can leave numpy half-initialised (CI: a
+    RecursionError in numpy.__getattr__ for `linalg`, then a corrupted interpreter)."""
+    with _IMPORT_LOCK:
+        return (
+            importlib.import_module("numpy"),
+            importlib.import_module("scipy.optimize"),
+            importlib.import_module("scipy.sparse"),
+        )
+
+
 def _solve(inp: PlanInput, greedy: Plan, budget: float, start: float) -> Plan | None:
     # scipy ships no type stubs: the modules are Any here, the results checked by value.
-    np: Any = importlib.import_module("numpy")
-    optimize: Any = importlib.import_module("scipy.optimize")
-    sparse: Any = importlib.import_module("scipy.sparse")
+    np, optimize, sparse = scientific()
 
     pools = sorted(inp.pools, key=lambda p: p.pool_id)
     index = {p.pool_id: i for i, p in enumerate(pools)}

@@ -3,21 +3,16 @@ instances and capacity, and the surplus marks. The controller workflow imports t
 
 from __future__ import annotations
 
-import zlib
 from datetime import datetime
 
 from pydantic import BaseModel, Field
 
+from activities.control.partition import partition_of as partition_of  # re-exported
 from activities.events import CapacityType, InstanceState
 from planning.models import ContractDemand, PoolInput
 
 #: Acquisitions the controller started; floors and probes use their own prefixes.
 ACQUISITION_PREFIX = "acq-"
-
-
-def partition_of(contract: str, partitions: int) -> int:
-    """The controller partition that owns a contract (stable across processes)."""
-    return zlib.crc32(contract.encode()) % partitions
 
 
 class InstanceBrief(BaseModel):

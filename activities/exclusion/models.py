@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-import enum
 from datetime import datetime
 
 from pydantic import BaseModel
 
 from activities.events import InstanceState
+
+# Re-exported: the cycle's states (planning.exclusion_cycle) are what its rows store.
+from planning.exclusion_cycle import PoolState as PoolState
 
 
 class SetStateInput(BaseModel):
@@ -66,11 +68,3 @@ class CanariesOutput(BaseModel):
 
 #: The contract name canaries run under (fleet state, ledger).
 CANARY_WORKLOAD = "sco-canary"
-
-
-class PoolState(enum.StrEnum):
-    """The `exclusions.state` values; the planner skips EXCLUDED and PROBING pools."""
-
-    ADMITTED = "admitted"
-    EXCLUDED = "excluded"
-    PROBING = "probing"

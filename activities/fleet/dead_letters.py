@@ -1,8 +1,9 @@
 """Dead letters: events that could not go on, kept with the reason (migration 0005).
 
 The outbox relay parks a row the broker refused `max_attempts` times; the ledger consumer
-parks a message it cannot parse. Both count in `sco_dead_letters_total` (Prometheus,
-served by the process's metrics port), so a dead letter alerts instead of hiding.
+parks a message it cannot parse; the drain intake parks a drain report it refuses. All count
+in `sco_dead_letters_total` (Prometheus, served by the process's metrics port), so a dead
+letter alerts instead of hiding.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any, Literal
 import psycopg
 from prometheus_client import Counter
 
-Source = Literal["outbox", "ledger"]
+Source = Literal["outbox", "ledger", "drain"]
 
 DEAD_LETTERS = Counter(
     "sco_dead_letters", "Events parked as dead letters, by where they failed", ["source"]

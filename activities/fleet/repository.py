@@ -51,6 +51,11 @@ class UnknownInstance(FleetStateError):
     pass
 
 
+class CommittedCapacityRefused(FleetStateError):
+    """A reclaim of committed capacity (a floor's, a paid fallback's) without `force`:
+    checked on the locked row, in the transaction that would have noticed it."""
+
+
 class InstanceSpec(BaseModel):
     """What an acquisition knows about an instance before it exists."""
 
@@ -220,11 +225,14 @@ class FleetRepository:
         *,
         reason: str = "",
         provider_id: str | None = None,
+        allow_committed: bool = True,
     ) -> LifecycleEvent | None:
         """Move an instance to the state `kind` leads to, with its event, atomically.
 
         Idempotent: when the instance is already in that state nothing is written and None
-        returns. A transition the lifecycle does not allow raises InvalidTransition.
+        returns. A transition the lifecycle does not allow raises InvalidTransition;
+        `allow_committed=False` on a committed instance raises CommittedCapacityRefused
+        (the check and the move are one transaction on the locked row).
         """
         target = STATE_AFTER[kind]
         with self._pool.connection() as conn, conn.transaction():
@@ -236,6 +244,11 @@ class FleetRepository:
                 raise UnknownInstance(f"instance {instance_id!r} is not in fleet state")
             if current.state == target:
                 return None
+            if not allow_committed and current.capacity_type == CapacityType.COMMITTED:
+                raise CommittedCapacityRefused(
+                    f"instance {instance_id!r}: committed capacity ({current.workload}); "
+                    "refused without force"
+                )
             if target not in _ALLOWED[current.state]:
                 raise InvalidTransition(
                     f"instance {instance_id!r}: {kind.value} is not allowed in state "

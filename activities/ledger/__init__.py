@@ -12,7 +12,7 @@ from activities.ledger.queries import (
     reclaims_per_pool,
     spend,
 )
-from activities.ledger.store import TABLE, LedgerStore, LedgerUnavailable, redact_dsn
+from activities.ledger.store import TABLE, LedgerStore, LedgerUnavailable
 
 __all__ = [
     "GROUP_KEYS",
@@ -25,6 +25,5 @@ __all__ = [
     "instance_history",
     "reclaim_rate",
     "reclaims_per_pool",
-    "redact_dsn",
     "spend",
 ]

@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import clickhouse_connect
 from clickhouse_connect.driver.client import Client
@@ -34,6 +34,7 @@ from clickhouse_connect.driver.exceptions import OperationalError
 
 from activities.decisions import Decision
 from activities.events import LifecycleEvent
+from contracts.redact import mask_credentials
 
 TABLE = "lifecycle_events"
 
@@ -115,19 +116,9 @@ class LedgerUnavailable(RuntimeError):
     """The ledger cannot be opened or reached; `dsn` has any password masked."""
 
     def __init__(self, dsn: str, reason: str) -> None:
-        self.dsn = redact_dsn(dsn)
+        self.dsn = mask_credentials(dsn)
         self.reason = reason
         super().__init__(f"ledger {self.dsn} unavailable: {reason}")
-
-
-def redact_dsn(dsn: str) -> str:
-    """The DSN with its password replaced, fit for logs and error messages."""
-    parts = urlsplit(dsn)
-    if parts.password is None:
-        return dsn
-    netloc = parts.netloc.rpartition("@")[2]
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
 
 
 def as_utc(value: datetime) -> datetime:

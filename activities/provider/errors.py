@@ -8,8 +8,10 @@ reports a shortfall and the planner moves on).
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
-from temporalio.exceptions import ApplicationError
+if TYPE_CHECKING:
+    from temporalio.exceptions import ApplicationError
 
 
 class ProviderError(Exception):
@@ -18,6 +20,10 @@ class ProviderError(Exception):
     retryable = False
 
     def to_application_error(self) -> ApplicationError:
+        # Imported here: the notice relay and the simulator raise these errors without
+        # Temporal, and temporalio's import alone is ~30 MB.
+        from temporalio.exceptions import ApplicationError
+
         return ApplicationError(
             str(self),
             type=type(self).__name__,
@@ -52,15 +58,3 @@ class Transient(ProviderError):
 
 class Permanent(ProviderError):
     """Auth failures, bad requests, unknown flavors: retrying cannot help."""
-
-
-def is_insufficient_capacity(exc: BaseException) -> bool:
-    return isinstance(exc, InsufficientCapacity)
-
-
-def is_not_found(exc: BaseException) -> bool:
-    return isinstance(exc, NotFound)
-
-
-def is_retryable(exc: BaseException) -> bool:
-    return isinstance(exc, ProviderError) and exc.retryable

@@ -48,6 +48,7 @@ from activities.provider.interface import (
     ReservationRequest,
 )
 from activities.provider.leases import check_lease_name, lease_prefix, parse_lease_name
+from contracts.pool_id import PoolId
 
 T = TypeVar("T")
 POOL_KEY = "sco-pool"
@@ -64,6 +65,8 @@ def translate(exc: Exception) -> ProviderError:
     if isinstance(exc, os_exc.HttpException):
         code = exc.status_code or 0
         text = f"{exc.details or ''} {exc}"
+        if code == 404:  # a bare HttpException (our Blazar calls) is not a NotFoundException
+            return NotFound(str(exc))
         if code == 429:
             retry = exc.response.headers.get("Retry-After") if exc.response is not None else None
             return RateLimited(str(exc), float(retry) if retry and retry.isdigit() else None)
@@ -233,10 +236,11 @@ class OpenStackProvider:
     async def free_capacity(self, pool_id: str) -> int:
         """Instances of the pool's flavor that fit the hall's free Placement inventory,
         leaving out Blazar's reservable hosts (the `freepool` aggregate: committed)."""
-        _, hall, sku, size = pool_id.split(".")
+        pid = PoolId.parse(pool_id)
+        hall = pid.hall
 
         def go() -> int:
-            flavor = self._conn.compute.find_flavor(f"{sku}.{size}", ignore_missing=False)
+            flavor = self._conn.compute.find_flavor(pid.flavor, ignore_missing=False)
             hosts: set[str] = set()
             committed: set[str] = set()
             for agg in self._conn.compute.aggregates():

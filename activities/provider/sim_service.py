@@ -1,6 +1,6 @@
 """The simulated cloud as a small local service, over NATS request-reply.
 
-One process (`sco sim serve --region r1`, `workers/simulator_service.py`) owns the
+One process (`sco sim serve --region r1`, `services/simulator/service.py`) owns the
 SimulatedCloud; workers, notice relays and tools reach it through `SimulatorClient`, which
 implements CloudProvider. NATS runs in every region anyway, so the simulator needs no port
 or HTTP stack of its own.

@@ -10,10 +10,20 @@ A workload registers a callback; this library listens on a Unix socket for the a
 
     server = register(checkpoint_now)  # returns at once; a daemon thread serves
 
-Socket: `$SCO_CHECKPOINT_SOCKET` if set, else `<dir>/<name>.sock` where dir is
+Socket: `$SCO_CHECKPOINT_SOCKET` if set, else `<dir>/<name>/sock` where dir is
 `$SCO_CHECKPOINT_SOCKET_DIR` (default /run/sco-agent/checkpoint) and name is
-`slurm-$SLURM_JOB_ID`, or `pod-$POD_NAMESPACE-$POD_NAME` (downward API), else
-`pid-<pid>`. The agent finds a job's socket by the same name. The socket is mode 0660.
+`slurm_<$SLURM_JOB_ID>`, or `pod_<$POD_NAMESPACE>_<$POD_NAME>` (downward API), else
+`pid_<pid>`, each part escaped so no two jobs share a name (`agent.checkpoint.naming`).
+The agent finds a job's socket by the same name.
+
+Who may talk to whom (`agent.checkpoint.jobdirs`, `agent.checkpoint.peer`): the job's
+directory is made by the agent for the job's user (mode 0770, group sco-agent) in a socket
+dir no tenant can write; a workload started first waits for it (`server.listening`). The
+agent talks to the socket only when the directory, the socket and the listening process
+(SO_PEERCRED uid, gid, and the pod's cgroup) are the job's as its scheduler names it; the
+workload answers only the agent (root, its own user, or the socket dir's owner). Each
+connection has its own thread and deadline; a reply that is not protocol v1 (too long, too
+deep, a count outside 0..10**9) is no answer, and the job is forced.
 
 Protocol v1: one JSON object per line, one request and one reply per connection, the
 agent connects:

@@ -3,14 +3,24 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
+
+from contracts import bounded
 
 VERSION = 1
 #: `early_checkpoint` (an early warning): save now with the checkpoint callback and keep
 #: running; a workload built before it answers "unknown op", which costs only the early save.
 OPS = ("checkpoint", "early_checkpoint", "decommission", "ping")
 MAX_LINE = 64 * 1024
+#: The largest lost-work count a reply may carry (a billion steps or tasks): anything
+#: beyond is not a count a workload lost but garbage, and the reply is refused.
+MAX_COUNT = 10**9
+#: Longest checkpoint path and error text kept from a reply.
+MAX_TEXT = 4096
+#: How deep a JSON value may nest: the protocol's objects are flat.
+MAX_DEPTH = 4
 
 
 @dataclass(frozen=True)
@@ -75,6 +85,8 @@ def decode_request(line: bytes) -> Request:
     deadline = doc.get("deadline", 0.0)
     if not isinstance(deadline, int | float):
         raise ProtocolError("deadline must be a number (Unix seconds)")
+    if isinstance(deadline, bool) or not math.isfinite(deadline):
+        raise ProtocolError("deadline must be a finite number (Unix seconds)")
     return Request(
         str(op), str(doc.get("reason", "")), float(deadline), str(doc.get("notice_id", ""))
     )
@@ -84,25 +96,33 @@ def decode_reply(line: bytes) -> Reply:
     doc = _object(line)
     if doc.get("v") != VERSION:
         raise ProtocolError(f"unsupported protocol version {doc.get('v')!r}")
-    if doc.get("ok") is True:
+    ok = doc.get("ok")
+    if ok is True:
         lost = {k: doc.get(k) for k in ("lost_steps", "lost_tasks")}
         for name, value in lost.items():
-            if value is not None and (not isinstance(value, int) or value < 0):
-                raise ProtocolError(f"{name} must be a count >= 0")
-        return Reply(
-            True,
-            path=str(doc.get("path", "")),
-            lost_steps=lost["lost_steps"],
-            lost_tasks=lost["lost_tasks"],
-        )
-    return Reply(False, error=str(doc.get("error", "no reason given")))
+            if value is None:
+                continue
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ProtocolError(f"{name} must be an integer count")
+            if not 0 <= value <= MAX_COUNT:
+                raise ProtocolError(f"{name} must be between 0 and {MAX_COUNT}")
+        path = doc.get("path", "")
+        if not isinstance(path, str) or len(path) > MAX_TEXT:
+            raise ProtocolError(f"path must be a string of at most {MAX_TEXT} characters")
+        return Reply(True, path=path, lost_steps=lost["lost_steps"], lost_tasks=lost["lost_tasks"])
+    if ok is not False:
+        raise ProtocolError("ok must be true or false")
+    error = doc.get("error", "no reason given")
+    return Reply(False, error=(error if isinstance(error, str) else repr(error))[:MAX_TEXT])
 
 
 def _object(line: bytes) -> dict[str, Any]:
+    # Bounded before parsing (size, nesting) and while (the digits of a number, no NaN):
+    # the one bounded reader of everything that crosses a boundary (contracts/bounded.py).
     try:
-        doc = json.loads(line)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ProtocolError(f"not JSON: {exc}") from exc
+        doc = bounded.loads(line, what="message", max_bytes=MAX_LINE, max_depth=MAX_DEPTH)
+    except bounded.InputRejected as exc:
+        raise ProtocolError(str(exc)) from exc
     if not isinstance(doc, dict):
         raise ProtocolError("not a JSON object")
     return doc

@@ -7,9 +7,11 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
+from agent.checkpoint import naming, peer
 from agent.checkpoint.protocol import MAX_LINE, ProtocolError, Reply, Saved, decode_request
 
 log = logging.getLogger(__name__)
@@ -19,6 +21,12 @@ log = logging.getLogger(__name__)
 Callback = Callable[[str, float], str | Saved]
 
 DEFAULT_DIR = Path("/run/sco-agent/checkpoint")
+#: How long a connection may take to send its request line (then it is dropped).
+REQUEST_SECONDS = 5.0
+#: Connections served at once; more are closed at once (the agent opens one per drain).
+MAX_CONNECTIONS = 8
+#: How often a workload started before the agent made its job directory looks again.
+_DIR_POLL_SECONDS = 0.5
 
 
 def default_socket_path(env: dict[str, str] | None = None) -> Path:
@@ -26,15 +34,22 @@ def default_socket_path(env: dict[str, str] | None = None) -> Path:
     if explicit := env.get("SCO_CHECKPOINT_SOCKET"):
         return Path(explicit)
     directory = Path(env.get("SCO_CHECKPOINT_SOCKET_DIR", str(DEFAULT_DIR)))
-    if job := env.get("SLURM_JOB_ID"):
-        return directory / f"slurm-{job}.sock"
-    if (ns := env.get("POD_NAMESPACE")) and (pod := env.get("POD_NAME")):
-        return directory / f"pod-{ns}-{pod}.sock"
-    return directory / f"pid-{os.getpid()}.sock"
+    return naming.job_socket(directory, naming.name_from_env(env, os.getpid()))
 
 
 class CheckpointServer:
-    """Serves `handlers` (op -> callback) until `close()`; one request at a time.
+    """Serves `handlers` (op -> callback) until `close()`.
+
+    Each connection has its own thread and a deadline for its request
+    (`REQUEST_SECONDS`): a slow or silent connection never delays another. Callbacks run
+    one at a time. Only the node agent is answered (`agent.checkpoint.peer.agent_uids`:
+    root, this process's user, the owner of the socket dir); anyone else is refused
+    before its request is read, and `refused` counts them.
+
+    The socket's directory is the job's own (`agent.checkpoint.jobdirs`): when it is not
+    there yet (the agent makes it on its next pass over the node's jobs) and cannot be
+    made here, the server waits for it in the background; `listening` is set once the
+    socket is bound.
 
     `answered` is set once an ok reply to `checkpoint` or `decommission` has been sent
     (`answered_path` holds its path): from then on the agent knows where the state went
@@ -46,51 +61,111 @@ class CheckpointServer:
     `server.answered.wait()` loses no step to the time the reply takes.
     """
 
-    def __init__(self, path: Path, handlers: dict[str, Callback]) -> None:
+    def __init__(
+        self,
+        path: Path,
+        handlers: dict[str, Callback],
+        *,
+        allowed_uids: frozenset[int] | None = None,
+    ) -> None:
         self.path = path
         self._handlers = handlers
+        self._allowed = allowed_uids
         self.answered = threading.Event()
         self.answered_path = ""
         self.early_saves = 0  # early checkpoints answered (the workload kept running)
+        self.refused = 0  # connections from someone other than the agent
         # Set when a drain's checkpoint or decommission request arrives, before its callback
         # runs: a training loop that checks it takes no step after the one being saved
         # (none is lost), then waits for `answered` to exit.
         self.draining = threading.Event()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()  # a socket left by an earlier run of this job
-        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._sock.bind(str(path))
-        os.chmod(path, 0o660)
-        self._sock.listen(4)
+        self.listening = threading.Event()
+        self._callback = threading.Lock()
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self._closed = threading.Event()
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        if self._directory_ready():
+            self._bind()
         self._thread = threading.Thread(target=self._serve, name="sco-checkpoint", daemon=True)
         self._thread.start()
 
+    def _directory_ready(self) -> bool:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except PermissionError:
+            return False  # the agent makes it: wait in the background
+        return True
+
+    def _bind(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()  # a socket left by an earlier run of this job
+        self._sock.bind(str(self.path))
+        # Open mode: the job's directory (its user and the agent only) is the gate, and the
+        # peer check below answers only the agent.
+        os.chmod(self.path, 0o666)
+        if self._allowed is None:
+            self._allowed = peer.agent_uids(self.path)
+        self._sock.listen(MAX_CONNECTIONS)
+        self.listening.set()
+
     def _serve(self) -> None:
+        if not self.listening.is_set():
+            log.info("waiting for the node agent to make %s", self.path.parent)
+            while not self._closed.wait(_DIR_POLL_SECONDS):
+                if self.path.parent.is_dir():
+                    try:
+                        self._bind()
+                        break
+                    except OSError as exc:
+                        log.warning("cannot bind %s yet: %s", self.path, exc)
+            else:
+                return
         while not self._closed.is_set():
             try:
                 conn, _ = self._sock.accept()
             except OSError:
                 return  # closed
-            with conn:
-                try:
-                    self._handle(conn)
-                except OSError as exc:
-                    log.warning("checkpoint connection failed: %s", exc)
+            if not self._slots.acquire(blocking=False):
+                conn.close()  # too many at once (only the job's user and the agent can)
+                continue
+            threading.Thread(
+                target=self._connection, args=(conn,), name="sco-checkpoint-conn", daemon=True
+            ).start()
 
-    def _handle(self, conn: socket.socket) -> None:
-        conn.settimeout(10)
+    def _connection(self, conn: socket.socket) -> None:
+        try:
+            with conn:
+                self._handle(conn)
+        except OSError as exc:
+            log.warning("checkpoint connection failed: %s", exc)
+        finally:
+            self._slots.release()
+
+    def _read_request(self, conn: socket.socket) -> bytes:
+        deadline = time.monotonic() + REQUEST_SECONDS
         buf = b""
-        while b"\n" not in buf and len(buf) < MAX_LINE:
+        while b"\n" not in buf and len(buf) <= MAX_LINE:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("no request line in time")
+            conn.settimeout(left)
             chunk = conn.recv(4096)
             if not chunk:
                 break
             buf += chunk
         conn.settimeout(None)
+        return buf.split(b"\n", 1)[0]
+
+    def _handle(self, conn: socket.socket) -> None:
+        who = peer.peer_credentials(conn)
+        if self._allowed is not None and who.uid not in self._allowed:
+            self.refused += 1
+            log.warning("refused a checkpoint connection from uid %d (pid %d)", who.uid, who.pid)
+            conn.sendall(Reply(False, error=f"uid {who.uid} is not the node agent").encode())
+            return
         try:
-            request = decode_request(buf.split(b"\n", 1)[0])
-        except ProtocolError as exc:
+            request = decode_request(self._read_request(conn))
+        except (ProtocolError, TimeoutError) as exc:
             conn.sendall(Reply(False, error=str(exc)).encode())
             return
         if request.op == "ping":
@@ -101,12 +176,24 @@ class CheckpointServer:
         if handler is None:
             conn.sendall(Reply(False, error=f"no handler for {request.op}").encode())
             return
+        with self._callback:
+            self._run(conn, request.op, request.reason, request.deadline, handler, early)
+
+    def _run(
+        self,
+        conn: socket.socket,
+        op: str,
+        reason: str,
+        deadline: float,
+        handler: Callback,
+        early: bool,
+    ) -> None:
         if not early:
             self.draining.set()
         try:
-            result = handler(request.reason, request.deadline)
+            result = handler(reason, deadline)
         except Exception as exc:  # the workload's failure goes back to the agent
-            log.exception("%s callback failed", request.op)
+            log.exception("%s callback failed", op)
             self.draining.clear()  # nothing saved: the job goes on until forced
             conn.sendall(Reply(False, error=f"{type(exc).__name__}: {exc}").encode())
             return

@@ -57,11 +57,6 @@ def _is_s3(base_uri: str) -> bool:
     return base_uri.startswith("s3://")
 
 
-def latest_s3_step(base_uri: str) -> int | None:
-    """The newest complete (marked) checkpoint step under an `s3://` base."""
-    return s3_store.latest(s3_store.client(), s3_store.S3Location.parse(base_uri))
-
-
 def latest_step(base_uri: str) -> tuple[int, Path] | None:
     """The newest complete checkpoint under a `file://` base (its step and directory)."""
     base = _base(base_uri)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
 
+from agent.checkpoint.peer import JobOwner
 from contracts.matching import PodIdentity, SlurmIdentity
 from contracts.model import CONTRACT_LABEL, contract_tag_in_comment
 
@@ -20,13 +21,24 @@ class Workload:
     """One unit of work on the node: a Slurm job or a Kubernetes pod."""
 
     id: str  # Slurm job id, or "<namespace>/<pod>"
-    socket_name: str  # its checkpoint socket in the socket dir: "<socket_name>.sock"
+    # Its checkpoint socket: <socket dir>/<socket_name>/sock (agent.checkpoint.naming).
+    socket_name: str
     account: str = ""
     partition: str = ""
     comment: str = ""
     namespace: str = ""
     labels: dict[str, str] = field(default_factory=dict)
     started_at: datetime | None = None  # when the scheduler says it started (lost work)
+    # Who it runs as, as far as the scheduler says: the only peer its checkpoint socket may
+    # have (agent.checkpoint.peer). uid None: whoever owns its socket directory.
+    uid: int | None = None
+    gid: int | None = None
+    # Strings of which one must appear in /proc/<pid>/cgroup of the process serving its
+    # socket: a pod's uid, a Slurm job's `/job_<id>/`. Empty: not checked.
+    cgroup_markers: tuple[str, ...] = ()
+
+    def owner(self) -> JobOwner:
+        return JobOwner(self.uid, self.gid, self.cgroup_markers)
 
     def identity(self) -> SlurmIdentity | PodIdentity:
         """What decides its contract (contracts.matching). Every pod has a namespace; a
@@ -34,6 +46,11 @@ class Workload:
         if self.namespace:
             return PodIdentity(self.labels.get(CONTRACT_LABEL), self.namespace, self.labels)
         return SlurmIdentity(contract_tag_in_comment(self.comment), self.account, self.partition)
+
+
+def pod_cgroup_markers(pod_uid: str) -> tuple[str, ...]:
+    """cgroupfs driver: .../pod<uid>/...; systemd driver: ...-pod<uid with _>.slice."""
+    return (f"pod{pod_uid}", f"pod{pod_uid.replace('-', '_')}")
 
 
 class SchedulerError(RuntimeError):
@@ -44,10 +61,6 @@ class SchedulerError(RuntimeError):
         super().__init__(message)
         self.not_found = not_found
         self.retryable = retryable
-
-
-def is_not_found(exc: BaseException) -> bool:
-    return isinstance(exc, SchedulerError) and exc.not_found
 
 
 class NodeScheduler(Protocol):

@@ -23,9 +23,32 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from agent.scheduler import SchedulerError, Workload
+from agent.checkpoint import naming
+from agent.scheduler import SchedulerError, Workload, pod_cgroup_markers
 
 log = logging.getLogger(__name__)
+
+
+def _runs_as(spec: dict[str, Any]) -> tuple[int | None, int | None]:
+    """The uid and gid every container of the pod runs as, from its securityContexts (a
+    container's own over the pod's); None when they differ or the pod does not say (the
+    image's user, which the API does not know). A pod without a declared runAsUser gets no
+    checkpoint directory: declare one for checkpoint and decommission contracts."""
+    pod_ctx = spec.get("securityContext") or {}
+    uids, gids = set(), set()
+    for container in spec.get("containers") or []:
+        ctx = container.get("securityContext") or {}
+        uids.add(ctx.get("runAsUser", pod_ctx.get("runAsUser")))
+        gids.add(ctx.get("runAsGroup", pod_ctx.get("runAsGroup")))
+
+    def one(values: set[Any]) -> int | None:
+        if len(values) != 1:
+            return None
+        [value] = values
+        valid = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+        return value if valid else None
+
+    return one(uids), one(gids)
 
 
 class KubernetesScheduler:
@@ -100,12 +123,17 @@ class KubernetesScheduler:
             if "kubernetes.io/config.mirror" in (meta.get("annotations") or {}):
                 continue  # static pods cannot be evicted through the API
             ns, name = meta.get("namespace", "default"), meta.get("name", "")
+            uid, gid = _runs_as(pod.get("spec") or {})
             found.append(
                 Workload(
                     id=f"{ns}/{name}",
-                    socket_name=f"pod-{ns}-{name}",
+                    socket_name=naming.pod(ns, name),
                     namespace=ns,
                     labels=dict(meta.get("labels") or {}),
+                    uid=uid,
+                    gid=gid,
+                    # Never empty for a pod: an empty marker would match any cgroup.
+                    cgroup_markers=pod_cgroup_markers(str(meta.get("uid") or f"?{ns}/{name}")),
                 )
             )
         return found

@@ -13,13 +13,16 @@ import logging
 import os
 from datetime import UTC, datetime
 
+from agent.checkpoint import naming
 from agent.scheduler import SchedulerError, Workload
 
 log = logging.getLogger(__name__)
 
-# %i job id, %a account, %P partition, %T state, %S start time (Unix seconds, see
-# _TIME_ENV), %k comment (last: it may contain '|').
-_FORMAT = "%i|%a|%P|%T|%S|%k"
+# %i job id (an array task's as <base>_<index>), %A the unique job id (SLURM_JOB_ID in the
+# job: its checkpoint socket's name and its cgroup's), %a account, %P partition, %T state,
+# %S start time (Unix seconds, see _TIME_ENV), %U and %G the job's numeric user and group
+# (its checkpoint socket's only peer), %k comment (last: it may contain '|').
+_FORMAT = "%i|%A|%a|%P|%T|%S|%U|%G|%k"
 _TIME_ENV = {"SLURM_TIME_FORMAT": "%s"}
 _ACTIVE = {"RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "STOPPED", "RESIZING"}
 _GONE = ("invalid job id", "already completed", "is pending execution", "job has finished")
@@ -28,9 +31,12 @@ _GONE = ("invalid job id", "already completed", "is pending execution", "job has
 class SlurmScheduler:
     kind = "slurm"
 
-    def __init__(self, *, dry_run: bool, timeout: float = 15.0) -> None:
+    def __init__(self, *, dry_run: bool, timeout: float = 15.0, cgroup_check: bool = False) -> None:
         self.dry_run = dry_run
         self._timeout = timeout
+        # The process answering for a job must run in the job's cgroup (proctrack/cgroup or
+        # task/cgroup: .../job_<id>/...): another process of the same user cannot answer.
+        self._cgroup_check = cgroup_check
 
     async def _run(self, *args: str) -> str:
         try:
@@ -65,18 +71,21 @@ class SlurmScheduler:
         out = await self._run("squeue", "--noheader", "--nodelist", node, "-o", _FORMAT)
         found = []
         for line in out.splitlines():
-            parts = line.split("|", 5)
-            if len(parts) != 6 or parts[3] not in _ACTIVE:
+            parts = line.split("|", 8)
+            if len(parts) != 9 or parts[4] not in _ACTIVE:
                 continue
-            job_id, account, partition, _, start, comment = parts
+            job_id, unique_id, account, partition, _, start, uid, gid, comment = parts
             found.append(
                 Workload(
                     id=job_id,
-                    socket_name=f"slurm-{job_id}",
+                    socket_name=naming.slurm_job(unique_id),
                     account=account,
                     partition=partition,
                     comment="" if comment == "(null)" else comment,
                     started_at=_started_at(start),
+                    uid=_id(uid),
+                    gid=_id(gid),
+                    cgroup_markers=(f"/job_{unique_id}/",) if self._cgroup_check else (),
                 )
             )
         return found
@@ -98,6 +107,12 @@ class SlurmScheduler:
                 return
             log.warning("requeue of %s failed (%s); cancelling it", workload.id, exc)
             await self._run("scancel", "--signal=KILL", "--full", workload.id)
+
+
+def _id(field: str) -> int:
+    """A numeric uid or gid from squeue; -1 (nobody's) when it gave none: no process
+    matches it, so the job's socket is never trusted and no directory is made for it."""
+    return int(field) if field.isdigit() else -1
 
 
 def _started_at(field: str) -> datetime | None:

@@ -25,6 +25,7 @@ leases are far in the future (+20 / +30 days) so they overlap nobody's reservati
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -36,6 +37,7 @@ from activities.provider.errors import NotFound
 from activities.provider.interface import CreateRequest, InstanceStatus, ProviderInstance
 from activities.provider.openstack import OpenStackProvider
 from tests.support.testcloud import provider_or_skip
+from tests.support.wait import eventually_async
 
 pytestmark = [
     pytest.mark.testcloud,
@@ -62,13 +64,28 @@ async def blazar_async(p: OpenStackProvider, method: str, url: str, **kw: Any) -
 
 async def launch(p: OpenStackProvider, req: CreateRequest) -> ProviderInstance:
     inst = await p.create(req)
-    for _ in range(300):
-        if inst.status is not InstanceStatus.BUILD:
-            break
-        await asyncio.sleep(0.2)
-        inst = await p.get(inst.provider_id)
+    if inst.status is InstanceStatus.BUILD:
+        inst = await eventually_async(
+            lambda: _built(p, inst.provider_id),
+            timeout=300,
+            what=f"{inst.provider_id} out of BUILD",
+            retrying=(),
+        )
     assert inst.status is InstanceStatus.ACTIVE, inst
     return inst
+
+
+async def _built(p: OpenStackProvider, provider_id: str) -> ProviderInstance | None:
+    inst = await p.get(provider_id)
+    return None if inst.status is InstanceStatus.BUILD else inst
+
+
+async def _gone(p: OpenStackProvider, provider_id: str) -> bool:
+    try:
+        await p.get(provider_id)
+    except NotFound:
+        return True
+    return False
 
 
 async def make_lease(
@@ -173,11 +190,12 @@ async def test_a_pending_host_lease_reclaims_the_hosts_reclaimables_at_its_start
         if server is not None:
             try:
                 await p.delete(server.provider_id)
-                for _ in range(300):
-                    await p.get(server.provider_id)
-                    await asyncio.sleep(0.2)
-            except NotFound:
-                pass
+                await eventually_async(
+                    functools.partial(_gone, p, server.provider_id),
+                    timeout=300,
+                    what=f"{server.provider_id} deleted",
+                    retrying=(),
+                )
             except BaseException as exc:
                 errors.append(exc)
         await p.close()

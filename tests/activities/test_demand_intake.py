@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import json
 import subprocess
-import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -33,6 +32,7 @@ from tests.support import histories, tools
 from tests.support.control_harness import Harness, install_example_bundle, poll_until, region_worker
 from tests.support.k8s_recorded_server import recorded_k8s_server, write_kubeconfig
 from tests.support.slurm_cluster import SlurmCluster, _stop, slurm_cluster
+from tests.support.wait import WaitTimeout, eventually
 from workers.cli.main import app
 from workers.demand_sources import sources_for
 from workers.settings import Settings
@@ -73,10 +73,17 @@ def slurm() -> Iterator[SlurmCluster]:
         other = ["-p", "spot", "-A", "other", "--comment=sco-contract=ci"]
         assert cluster.run("sbatch", *other, "--wrap", "true").returncode == 0
         # Until the scheduler has placed the first two on the CLOUD nodes.
-        deadline = time.monotonic() + 30
-        while cluster.run("squeue", "-h", "-t", "CF", "-o", "%i").stdout.split() != ["1", "2"]:
-            assert time.monotonic() < deadline, cluster.run("squeue").stdout
-            time.sleep(0.2)
+        try:
+            eventually(
+                lambda: (
+                    cluster.run("squeue", "-h", "-t", "CF", "-o", "%i").stdout.split() == ["1", "2"]
+                ),
+                timeout=90,
+                what="jobs 1 and 2 configuring on the CLOUD nodes",
+                retrying=(),
+            )
+        except WaitTimeout as exc:
+            raise WaitTimeout(f"{exc}\n{cluster.run('squeue').stdout}") from exc
         yield cluster
     finally:
         ctx.__exit__(None, None, None)
@@ -109,12 +116,19 @@ def slurmrestd(slurm: SlurmCluster) -> Iterator[str]:
             stdout=out,
             stderr=subprocess.STDOUT,
         )
-    deadline = time.monotonic() + 15
-    while not sock.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            _stop(proc)
-            pytest.skip(f"slurmrestd did not start: {(slurm.dir / 'slurmrestd.out').read_text()}")
-        time.sleep(0.1)
+
+    def listening() -> bool:
+        if proc.poll() is not None:
+            raise RuntimeError(f"slurmrestd exited {proc.returncode}")
+        return sock.exists()
+
+    try:
+        eventually(listening, timeout=30, what=f"slurmrestd's socket {sock}", retrying=())
+    except (RuntimeError, WaitTimeout) as exc:
+        _stop(proc)
+        pytest.skip(
+            f"slurmrestd did not start ({exc}): {(slurm.dir / 'slurmrestd.out').read_text()}"
+        )
     yield f"unix:{sock}"
     _stop(proc)
 

@@ -41,6 +41,7 @@ def test_a_held_ledger_lets_a_waiting_reader_in_and_opens_again(tmp_path: Path) 
         def between_batches() -> None:  # the consumer's loop, without Kafka
             while not stop.is_set():
                 store.release_if_wanted()
+                # sleep is the behaviour under test: the consumer's pace between batches
                 time.sleep(0.1)
 
         loop = threading.Thread(target=between_batches, daemon=True)

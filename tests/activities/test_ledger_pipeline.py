@@ -14,11 +14,12 @@ import pytest
 
 from activities.events import CapacityType, EventKind, lifecycle_topic, region_topics
 from activities.fleet import dead_letters
-from activities.fleet.relay import OutboxRelay
 from activities.fleet.repository import FleetRepository, InstanceSpec
 from activities.ledger import LedgerStore, reclaims_per_pool, spend
-from activities.ledger.consumer import LedgerConsumer
 from contracts.region import Region
+from services.ledger_consumer.consumer import LedgerConsumer
+from services.outbox_relay.relay import OutboxRelay
+from tests.support.wait import eventually
 
 
 def run_lifecycles(repo: FleetRepository, region: Region, prefix: str, n: int) -> list[str]:
@@ -37,7 +38,8 @@ def run_lifecycles(repo: FleetRepository, region: Region, prefix: str, n: int) -
         )
         repo.record_event(iid, EventKind.READY)
         ids.append(iid)
-    time.sleep(0.2)  # let the instances accrue a measurable amount of time
+    # sleep is the behaviour under test: the instances accrue a measurable amount of time
+    time.sleep(0.2)
     for iid in ids[: n // 2]:
         repo.record_event(iid, EventKind.NOTICE)
         repo.record_event(iid, EventKind.DELETE)
@@ -70,11 +72,15 @@ def test_replaying_the_topic_gives_the_same_spend(
     thread.start()
     with psycopg.connect(pg_dsn) as conn:
         total = int(conn.execute("SELECT count(*) FROM outbox").fetchone()[0])  # type: ignore[index]
-    deadline = time.monotonic() + 60
-    while relay.progress.published < total and time.monotonic() < deadline:
-        time.sleep(0.1)
-    stop.set()
-    thread.join(10)
+    try:
+        eventually(
+            lambda: relay.progress.published >= total,
+            timeout=120,
+            what=f"all {total} outbox rows published",
+        )
+    finally:
+        stop.set()
+        thread.join(10)
 
     store = LedgerStore(f"chdb://{tmp_path / 'ledger'}")
     end = datetime.now(UTC) + timedelta(minutes=1)

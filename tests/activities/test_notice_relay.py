@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator
@@ -18,15 +17,16 @@ from nats.aio.msg import Msg
 
 from activities.events import CapacityType, EventKind, InstanceState
 from activities.fleet.repository import FleetRepository, InstanceSpec
-from activities.notice_relay import NoticeRelay
 from activities.provider.errors import NotFound
 from activities.provider.interface import CreateRequest
 from activities.provider.simulator import ReclaimModel, SimulatedCloud
 from contracts.keys import key_id
 from contracts.notice import ReclaimNotice, ReclaimRequest, hall_notice_subjects, notice_stream
 from contracts.region import Region
+from services.notice_relay.relay import NoticeRelay
+from tests.support.wait import checked, eventually_async
+from tests.support.worker_nats import NATS_URL
 
-NATS_URL = "nats://127.0.0.1:4222"
 KEY = SigningKey.generate()
 
 
@@ -108,10 +108,11 @@ async def test_a_reclaim_notices_the_node_then_deletes_it_after_the_deadline(
         # A pool-wide reclaim notices the rest of the pool.
         pool_wide = await relay.handle_request(ReclaimRequest(pool_id=pool_id))
         assert {n.node for n in pool_wide} >= set(nodes[1:])
-        for _ in range(50):
-            if {n.node for n in received} >= set(nodes):
-                break
-            await asyncio.sleep(0.05)
+        await eventually_async(
+            checked(lambda: {n.node for n in received} >= set(nodes)),
+            timeout=30,
+            what="a notice for every node",
+        )
         assert {n.node for n in received} >= set(nodes)
         assert all(n.subject.startswith("sco.r1.notice.D.") for n in received)
         await sub.unsubscribe()

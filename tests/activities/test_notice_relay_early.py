@@ -4,7 +4,6 @@ both durable in fleet state."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from datetime import UTC, datetime, timedelta
 
@@ -16,6 +15,7 @@ from activities.provider.simulator import SimulatedCloud
 from contracts.notice import ReclaimNotice, ReclaimRequest, hall_notice_subjects
 from contracts.region import Region
 from tests.activities.test_notice_relay import launch, relay_on_nats
+from tests.support.wait import checked, eventually_async
 
 LEAD = timedelta(seconds=120)
 
@@ -71,10 +71,11 @@ async def test_a_planned_reclaim_warns_early_then_notices_at_its_time_minus_lead
         )
         assert not now_notice.early
 
-        for _ in range(100):
-            if {warning.notice_id, hard.notice_id} <= {n.notice_id for n in received}:
-                break
-            await asyncio.sleep(0.05)
+        await eventually_async(
+            checked(lambda: {warning.notice_id, hard.notice_id} <= {n.notice_id for n in received}),
+            timeout=30,
+            what="the early warning and the hard notice received",
+        )
         assert {warning.notice_id, hard.notice_id} <= {n.notice_id for n in received}
         await sub.unsubscribe()
 

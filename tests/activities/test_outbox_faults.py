@@ -25,14 +25,15 @@ from activities.events import (
 )
 from activities.fleet import dead_letters
 from activities.fleet.migrate import migrate
-from activities.fleet.relay import OutboxRelay
 from activities.kafka import TopicSpec, ensure_topics
-from activities.ledger.consumer import LedgerConsumer
 from activities.ledger.store import TABLE, LedgerStore
+from services.ledger_consumer.consumer import LedgerConsumer
+from services.outbox_relay.relay import OutboxRelay
 from tests.support import chaos, services
 from tests.support.kafka_read import read_topic
 from tests.support.ledger_events import cpu_event
 from tests.support.paths import BASE_DSN, REPO
+from tests.support.wait import eventually
 from workers.devbox.services import KafkaService
 from workers.settings import Settings
 
@@ -143,7 +144,8 @@ def test_the_relay_recovers_from_a_broker_restart_by_itself(outbox_db: str, tmp_
         during = [event_payload(f"d{n}") for n in range(50)]
         for p in during:
             enqueue_raw(outbox_db, p)
-        time.sleep(4)  # past message_timeout_ms: the relay's messages expired meanwhile
+        # sleep is the behaviour under test: down past message_timeout_ms, messages expire
+        time.sleep(4)
         broker.start()  # the same address, nothing in it
         wait_sent(outbox_db, [], within=60)
         got = read_topic(
@@ -242,7 +244,7 @@ def test_events_reach_the_ledger_across_a_broker_restart(outbox_db: str, tmp_pat
         second = [event_payload(f"l2-{n}") for n in range(20)]
         for p in second:
             enqueue_raw(outbox_db, p)
-        time.sleep(4)  # past message_timeout_ms
+        time.sleep(4)  # sleep is the behaviour under test: the broker down past message_timeout_ms
         broker.start()
         expected = {str(p["event_id"]) for p in first + second}
         ledger = wait_in_ledger(store, expected, within=90)
@@ -275,8 +277,9 @@ def test_events_reach_the_ledger_across_a_frozen_broker(outbox_db: str, tmp_path
             for n, p in enumerate(second):  # churn goes on while the broker is frozen
                 enqueue_raw(outbox_db, p)
                 if n % 10 == 9:
-                    time.sleep(1)
-            time.sleep(6)  # frozen ~10 s: past 3 message timeouts and the 6 s session
+                    time.sleep(1)  # sleep is the behaviour under test: churn spread over the freeze
+            # sleep is the behaviour under test: frozen ~10 s, past 3 message timeouts, 6 s session
+            time.sleep(6)
             broker.thaw()
             frozen = False
             expected = {str(p["event_id"]) for p in first + second}
@@ -314,28 +317,40 @@ def test_events_reach_the_ledger_across_a_frozen_broker(outbox_db: str, tmp_path
 def wait_in_ledger(store: LedgerStore, ids: set[str], *, within: float) -> list[str]:
     """The ledger's event ids (deduplicated as the ledger reads: FINAL) once all `ids` are
     there; fails past `within` seconds."""
-    deadline = time.monotonic() + within
-    while True:
+
+    def all_there() -> list[str]:
         with store.session() as client:
             rows = client.query(f"SELECT toString(event_id) FROM {TABLE} FINAL").result_rows
         found = [str(r[0]) for r in rows if str(r[0]) in ids]
-        if ids <= set(found):
-            return found
-        assert time.monotonic() < deadline, f"{len(ids - set(found))} events not in the ledger"
-        time.sleep(0.5)
+        assert ids <= set(found), f"{len(ids - set(found))} events not in the ledger"
+        return found
+
+    return eventually(
+        all_there,
+        timeout=within,
+        what=f"{len(ids)} events in the ledger",
+        every=0.5,
+        retrying=AssertionError,  # a ledger error fails at once, as it did
+    )
 
 
 def wait_sent(dsn: str, ids: list[int], *, within: float) -> None:
     """Until the rows `ids` (every row when empty) are stamped sent."""
-    deadline = time.monotonic() + within
     with psycopg.connect(dsn, autocommit=True) as conn:
-        while True:
+
+        def all_sent() -> bool:
             row = conn.execute(
                 "SELECT count(*) FROM outbox WHERE sent_at IS NULL "
                 "AND (cardinality(%s::bigint[]) = 0 OR id = ANY(%s))",
                 (ids, ids),
             ).fetchone()
-            if row is not None and row[0] == 0:
-                return
-            assert time.monotonic() < deadline, f"{row} rows still unsent after {within} s"
-            time.sleep(0.2)
+            assert row is not None and row[0] == 0, f"{row} rows still unsent"
+            return True
+
+        eventually(
+            all_sent,
+            timeout=within,
+            what=f"outbox rows {ids or 'all'} sent",
+            every=0.2,
+            retrying=AssertionError,  # a database error fails at once, as it did
+        )

@@ -37,8 +37,8 @@ from activities.provider.sim_service import SimulatorClient, serve
 from activities.provider.simulator import Faults, ReclaimModel, SimulatedCloud
 from contracts.region import Region
 from tests.support.testcloud import provider_or_skip
-
-NATS_URL = "nats://127.0.0.1:4222"
+from tests.support.wait import eventually_async
+from tests.support.worker_nats import NATS_URL
 
 
 @dataclass
@@ -73,9 +73,14 @@ async def cloud(request: pytest.FixtureRequest, region_r1: Region) -> AsyncItera
     prefix = f"test{uuid.uuid4().hex[:8]}"  # no other test run answers our requests
     nc = await nats.connect(NATS_URL)
     server = asyncio.create_task(serve(sim, nc, prefix=prefix))
-    await asyncio.sleep(0.05)
     client = SimulatorClient(NATS_URL, "r1", prefix=prefix)
+
+    async def answering() -> bool:
+        await client.list_owned("r1")  # no responders until the server has subscribed
+        return True
+
     try:
+        await eventually_async(answering, timeout=10, what="the simulator service answering")
         yield Cloud(client, sim)
     finally:
         server.cancel()
@@ -99,12 +104,17 @@ def lease_request(hall: str, flavor: str, owner: str, amount: int = 1) -> Reserv
 
 
 async def until_active(p: CloudProvider, lease: Reservation) -> Reservation:
-    for _ in range(600):  # a real Blazar starts leases on a ~10 s poll
-        if lease.status == "ACTIVE":
-            return lease
-        await asyncio.sleep(0.2)
-        lease = next(r for r in await p.list_reservations("r1") if r.lease_id == lease.lease_id)
-    raise AssertionError(f"lease {lease.name} did not become ACTIVE")
+    if lease.status == "ACTIVE":
+        return lease
+
+    async def active() -> Reservation | None:
+        now = next(r for r in await p.list_reservations("r1") if r.lease_id == lease.lease_id)
+        return now if now.status == "ACTIVE" else None
+
+    # A real Blazar starts leases on a ~10 s poll.
+    return await eventually_async(
+        active, timeout=120, what=f"lease {lease.name} ACTIVE", every=0.2, first=0.2
+    )
 
 
 def request(region: Region, pool_id: str, name: str | None = None) -> CreateRequest:
@@ -121,15 +131,23 @@ def request(region: Region, pool_id: str, name: str | None = None) -> CreateRequ
 async def launch(provider: CloudProvider, req: CreateRequest) -> ProviderInstance:
     """Create and wait for ACTIVE; a real cloud reports NoValidHost while booting, the
     simulator at create: both surface as InsufficientCapacity."""
-    inst = await provider.create(req)
-    for _ in range(600):
-        if inst.status is InstanceStatus.ACTIVE:
-            return inst
+
+    def booted(inst: ProviderInstance) -> ProviderInstance | None:
         if inst.status is InstanceStatus.ERROR:
             raise InsufficientCapacity(f"{req.name} went to ERROR")
-        await asyncio.sleep(0.2)
-        inst = await provider.get(inst.provider_id)
-    raise AssertionError(f"{req.name} did not become ACTIVE")
+        return inst if inst.status is InstanceStatus.ACTIVE else None
+
+    inst = await provider.create(req)
+    if up := booted(inst):
+        return up
+
+    async def active() -> ProviderInstance | None:
+        return booted(await provider.get(inst.provider_id))
+
+    # retrying=(): ERROR and the provider's errors end the wait at once, as they did.
+    return await eventually_async(
+        active, timeout=120, what=f"{req.name} ACTIVE", every=0.2, first=0.2, retrying=()
+    )
 
 
 async def test_implementations_are_cloud_providers(cloud: Cloud) -> None:
@@ -145,12 +163,18 @@ async def test_create_get_list_delete(cloud: Cloud, region_r1: Region) -> None:
     assert await p.list_owned("r2") == []
     await p.delete(created.provider_id)
     await p.delete(created.provider_id)  # already gone: still success
-    for _ in range(300):  # a real cloud deletes asynchronously
+
+    async def gone() -> bool:
         try:
             await p.get(created.provider_id)
         except NotFound:
-            break
-        await asyncio.sleep(0.2)
+            return True
+        return False
+
+    # A real cloud deletes asynchronously.
+    await eventually_async(
+        gone, timeout=60, what=f"{created.provider_id} deleted", every=0.2, retrying=()
+    )
     with pytest.raises(NotFound):
         await p.get(created.provider_id)
 
@@ -200,11 +224,16 @@ async def test_a_reservation_admits_its_amount_and_no_more(cloud: Cloud, region_
     extended = await p.extend_reservation(lease.lease_id, later)
     assert extended.end.replace(second=0, microsecond=0) == later.replace(second=0, microsecond=0)
     await p.delete_reservation(lease.lease_id)
-    for _ in range(300):
-        if all(r.lease_id != lease.lease_id for r in await p.list_reservations("r1")):
-            break
-        await asyncio.sleep(0.2)
+
+    async def lease_gone() -> bool:
+        return all(r.lease_id != lease.lease_id for r in await p.list_reservations("r1"))
+
+    await eventually_async(
+        lease_gone, timeout=60, what=f"lease {lease.lease_id} deleted", every=0.2, retrying=()
+    )
     assert all(r.lease_id != lease.lease_id for r in await p.list_reservations("r1"))
+    # Idempotent: a retried delete (or a cleanup after the keeper's own) finds it gone.
+    await p.delete_reservation(lease.lease_id)
 
 
 async def test_a_lease_is_listed_back_with_its_hall_flavor_name_and_owner(
@@ -252,11 +281,14 @@ async def test_an_error_server_is_listed_and_returned_to_a_retried_create(
         pid = next(
             i for i in await cloud.provider.list_owned("r1") if i.name == req.name
         ).provider_id
-    for _ in range(300):
-        failed = await cloud.provider.get(pid)
-        if failed.status is not InstanceStatus.BUILD:
-            break
-        await asyncio.sleep(0.2)
+
+    async def built() -> ProviderInstance | None:
+        now = await cloud.provider.get(pid)
+        return now if now.status is not InstanceStatus.BUILD else None
+
+    failed = await eventually_async(
+        built, timeout=60, what=f"{pid} out of BUILD", every=0.2, retrying=()
+    )
     assert failed.status is InstanceStatus.ERROR
     owned = {i.provider_id: i.status for i in await cloud.provider.list_owned("r1")}
     assert owned[failed.provider_id] is InstanceStatus.ERROR
@@ -291,12 +323,19 @@ async def test_a_duplicate_server_for_one_name_is_deleted(cloud: Cloud, region_r
     # racing creators still agree on one).
     assert again.provider_id in {first.provider_id, twin.id}
     assert (await cloud.provider.create(req)).provider_id == again.provider_id
-    for _ in range(300):
+
+    async def one_left() -> list[str]:
         left = [i.provider_id for i in await cloud.provider.list_owned("r1") if i.name == req.name]
-        if left == [again.provider_id]:
-            break
-        await asyncio.sleep(0.2)
-    assert left == [again.provider_id], f"one of {first.provider_id}, {twin.id} should be gone"
+        assert left == [again.provider_id], left
+        return left
+
+    await eventually_async(
+        one_left,
+        timeout=60,
+        what=f"one of {first.provider_id}, {twin.id} gone",
+        every=0.2,
+        retrying=AssertionError,
+    )
 
 
 async def test_injected_throttling_and_errors_are_typed(cloud: Cloud, region_r1: Region) -> None:

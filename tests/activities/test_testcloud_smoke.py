@@ -13,18 +13,18 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
-import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import openstack
 import pytest
 
 from contracts.region import Pool, Region, load_region
+from tests.support import prep
 from tests.support.paths import REPO
+from tests.support.testcloud import CLOUD, clouds_yaml, unavailable
+from tests.support.wait import eventually
 
 pytestmark = [
     pytest.mark.testcloud,
@@ -34,7 +34,6 @@ pytestmark = [
 ]
 
 
-CLOUD = "sco-testcloud"
 HALL = "B"
 NETWORK = "sco-net"
 IMAGE = "sco-image"
@@ -42,24 +41,13 @@ BOOT_TIMEOUT = 120
 LEASE_TIMEOUT = 90  # Blazar's manager starts leases on a 10 s poll
 
 
-def _unavailable(reason: str) -> NoReturn:
-    if os.environ.get("SCO_REQUIRE_TESTCLOUD") == "1":
-        pytest.fail(f"SCO_REQUIRE_TESTCLOUD=1 but {reason}", pytrace=False)
-    pytest.skip(reason)
-
-
-def _clouds_yaml() -> Path:
-    if os.environ.get("OS_CLIENT_CONFIG_FILE"):
-        return Path(os.environ["OS_CLIENT_CONFIG_FILE"])
-    base = Path(os.environ.get("SCO_TESTCLOUD_DIR") or REPO / ".sco" / "testcloud")
-    return base / "clouds.yaml"
-
-
 @pytest.fixture(scope="module")
 def conn() -> Iterator[Any]:
-    path = _clouds_yaml()
+    if (failed := prep.outcome("testcloud")) is not None:
+        unavailable(failed)
+    path = clouds_yaml()
     if not path.is_file():
-        _unavailable(
+        unavailable(
             f"no clouds.yaml for {CLOUD!r} at {path} "
             "(start the test cloud with deploy/testcloud/up.sh, or set OS_CLIENT_CONFIG_FILE)"
         )
@@ -69,9 +57,9 @@ def conn() -> Iterator[Any]:
             c = openstack.connect(cloud=CLOUD)
             c.authorize()
         except openstack.exceptions.ConfigException as e:
-            _unavailable(f"{path}: {e}")
+            unavailable(f"{path}: {e}")
         except Exception as e:  # keystone down: connection refused, timeout, ...
-            _unavailable(f"test cloud {CLOUD!r} ({path}) does not answer: {type(e).__name__}: {e}")
+            unavailable(f"test cloud {CLOUD!r} ({path}) does not answer: {type(e).__name__}: {e}")
         yield c
         c.close()
 
@@ -181,13 +169,15 @@ def test_blazar_instance_reservation_becomes_active_and_boots(conn: Any, region:
     )["lease"]
     server = None
     try:
-        t0 = time.monotonic()
-        while (lease := _blazar(conn, "get", f"/leases/{lease['id']}")["lease"])["status"] not in (
-            "ACTIVE",
-            "ERROR",
-        ):
-            assert time.monotonic() - t0 < LEASE_TIMEOUT, f"lease stuck in {lease['status']}"
-            time.sleep(1)
+        lease_id = lease["id"]
+
+        def settled() -> dict[str, Any] | None:
+            got: dict[str, Any] = _blazar(conn, "get", f"/leases/{lease_id}")["lease"]
+            return got if got["status"] in ("ACTIVE", "ERROR") else None
+
+        lease = eventually(
+            settled, timeout=LEASE_TIMEOUT, what=f"lease {lease_id} active", every=1, retrying=()
+        )
         assert lease["status"] == "ACTIVE", lease
         reservation = lease["reservations"][0]
         assert reservation["status"] == "active", reservation

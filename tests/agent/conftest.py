@@ -10,8 +10,7 @@ import pytest
 from nats.aio.client import Client
 
 from contracts.notice import notice_stream
-
-NATS_URL = "nats://127.0.0.1:4222"
+from tests.support.worker_nats import NATS_URL
 
 
 @pytest.fixture

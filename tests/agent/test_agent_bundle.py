@@ -112,7 +112,8 @@ async def test_dry_run_mutates_nothing(tmp_path: Path) -> None:
     class Spy(SlurmScheduler):
         async def _run(self, *args: str) -> str:
             calls.append(args)
-            return "42|ci|spot|RUNNING|1700000000|sco-contract=ci\n" if args[0] == "squeue" else ""
+            job = "42|42|ci|spot|RUNNING|1700000000|1000|1000|sco-contract=ci\n"
+            return job if args[0] == "squeue" else ""
 
     agent = Agent(
         agent_config(tmp_path, node="n", dry_run=True),
@@ -180,6 +181,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from agent.config import load_config
 from agent.daemon import Agent
+from tests.support.wait import checked, eventually_async
 
 async def main() -> None:
     agent = Agent(load_config(Path(sys.argv[1])))
@@ -188,8 +190,7 @@ async def main() -> None:
     meta = Path(sys.argv[2])
     deadline = (datetime.now(UTC) + timedelta(seconds=30)).isoformat()
     meta.write_text(json.dumps({"time": deadline}))
-    while not agent.reports:
-        await asyncio.sleep(0.02)
+    await eventually_async(checked(lambda: agent.reports), timeout=25, what="the drain report")
     stop.set()
     await run
     r = agent.reports[0]
@@ -206,10 +207,10 @@ def test_a_drain_needs_nothing_of_the_control_plane(tmp_path: Path) -> None:
     (port 1): the metadata notice still drains the one registered workload."""
     sockets = tmp_path / "sockets"
     server = subprocess.Popen(
-        [sys.executable, "-c", WORKLOAD_SCRIPT, str(sockets / "job-1.sock"), "0"], cwd=REPO
+        [sys.executable, "-c", WORKLOAD_SCRIPT, str(sockets / "job-1/sock"), "0"], cwd=REPO
     )
     try:
-        wait_for_path(sockets / "job-1.sock")
+        wait_for_path(sockets / "job-1/sock")
         path = tmp_path / "agent.toml"
         path.write_text(
             textwrap.dedent(f"""\

@@ -60,7 +60,7 @@ async def test_the_training_workload_checkpoints_within_the_deadline(
     tmp_path: Path, workload_process: Any
 ) -> None:
     agent, scheduler = training_agent(tmp_path, "31")
-    workload_process(tmp_path / "sockets" / "slurm-31.sock", 0.3)
+    workload_process(tmp_path / "sockets" / "slurm_31/sock", 0.3)
     n = Notice("c1", "g1", datetime.now(UTC) + timedelta(seconds=20), "reclaim", "test")
     started = time.monotonic()
     await agent.submit(n)
@@ -78,7 +78,7 @@ async def test_a_workload_that_does_not_answer_is_forced_after_the_bound(
 ) -> None:
     # llm-train's grace is 100 s; the deadline is 3 s away with a 1 s margin: bound 2 s.
     agent, scheduler = training_agent(tmp_path, "32", safety_margin_seconds=1.0)
-    workload_process(tmp_path / "sockets" / "slurm-32.sock", 60)
+    workload_process(tmp_path / "sockets" / "slurm_32/sock", 60)
     n = Notice("c2", "g1", datetime.now(UTC) + timedelta(seconds=3), "reclaim", "test")
     started = time.monotonic()
     await agent.submit(n)
@@ -250,7 +250,7 @@ async def test_a_spark_executor_decommissions_and_leaves_without_being_forced(
         scheduler.workloads_on_node = []  # the executor migrated its blocks and exited
         return ""
 
-    server = register(decommission=decommission, socket_path=tmp_path / "sockets/exec-1.sock")
+    server = register(decommission=decommission, socket_path=tmp_path / "sockets/exec-1/sock")
     agent = Agent(agent_config(tmp_path, node="s1"), scheduler=scheduler, sources=[])
     try:
         await agent.submit(Notice("d1", "s1", datetime.now(UTC) + timedelta(seconds=30), "", "t"))

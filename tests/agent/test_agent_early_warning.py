@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ from contracts.notice import NoticeStage, ReclaimNotice
 from contracts.notice_signing import sign
 from tests.agent.test_agent_checkpoint import workload_process
 from tests.agent.test_agent_dcp import _start
-from tests.support.agent_fakes import notice_key, training_agent
+from tests.support.agent_fakes import notice_key, registered, training_agent
 
 __all__ = ["workload_process"]  # the fixture, shared with the checkpoint tests
 
@@ -53,7 +52,7 @@ async def test_an_opted_in_job_saves_on_the_early_warning_and_keeps_running(
     tmp_path: Path, workload_process: Any
 ) -> None:
     agent, scheduler = training_agent(tmp_path, "41", early_warning=EarlyWarningAction.CHECKPOINT)
-    proc = workload_process(tmp_path / "sockets" / "slurm-41.sock", 0)
+    proc = workload_process(tmp_path / "sockets" / "slurm_41/sock", 0)
     await agent.submit(signed(tmp_path, seconds=900, early=True))
     await agent._drain(agent.queue.get_nowait())
     early = agent.reports[-1]
@@ -79,7 +78,7 @@ async def test_an_early_warning_leaves_jobs_that_did_not_opt_in_alone(
     tmp_path: Path, workload_process: Any
 ) -> None:
     agent, scheduler = training_agent(tmp_path, "42")  # llm-train without early_warning
-    proc = workload_process(tmp_path / "sockets" / "slurm-42.sock", 0)
+    proc = workload_process(tmp_path / "sockets" / "slurm_42/sock", 0)
     await agent.submit(signed(tmp_path, seconds=900, early=True))
     await agent._drain(agent.queue.get_nowait())
     assert agent.reports[-1].early and agent.reports[-1].workloads == []
@@ -87,7 +86,7 @@ async def test_an_early_warning_leaves_jobs_that_did_not_opt_in_alone(
 
 
 async def test_an_early_decommission_cordons_and_waits_for_the_job_to_leave(
-    tmp_path: Path,
+    short_tmp: Path,
 ) -> None:
     """Spark: the executor leaves on the warning; the node is cordoned so it does not come
     back to a doomed node."""
@@ -98,11 +97,11 @@ async def test_an_early_decommission_cordons_and_waits_for_the_job_to_leave(
     from tests.support.agent_fakes import RecordingScheduler, agent_config, signed_bundle
 
     raw, trust, _ = signed_bundle(
-        tmp_path,
+        short_tmp,
         notice_regions=["r1"],
         early_warning={"spark-etl": EarlyWarningAction.DECOMMISSION},
     )
-    assert BundleCache(tmp_path / "cache", TrustStore.load(trust)).offer(raw).accepted
+    assert BundleCache(short_tmp / "cache", TrustStore.load(trust)).offer(raw).accepted
     executor = Workload(
         id="data-pipelines/etl-exec-1",
         socket_name="pod-data-pipelines-etl-exec-1",
@@ -110,7 +109,7 @@ async def test_an_early_decommission_cordons_and_waits_for_the_job_to_leave(
         labels={"app.kubernetes.io/component": "spark-executor", "sco.io/contract": "spark-etl"},
     )
     scheduler = RecordingScheduler([executor])
-    agent = Agent(agent_config(tmp_path, node="g1"), scheduler=scheduler, sources=[])
+    agent = Agent(agent_config(short_tmp, node="g1"), scheduler=scheduler, sources=[])
 
     def decommission(reason: str, deadline: float) -> str:
         scheduler.workloads_on_node = []  # the executor migrated its blocks and exited
@@ -118,9 +117,9 @@ async def test_an_early_decommission_cordons_and_waits_for_the_job_to_leave(
 
     with register(
         decommission=decommission,
-        socket_path=tmp_path / "sockets" / "pod-data-pipelines-etl-exec-1.sock",
+        socket_path=short_tmp / "sockets" / "pod-data-pipelines-etl-exec-1/sock",
     ):
-        await agent.submit(signed(tmp_path, seconds=900, early=True))
+        await agent.submit(signed(short_tmp, seconds=900, early=True))
         await agent._drain(agent.queue.get_nowait())
     [outcome] = agent.reports[-1].workloads
     assert (outcome.contract, outcome.result) == ("spark-etl", "decommissioned")
@@ -136,19 +135,17 @@ async def test_a_dcp_job_warned_early_loses_at_most_one_step(tmp_path: Path) -> 
 
     agent, _ = training_agent(tmp_path, "43", early_warning=EarlyWarningAction.CHECKPOINT)
     base = f"file://{tmp_path / 'ckpt'}"
-    sock = tmp_path / "sockets" / "slurm-43.sock"
+    sock = tmp_path / "sockets" / "slurm_43/sock"
     proc = _start(tmp_path, "43", base, tmp_path / "run1.json")
     try:
-        end = time.monotonic() + 150  # torch's import: seconds, a minute on a loaded box
-        while not sock.exists():
-            assert proc.poll() is None and time.monotonic() < end, "the job never registered"
-            await asyncio.sleep(0.05)
+        await registered(proc, sock, within=150)  # torch's import: a minute on a loaded box
         await agent.submit(signed(tmp_path, seconds=900, early=True))
         await agent._drain(agent.queue.get_nowait())
         [early] = agent.reports[-1].workloads
         assert early.result == "saved" and proc.poll() is None
         early_step = int(early.path.rsplit("-", 1)[1])
-        await asyncio.sleep(0.5)  # it trains on after the early save
+        # sleep is the behaviour under test: it trains on (more steps) after the early save
+        await asyncio.sleep(0.5)
         await agent.submit(signed(tmp_path, seconds=60, early=False))
         await agent._drain(agent.queue.get_nowait())
         assert await asyncio.to_thread(proc.wait, 20) == 0

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import textwrap
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -22,8 +22,9 @@ from agent.scheduler import Workload
 from contracts.distribution import bucket_for, publish
 from tests.support.agent_fakes import RecordingScheduler, agent_config, signed_bundle
 from tests.support.paths import REPO
+from tests.support.wait import checked, eventually_async
+from tests.support.worker_nats import NATS_URL
 
-NATS_URL = "nats://127.0.0.1:4222"
 pytestmark = pytest.mark.timeout(60)
 
 
@@ -123,17 +124,13 @@ def _notice(name: str) -> Notice:
     return Notice(name, "fresh-1", datetime.now(UTC) + timedelta(seconds=60), "test", "test")
 
 
-async def _until(predicate: object, seconds: float = 30) -> None:
-    assert callable(predicate)
-    end = asyncio.get_running_loop().time() + seconds
-    while not predicate():
-        assert asyncio.get_running_loop().time() < end, "timed out"
-        await asyncio.sleep(0.05)
+async def _until(predicate: Callable[[], object], what: str, seconds: float = 30) -> None:
+    await eventually_async(checked(predicate), timeout=seconds, what=what)
 
 
 def _agent(tmp: Path, region: str) -> tuple[Agent, RecordingScheduler]:
     scheduler = RecordingScheduler(
-        [Workload(id="7", socket_name="slurm-7", account="ci", partition="spot", comment="")]
+        [Workload(id="7", socket_name="slurm_7", account="ci", partition="spot", comment="")]
     )
     config = agent_config(
         tmp,
@@ -174,18 +171,19 @@ async def test_a_fresh_agent_drains_conservatively_until_the_bundle_is_published
         await asyncio.wait_for(agent.ready.wait(), 30)  # it serves without a bundle
         assert "NO CONTRACT BUNDLE YET (fresh node: none published yet" in caplog.text
         await agent.submit(_notice("before"))
-        await _until(lambda: len(agent.reports) == 1)
+        await _until(lambda: len(agent.reports) == 1, "the first drain report")
         before = agent.reports[0]
         assert before.conservative and before.bundle_serial is None
         assert [w.result for w in before.workloads] == ["requeued"]
 
         await publish(NATS_URL, region, raw)
-        await _until(lambda: agent.bundles.current() is not None)  # 0.2 s retries, not 600 s
+        # 0.2 s retries, not 600 s
+        await _until(lambda: agent.bundles.current() is not None, "the first bundle")
         agent.scheduler.workloads_on_node.append(  # type: ignore[attr-defined]
-            Workload(id="8", socket_name="slurm-8", account="ci", partition="spot", comment="")
+            Workload(id="8", socket_name="slurm_8", account="ci", partition="spot", comment="")
         )
         await agent.submit(_notice("after"))
-        await _until(lambda: len(agent.reports) == 2)
+        await _until(lambda: len(agent.reports) == 2, "the second drain report")
         after = agent.reports[1]
         assert not after.conservative and after.bundle_serial == 4
     finally:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -25,8 +26,9 @@ from contracts.keys import TrustStore
 from contracts.notice import ReclaimNotice
 from contracts.notice_signing import sign
 from tests.support.agent_fakes import RecordingScheduler, agent_config, notice_key, signed_bundle
+from tests.support.wait import checked, eventually_async
+from tests.support.worker_nats import NATS_URL
 
-NATS_URL = "nats://127.0.0.1:4222"
 pytestmark = pytest.mark.timeout(50)
 
 
@@ -49,12 +51,9 @@ def make_notice(region: str, node: str, seconds: float = 60) -> ReclaimNotice:
     )
 
 
-async def wait_for(predicate: object, seconds: float = 10) -> None:
-    assert callable(predicate)
-    end = time.monotonic() + seconds
-    while not predicate():
-        assert time.monotonic() < end, "timed out"
-        await asyncio.sleep(0.01)
+async def wait_for(predicate: Callable[[], object], what: str, seconds: float = 30) -> None:
+    """Until `predicate()` holds; the agent runs on this loop, so the wait must yield to it."""
+    await eventually_async(checked(predicate), timeout=seconds, what=what)
 
 
 async def test_a_notice_cordons_and_tells_every_workload_once(
@@ -71,19 +70,19 @@ async def test_a_notice_cordons_and_tells_every_workload_once(
         assert deadline > time.time()
         return "file:///ckpt/step-7"
 
-    server = register(checkpoint_now, socket_path=config.socket_dir / "slurm-101.sock")
+    server = register(checkpoint_now, socket_path=config.socket_dir / "slurm_101/sock")
     scheduler = RecordingScheduler(
         [
             Workload(
                 id="101",
-                socket_name="slurm-101",
+                socket_name="slurm_101",
                 account="mlr",
                 partition="spot",
                 comment="sco-contract=llm-train",
             ),
             Workload(
                 id="102",
-                socket_name="slurm-102",
+                socket_name="slurm_102",
                 account="ci",
                 partition="spot",
                 comment="sco-contract=ci",
@@ -107,7 +106,7 @@ async def test_a_notice_cordons_and_tells_every_workload_once(
         published = time.monotonic()
         signed = sign(notice, notice_key(tmp_path))
         await nc.jetstream().publish(notice.subject, signed)
-        await wait_for(lambda: len(agent.reports) == 1)
+        await wait_for(lambda: len(agent.reports) == 1, "the drain report")
         report = agent.reports[0]
         outcomes = {w.workload: (w.contract, w.result, w.path) for w in report.workloads}
         assert outcomes == {
@@ -125,10 +124,14 @@ async def test_a_notice_cordons_and_tells_every_workload_once(
 
         # The same notice again (a relay retry, or a replay) does nothing but get refused.
         await nc.jetstream().publish(notice.subject, signed)
-        await wait_for(lambda: len(agent.refusals) == 1)
+        await wait_for(lambda: len(agent.refusals) == 1, "the replay refused")
+        # sleep is the behaviour under test: the refused replay drains nothing meanwhile
         await asyncio.sleep(0.2)
         assert len(agent.reports) == 1 and len(scheduler.calls) == 3 and len(told) == 1
-        await wait_for(lambda: any(r.get("event") == "drain_finished" for r in reports))
+        await wait_for(
+            lambda: any(r.get("event") == "drain_finished" for r in reports),
+            "drain_finished on NATS",
+        )
     finally:
         stop.set()
         await asyncio.wait_for(run, 30)
@@ -150,7 +153,7 @@ async def test_the_metadata_file_source_drains_once(tmp_path: Path) -> None:
         [
             Workload(
                 id="7",
-                socket_name="slurm-7",
+                socket_name="slurm_7",
                 account="ci",
                 partition="spot",
                 comment="sco-contract=ci",
@@ -166,8 +169,9 @@ async def test_the_metadata_file_source_drains_once(tmp_path: Path) -> None:
         await asyncio.wait_for(agent.ready.wait(), 5)
         deadline = (datetime.now(UTC) + timedelta(seconds=30)).isoformat()
         meta.write_text(json.dumps({"action": "terminate", "time": deadline}))
-        await wait_for(lambda: len(agent.reports) == 1)
-        await asyncio.sleep(0.2)  # ten more polls of the same file
+        await wait_for(lambda: len(agent.reports) == 1, "the drain report")
+        # sleep is the behaviour under test: ten more polls of the same file drain nothing
+        await asyncio.sleep(0.2)
         assert len(agent.reports) == 1
         assert scheduler.ops() == [("cordon", node), ("requeue", "7")]
     finally:

@@ -25,8 +25,9 @@ from tests.support import tools
 from tests.support.agent_fakes import agent_config, notice_key, signed_bundle
 from tests.support.agent_slurm_cluster import NODE, agent_slurm_cluster, node_state
 from tests.support.slurm_cluster import SlurmCluster
+from tests.support.wait import WaitTimeout, checked, eventually_async
+from tests.support.worker_nats import NATS_URL
 
-NATS_URL = "nats://127.0.0.1:4222"
 pytestmark = pytest.mark.timeout(55)
 
 
@@ -66,10 +67,14 @@ async def test_a_notice_drains_the_node_and_requeues_the_job(
     assert submitted.returncode == 0, submitted.stderr
     job = submitted.stdout.strip().split(";")[0]
     queued = time.monotonic()
-    end = time.monotonic() + 20
-    while job_field(slurm, job, "JobState") != "RUNNING":
-        assert time.monotonic() < end, f"job never ran: {slurm.log()[-2000:]}"
-        await asyncio.sleep(0.2)
+    try:
+        await eventually_async(
+            checked(lambda: job_field(slurm, job, "JobState") == "RUNNING"),
+            timeout=60,
+            what=f"job {job} running",
+        )
+    except WaitTimeout as exc:
+        raise WaitTimeout(f"{exc}: {slurm.log()[-2000:]}") from exc
 
     config = agent_config(
         tmp_path, node=NODE, region=region, scheduler="slurm", nats_urls=[NATS_URL]
@@ -93,10 +98,7 @@ async def test_a_notice_drains_the_node_and_requeues_the_job(
             deadline=now + timedelta(seconds=120),
         )
         await nc.jetstream().publish(notice.subject, sign(notice, notice_key(tmp_path)))
-        end = time.monotonic() + 20
-        while not agent.reports:
-            assert time.monotonic() < end, "no drain"
-            await asyncio.sleep(0.05)
+        await eventually_async(checked(lambda: agent.reports), timeout=60, what="the drain report")
     finally:
         await nc.close()
         stop.set()

@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import json
 import sys
-import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -50,6 +49,8 @@ from tests.support.spark_cluster import (
     get_json,
     wait_for,
 )
+from tests.support.wait import checked, eventually, eventually_async
+from tests.support.worker_nats import NATS_URL
 
 pytestmark = [
     pytest.mark.slow,
@@ -57,7 +58,6 @@ pytestmark = [
     pytest.mark.tools("pyspark", "openjdk-17-jre-headless"),
 ]
 
-NATS_URL = "nats://127.0.0.1:4222"
 NODE = "spark-n1"
 PARTITIONS = 8
 
@@ -93,11 +93,11 @@ def job(master: str, ui_port: int, workdir: Path) -> int:
         .getOrCreate()
     )
     sc = spark.sparkContext
-    end = time.monotonic() + 840
-    while sc._jsc.sc().getExecutorMemoryStatus().size() < 3:  # the driver and 2 executors
-        if time.monotonic() > end:
-            return 2
-        time.sleep(0.2)
+    eventually(
+        lambda: sc._jsc.sc().getExecutorMemoryStatus().size() >= 3,
+        timeout=840,
+        what="the driver and 2 executors registered",
+    )
     pairs = sc.parallelize(range(20_000), PARTITIONS).map(lambda x: (x % 97, x))
     sums = pairs.reduceByKey(lambda a, b: a + b, PARTITIONS)
     cached = sc.parallelize(range(20_000), PARTITIONS).map(lambda x: x * 2)
@@ -105,11 +105,7 @@ def job(master: str, ui_port: int, workdir: Path) -> int:
     first = {"sums": sorted(sums.collect()), "cached": cached.sum()}
     ready = {"app": sc.applicationId, "ui": f"http://{HOST}:{ui_port}", "rdd": cached.id()}
     (workdir / "ready.json").write_text(json.dumps(ready))
-    end = time.monotonic() + 600
-    while not (workdir / "go").exists():
-        if time.monotonic() > end:
-            return 3
-        time.sleep(0.1)
+    eventually((workdir / "go").exists, timeout=600, what="the test's go file")
     second = {"sums": sorted(sums.collect()), "cached": cached.sum()}
     (workdir / "done.json").write_text(json.dumps({"same": first == second}))
     spark.stop()
@@ -200,7 +196,7 @@ async def test_a_drained_spark_worker_migrates_its_blocks_and_the_job_reruns_not
         assert BundleCache(tmp_path / "cache", TrustStore.load(trust)).offer(raw).accepted
         server = decommission_worker(
             worker1.proc.pid, worker1.ui, driver_ui=ui,
-            socket_path=tmp_path / "sockets" / "spark-worker-1.sock",
+            socket_path=tmp_path / "sockets" / "spark-worker-1/sock",
         )  # fmt: skip
         node = SparkWorkerNode(worker1)
         config = agent_config(tmp_path, node=NODE, region=region, nats_urls=[NATS_URL])
@@ -219,10 +215,9 @@ async def test_a_drained_spark_worker_migrates_its_blocks_and_the_job_reruns_not
                 issued_at=now, deadline=now + timedelta(seconds=120),
             )  # fmt: skip
             await nc.jetstream().publish(notice.subject, sign(notice, notice_key(tmp_path)))
-            end = time.monotonic() + 300
-            while not agent.reports:
-                assert time.monotonic() < end, "no drain report"
-                await asyncio.sleep(0.2)
+            await eventually_async(
+                checked(lambda: agent.reports), timeout=300, what="the agent's drain report"
+            )
         finally:
             await nc.close()
             stop.set()

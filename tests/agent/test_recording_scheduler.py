@@ -7,7 +7,7 @@ from tests.support.agent_fakes import RecordingScheduler
 
 
 async def test_the_recording_scheduler_records_and_queues_an_error() -> None:
-    fake = RecordingScheduler([Workload(id="1", socket_name="slurm-1")])
+    fake = RecordingScheduler([Workload(id="1", socket_name="slurm_1")])
     await fake.cordon("n1", "why")
     fake.next_error = SchedulerError("gone", not_found=True)
     try:

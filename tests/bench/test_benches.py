@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from bench import needs
 from bench.report import REPORT_FILE_ENV, Report, judge
 from bench.run_all import (
     BEGIN,
@@ -29,7 +30,21 @@ from bench.run_all import (
 # starts several processes); control (a dev server and a `sco` process) takes ~35 s here.
 @pytest.mark.parametrize(
     "bench",
-    [pytest.param(b, id=b.name, marks=pytest.mark.timeout(b.tiny_timeout_s + 10)) for b in BENCHES],
+    [
+        # services: every bench drives the real services (or the test cloud) it measures;
+        # testcloud: one on the test cloud shares its xdist worker with the cloud's other
+        # tests (tests/support/parallel.py), else its servers take their hosts' capacity
+        pytest.param(
+            b,
+            id=b.name,
+            marks=[
+                pytest.mark.timeout(b.tiny_timeout_s + 10),
+                pytest.mark.services,
+                *([pytest.mark.testcloud] if b.needs is needs.testcloud else []),
+            ],
+        )
+        for b in BENCHES
+    ],
 )
 def test_tiny_bench_measures_every_figure(bench: Bench) -> None:
     if (reason := bench.needs()) is not None:

@@ -16,6 +16,8 @@ from contracts.distribution import NatsBundleSource, publish
 from contracts.model import Contract
 from contracts.source import read_contracts
 from tests.support.contract_fixtures import EXAMPLES
+from tests.support.wait import checked, eventually_async
+from tests.support.worker_nats import NATS_URL
 
 WHEN = datetime(2026, 11, 1, tzinfo=UTC)
 
@@ -140,7 +142,7 @@ def test_published_bundles_reach_a_node_cache_through_nats(
 ) -> None:
     key, trust = signer
     region = f"t{uuid.uuid4().hex[:8]}"
-    url = "nats://127.0.0.1:4222"
+    url = NATS_URL
     source = NatsBundleSource(url, region)
     cache = BundleCache(tmp_path / "cache", keys.TrustStore.load(trust), clock=lambda: WHEN)
 
@@ -149,11 +151,11 @@ def test_published_bundles_reach_a_node_cache_through_nats(
         await publish(url, region, make(contracts, key, 5))
         stop = asyncio.Event()
         task = asyncio.create_task(cache.refresh_forever(source.fetch, stop, interval=0.05))
-        for _ in range(100):
-            if cache.current() is not None:
-                break
-            await asyncio.sleep(0.05)
+        await eventually_async(
+            checked(cache.current), timeout=30, what="serial 5 in the cache", every=0.05
+        )
         await publish(url, region, make(contracts, key, 4))  # an older serial: refused
+        # sleep is the behaviour under test: several refreshes see serial 4 and keep serial 5
         await asyncio.sleep(0.3)
         stop.set()
         await task

@@ -24,6 +24,7 @@ UPSTREAM = tomllib.loads((REPO / "deploy/agent/pyproject.toml").read_text())["pr
 TARGETS = {"debian12": ("3.11", "3.12", "bookworm"), "debian13": ("3.13", "3.14", "trixie")}
 pytestmark = [
     pytest.mark.timeout(900),
+    pytest.mark.services,  # build-deb.sh resolves the agent's dependencies from the index
     pytest.mark.skipif(shutil.which("dpkg-deb") is None, reason="dpkg-deb not installed"),
 ]
 

@@ -15,7 +15,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,8 +31,9 @@ from tests.agent.test_agent_notices import make_notice
 from tests.support import tools
 from tests.support.agent_fakes import notice_key, signed_bundle
 from tests.support.paths import REPO
+from tests.support.wait import WaitTimeout, eventually
+from tests.support.worker_nats import NATS_URL
 
-NATS_URL = "nats://127.0.0.1:4222"
 BASE = "localhost/debian:bookworm"
 NODE_IMAGE = "localhost/sco-agent-node:bookworm"
 ENV = {**os.environ, "CONTAINERS_CONF": str(REPO / "deploy" / "image" / "containers.conf")}
@@ -63,10 +63,16 @@ def as_the_unit_runs_it() -> str:
     user = unit["User"][0]
     lines = ["set -e"]
     for kind, base in (("RuntimeDirectory", "/run"), ("StateDirectory", "/var/lib")):
+        mode = unit.get(f"{kind}Mode", ["0755"])[-1]
         for name in " ".join(unit.get(kind, [])).split():
-            lines.append(f"install -d -o {user} -g {user} -m 0750 {base}/{name}")
+            lines.append(f"install -d -o {user} -g {user} -m {mode} {base}/{name}")
     env = " ".join(shlex.quote(e) for e in unit["Environment"])
-    run = f"setpriv --reuid={user} --regid={user} --init-groups env {env}"
+    caps = ",".join(
+        "+" + c.lower().removeprefix("cap_")
+        for c in " ".join(unit.get("AmbientCapabilities", [])).split()
+    )
+    keep = f" --inh-caps={caps} --ambient-caps={caps}" if caps else ""
+    run = f"setpriv --reuid={user} --regid={user} --init-groups{keep} env {env}"
     lines.append(f"{run} {unit['ExecStartPre'][0]}")
     lines.append(f"exec {run} {unit['ExecStart'][0]}")
     return "\n".join(lines) + "\n"
@@ -167,12 +173,20 @@ def test_a_fresh_debian12_node_installs_starts_and_drains_on_a_signed_notice(
             out = podman("logs", name)
             return out.stdout + out.stderr
 
-        end = time.monotonic() + 240
-        while "ready" not in logs() or "sco-agent on" not in logs():
+        def started() -> bool:
+            out = logs()
+            if "ready" in out and "sco-agent on" in out:
+                return True
             state = podman("inspect", "-f", "{{.State.Status}}", name).stdout.strip()
-            assert state == "running", logs()
-            assert time.monotonic() < end, logs()
-            time.sleep(0.5)
+            assert state == "running", out
+            return False
+
+        try:
+            eventually(
+                started, timeout=240, what="the node's agent started", every=0.5, retrying=()
+            )
+        except WaitTimeout as exc:
+            raise WaitTimeout(f"{exc}\n{logs()}") from exc
         out = logs()
         # ExecStartPre fetched the fresh node's first bundle from NATS.
         assert "[ok] distributor: first bundle fetched from the distributor: accepted serial 7" in (

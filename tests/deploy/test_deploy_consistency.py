@@ -43,7 +43,10 @@ NEEDS: dict[tuple[str, str], set[str]] = {
     ("temporal", "bootstrap"): {"temporal"},
     ("db", "migrate"): {"postgres"},
     ("contracts", "pull"): {"nats", "contracts"},
+    ("contracts", "sync"): {"nats", "contracts", "git", "contract-signing-key", "notice-keys"},
 }
+#: A git URL's port when it names none.
+GIT_PORTS = {"https": 443, "http": 80, "ssh": 22, "git": 9418}
 
 
 def _docs(path: Path) -> list[Doc]:
@@ -207,16 +210,34 @@ def problems(
                         f"{where}: {what} {host}:{port} is not allowed by the NetworkPolicies"
                     )
 
+            def tls_files(t: Any, what: str) -> None:
+                for key in ("ca_file", "client_cert_file", "client_key_file"):
+                    if getattr(t, key) is not None:
+                        mounted(getattr(t, key), f"{what}.{key}")
+
             if "temporal" in need:
                 reach(s.temporal.address, 7233, "temporal")
+                tls_files(s.temporal.tls, "temporal.tls")
             if "nats" in need:
                 reach(s.nats_url, 4222, "nats")
+                tls_files(s.nats_tls, "nats_tls")
+                if s.nats_auth.user:
+                    mounted(s.nats_auth.password_file, "nats_auth.password_file")
             if "kafka" in need:
                 reach(s.kafka.bootstrap_servers.split(",")[0], 9092, "kafka")
+                tls_files(s.kafka.tls, "kafka.tls")
+                if s.kafka.sasl_username:
+                    mounted(s.kafka.sasl_password_file, "kafka.sasl_password_file")
             if "postgres" in need:
                 reach(s.postgres_dsn, 5432, "postgres")
+                for key in ("sslrootcert_file", "sslcert_file", "sslkey_file", "password_file"):
+                    if getattr(s.postgres, key) is not None:
+                        mounted(getattr(s.postgres, key), f"postgres.{key}")
             if "ledger" in need:
                 reach(s.ledger_dsn or "chdb://embedded", 8443, "ledger")
+                tls_files(s.ledger.tls, "ledger.tls")
+                if s.ledger.password_file is not None:
+                    mounted(s.ledger.password_file, "ledger.password_file")
             if "openstack" in need and s.provider.kind == "openstack":
                 path = env.get("OS_CLIENT_CONFIG_FILE")
                 mounted(path, "OS_CLIENT_CONFIG_FILE (clouds.yaml)")
@@ -246,6 +267,26 @@ def problems(
                     )
                     for cl in kc.get("clusters", []):
                         reach(cl["cluster"]["server"], 443, "workload cluster API")
+            if "git" in need:
+                for url in (s.contracts.repo_url, *s.contracts.mirror_urls):
+                    scheme = url.split("://")[0] if "://" in url else "ssh"
+                    reach(url, GIT_PORTS.get(scheme, 443), "git")
+                trust = [
+                    volumes[m["name"]]["secret"]["secretName"]
+                    for m in c.get("volumeMounts", [])
+                    if Path(m["mountPath"]) == s.trust_dir and "secret" in volumes[m["name"]]
+                ]
+                for name in trust:
+                    if "allowed_signers" not in inputs.secrets.get(name, {}):
+                        out.append(
+                            f"{where}: Secret {name} has no allowed_signers: "
+                            "every commit would be refused"
+                        )
+            if "contract-signing-key" in need:
+                mounted(s.contracts.signing_key_file, "contracts.signing_key_file")
+            if "notice-keys" in need:
+                d = s.contracts.notice_keys_dir
+                mounted(d / s.region if d else None, "contracts.notice_keys_dir/<region>")
             if "contracts" in need:
                 mounted(s.trust_dir, "contracts.trust_dir")
                 if c["args"][:2] == ["worker", "--region"] and not any(
@@ -355,10 +396,53 @@ def _in_cluster_without_token(docs: list[Doc], inputs: Inputs) -> None:
 
 
 def _no_migration_job(docs: list[Doc], inputs: Inputs) -> None:
-    docs[:] = [d for d in docs if d["metadata"]["name"] != "sco-db-migrate"]
+    docs[:] = [d for d in docs if not d["metadata"]["name"].startswith("sco-db-migrate-")]
+
+
+def _no_git_egress(docs: list[Doc], inputs: Inputs) -> None:
+    docs.remove(_policy(docs, "allow-contract-git"))
+
+
+def _git_mirror_not_allowed(docs: list[Doc], inputs: Inputs) -> None:
+    rule = _policy(docs, "allow-contract-git")["spec"]["egress"][0]
+    rule["to"] = rule["to"][:1]
+
+
+def _sync_signing_key_not_mounted(docs: list[Doc], inputs: Inputs) -> None:
+    for c in _pod(docs, "sco-contract-sync")["containers"]:
+        c["volumeMounts"] = [m for m in c["volumeMounts"] if m["name"] != "signing-key"]
+
+
+def _no_allowed_signers(docs: list[Doc], inputs: Inputs) -> None:
+    del inputs.secrets["sco-contract-trust"]["allowed_signers"]
+
+
+def _sync_without_notice_keys(docs: list[Doc], inputs: Inputs) -> None:
+    for c in _pod(docs, "sco-contract-sync")["containers"]:
+        c["volumeMounts"] = [m for m in c["volumeMounts"] if m["name"] != "notice-keys"]
 
 
 PROBES: dict[str, tuple[Callable[[list[Doc], Inputs], None], str]] = {
+    "sync-no-git-egress": (
+        _no_git_egress,
+        "sco-contract-sync/sco-contract-sync: git git.sco.internal:443 is not allowed",
+    ),
+    "sync-git-mirror-not-allowed": (
+        _git_mirror_not_allowed,
+        "git git-mirror.sco.internal:443 is not allowed",
+    ),
+    "sync-signing-key-not-mounted": (
+        _sync_signing_key_not_mounted,
+        "contracts.signing_key_file /etc/sco/contract-signing/signing.key is not mounted",
+    ),
+    "sync-no-allowed-signers": (
+        _no_allowed_signers,
+        "Secret sco-contract-trust has no allowed_signers",
+    ),
+    "sync-no-notice-keys": (
+        _sync_without_notice_keys,
+        "contracts.notice_keys_dir/<region> /etc/sco/notice-keys/r1 is not mounted",
+    ),
     "relay-no-clouds-yaml": (
         _relay_without_clouds,
         "sco-notice-relay-a/sco-notice-relay: OS_CLIENT_CONFIG_FILE",
@@ -371,7 +455,7 @@ PROBES: dict[str, tuple[Callable[[list[Doc], Inputs], None], str]] = {
         _one_label_for_nats_and_kafka,
         "nats nats.sco-estate.svc:4222 is not allowed",
     ),
-    "clickhouse-by-namespace": (_clickhouse_by_namespace, "ledger clickhouse-r1.sco.internal:8443"),
+    "clickhouse-by-namespace": (_clickhouse_by_namespace, "ledger clickhouse.r1.sco.internal:8443"),
     "no-bundle-pull": (_no_bundle_pull, "nothing pulls the contract bundle"),
     "slurm-token-not-mounted": (
         _slurm_token_not_mounted,

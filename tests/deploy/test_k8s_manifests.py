@@ -18,6 +18,8 @@ import pytest
 import yaml
 
 from contracts.admission.kyverno import CAPACITY_TYPE_LABEL
+from contracts.redact import has_credentials
+from services.registry import SERVICES
 from tests.support.paths import REPO
 from workers.settings import Settings
 
@@ -93,7 +95,7 @@ def test_overlay_renders_with_no_placeholder_left(region: str) -> None:
     docs = render(region)
     text = yaml.safe_dump_all(docs)
     # REGION and BUILD are the base's placeholders; components/region fills them.
-    assert not re.search(r"\bREGION\b|\bBUILD\b|_CIDR\b", text)
+    assert not re.search(r"\bREGION\b|\bBUILD\b|_CIDR\b|\bCONTRACTS_(REPO|MIRROR)_URL\b", text)
     kinds = sorted({d["kind"] for d in docs})
     assert kinds == [
         "ConfigMap",
@@ -125,9 +127,14 @@ def test_overlay_validates_against_the_kubernetes_schemas(region: str) -> None:
 def test_example_secrets_validate_and_are_only_placeholders() -> None:
     docs = list(yaml.safe_load_all((K8S / "examples" / "secrets.example.yaml").read_text()))
     assert {d["metadata"]["name"] for d in docs} == {
-        "sco-secrets",
+        "sco-credentials",
+        "sco-tls",
+        "sco-nats-control",
+        *(f"sco-nats-relay-{h}" for h in "abcd"),
         "sco-clouds",
         "sco-contract-trust",
+        "sco-contract-signing-key",
+        "sco-notice-public-keys",
         "sco-notice-key",
         "sco-slurmrestd",
         "sco-workload-kubeconfig",
@@ -152,7 +159,7 @@ def test_example_secrets_validate_and_are_only_placeholders() -> None:
 def test_no_pod_can_land_off_guaranteed_capacity(region: str) -> None:
     docs = render(region)
     workloads = of_kind(docs, "Deployment") + of_kind(docs, "Job")
-    assert len(workloads) == 9
+    assert len(workloads) == 10
     for doc in workloads:
         spec = pod_spec(doc)
         assert allowed_values(spec, CAPACITY_TYPE_LABEL) == {GUARANTEED}, doc["metadata"]["name"]
@@ -235,8 +242,11 @@ def test_notice_relays_pinned_one_per_hall(region: str) -> None:
 @pytest.mark.parametrize("region", REGIONS)
 def test_single_instance_processes_and_bootstrap_job(region: str) -> None:
     docs = render(region)
+    build = yaml.safe_load((K8S / "overlays" / region / "values.yaml").read_text())["data"]
     commands = {
-        d["metadata"]["name"]: pod_spec(d)["containers"][0]["args"]
+        d["metadata"]["name"].removesuffix(f"-{build['build']}"): pod_spec(d)["containers"][0][
+            "args"
+        ]
         for d in of_kind(docs, "Deployment") + of_kind(docs, "Job")
     }
     assert commands["sco-outbox-relay"] == ["outbox", "relay"]
@@ -246,6 +256,57 @@ def test_single_instance_processes_and_bootstrap_job(region: str) -> None:
     for name in ("sco-outbox-relay", "sco-ledger-consumer"):
         (dep,) = named(docs, "Deployment", name)
         assert dep["spec"]["replicas"] == 1
+
+
+@needs_kubectl
+@pytest.mark.parametrize("region", REGIONS)
+def test_contract_sync_one_per_region_keys_as_files_and_git_egress(region: str) -> None:
+    """One contract sync per region (its bundles and serials are the region's own NATS's),
+    stopped before a new one starts; the signing key, the trust directory with
+    allowed_signers and the notice keys are files from Secrets, never environment values;
+    its egress to the repository's networks on the overlay's port, and to nothing else a
+    pod does not already get."""
+    docs = render(region)
+    (sync,) = named(docs, "Deployment", "sco-contract-sync")
+    assert sync["spec"]["replicas"] == 1
+    assert sync["spec"]["strategy"] == {"type": "Recreate"}
+    spec = pod_spec(sync)
+    (container,) = spec["containers"]
+    assert container["args"] == ["contracts", "sync", "--region", region]
+    env = {e["name"]: e for e in container["env"]}
+    assert not [e for e in container["env"] if "valueFrom" in e], "keys come as files"
+    values = yaml.safe_load((K8S / "overlays" / region / "values.yaml").read_text())["data"]
+    assert env["SCO_CONTRACTS__REPO_URL"]["value"] == values["contracts_repo_url"]
+    assert env["SCO_CONTRACTS__MIRROR_URLS"]["value"] == f'["{values["contracts_mirror_url"]}"]'
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    key_file = Path(env["SCO_CONTRACTS__SIGNING_KEY_FILE"]["value"])
+    key_volume = volumes["signing-key"]["secret"]
+    assert key_volume["secretName"] == "sco-contract-signing-key"
+    assert key_volume["defaultMode"] == 0o400
+    assert mounts["signing-key"]["mountPath"] == str(key_file.parent)
+    assert [i["path"] for i in key_volume["items"]] == [key_file.name]
+    assert volumes["trust"]["secret"]["secretName"] == "sco-contract-trust"
+    assert mounts["trust"]["mountPath"] == "/etc/sco/trust" and mounts["trust"]["readOnly"]
+    notice_dir = env["SCO_CONTRACTS__NOTICE_KEYS_DIR"]["value"]
+    assert mounts["notice-keys"]["mountPath"] == f"{notice_dir}/{region}"
+    assert volumes["notice-keys"]["secret"]["secretName"] == "sco-notice-public-keys"
+    # Only the sync holds the bundle signing key.
+    for doc in of_kind(docs, "Deployment") + of_kind(docs, "Job"):
+        if doc is not sync:
+            names = {v.get("secret", {}).get("secretName") for v in pod_spec(doc)["volumes"]}
+            assert "sco-contract-signing-key" not in names, doc["metadata"]["name"]
+    (git,) = [
+        p for p in of_kind(docs, "NetworkPolicy") if p["metadata"]["name"] == "allow-contract-git"
+    ]
+    assert git["spec"]["podSelector"] == {
+        "matchLabels": {"app.kubernetes.io/name": "sco-contract-sync"}
+    }
+    (rule,) = git["spec"]["egress"]
+    cidrs = [peer["ipBlock"]["cidr"] for peer in rule["to"]]
+    assert cidrs == [values["contracts_git_cidr"], values["contracts_git_mirror_cidr"]]
+    assert rule["ports"] == [{"protocol": "TCP", "port": values["contracts_git_port"]}]
+    assert isinstance(rule["ports"][0]["port"], int), "a string would name a port"
 
 
 SECRET_KEY = re.compile(r"password|passwd|secret|dsn|token|credential|private|_key$|^key$", re.I)
@@ -265,7 +326,9 @@ def test_no_secret_in_any_configmap(region: str) -> None:
     assert configmaps
     for cm in configmaps:
         for key, value in cm.get("data", {}).items():
-            assert not SECRET_KEY.search(key), f"{cm['metadata']['name']}: key {key}"
+            # A DSN or URL without credentials is an address, not a secret.
+            address = key.endswith(("_DSN", "_URL")) and not has_credentials(value)
+            assert address or not SECRET_KEY.search(key), f"{cm['metadata']['name']}: key {key}"
             assert not SECRET_VALUE.search(value), f"{cm['metadata']['name']}: {key}"
             if key.endswith(".toml"):
                 # A `*_file` setting names where a Secret is mounted, not the secret.
@@ -275,11 +338,83 @@ def test_no_secret_in_any_configmap(region: str) -> None:
                     if not line.strip().split(":")[0].endswith("_file")
                 )
                 assert not SECRET_KEY.search(flat), f"{cm['metadata']['name']}: {key}"
-    # DSNs arrive from the Secret.
-    (worker,) = named(docs, "Deployment", "sco-worker-")
-    env = {e["name"]: e for e in pod_spec(worker)["containers"][0]["env"]}
+
+
+def containers(doc: Doc) -> list[Doc]:
+    spec = pod_spec(doc)
+    return [*spec.get("initContainers", []), *spec["containers"]]
+
+
+@needs_kubectl
+@pytest.mark.parametrize("region", REGIONS)
+def test_no_credential_in_any_manifest_or_environment(region: str) -> None:
+    """No password-bearing DSN or URL anywhere in the rendered region (mask_credentials
+    changes nothing in it), and no container gets a secret as an environment variable:
+    every secret is a file from a Secret volume (decision 0011)."""
+    docs = render(region)
+    text = yaml.safe_dump_all(docs)
+    assert not has_credentials(text), [ln for ln in text.splitlines() if has_credentials(ln)]
+    assert not SECRET_VALUE.search(text)
+    pods = of_kind(docs, "Deployment") + of_kind(docs, "Job")
+    for doc in pods:
+        for c in containers(doc):
+            where = f"{doc['metadata']['name']}/{c['name']}"
+            for e in c.get("env", []):
+                assert "secretKeyRef" not in e.get("valueFrom", {}), f"{where}: {e['name']}"
+                assert not SECRET_VALUE.search(e.get("value", "")), f"{where}: {e['name']}"
+            for ref in c.get("envFrom", []):
+                assert "secretRef" not in ref, f"{where}: envFrom a Secret"
+    for path in sorted((K8S / "base").glob("*")) + sorted((K8S / "examples").glob("*.yaml")):
+        shown = [ln for ln in path.read_text().splitlines() if has_credentials(ln)]
+        assert not shown, f"{path.relative_to(REPO)}: {shown}"
+
+
+@needs_kubectl
+@pytest.mark.parametrize("region", REGIONS)
+def test_every_hop_is_tls_with_secrets_mounted_as_files(region: str) -> None:
+    """NATS (tls://, client certificate, a per-role user), Temporal, Kafka (SASL_SSL),
+    PostgreSQL (verify-full) and ClickHouse use TLS with files from /etc/sco/tls; each pod
+    mounts the certificate and password Secrets; each relay is its hall's NATS user."""
+    docs = render(region)
+    (config,) = named(docs, "ConfigMap", "sco-config-")
+    (env_cm,) = [d for d in of_kind(docs, "ConfigMap") if d["metadata"]["name"] == "sco-region"]
+    s = Settings(**tomllib.loads(config["data"]["sco.toml"]))
+    assert s.nats_url.startswith("tls://")
+    for t in (s.nats_tls, s.temporal.tls, s.kafka.tls, s.ledger.tls):
+        assert t.enabled and t.client_cert_file and t.ca_file
+        assert str(t.client_cert_file).startswith("/etc/sco/tls/")
+    assert s.postgres.sslmode == "verify-full" and s.postgres.password_file
+    assert s.kafka.sasl_password_file and s.ledger.password_file and s.nats_auth.password_file
+    assert env_cm["data"]["SCO_NATS_AUTH__USER"] == f"control-{region}"
     for name in ("SCO_POSTGRES_DSN", "SCO_LEDGER_DSN"):
-        assert env[name]["valueFrom"]["secretKeyRef"]["name"] == "sco-secrets"
+        assert region in env_cm["data"][name] and not has_credentials(env_cm["data"][name])
+    for doc in of_kind(docs, "Deployment") + of_kind(docs, "Job"):
+        volumes = {v["name"]: v for v in pod_spec(doc)["volumes"]}
+        assert volumes["tls"]["secret"]["secretName"] == "sco-tls"
+        if "credentials" in volumes:  # the contract sync needs no service password
+            assert volumes["credentials"]["secret"]["secretName"] == "sco-credentials"
+        for c in containers(doc):
+            mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+            assert mounts["tls"] == "/etc/sco/tls"
+            assert mounts.get("credentials", "/etc/sco/secrets") == "/etc/sco/secrets"
+        if doc["kind"] == "Job":
+            continue
+        labels = doc["spec"]["template"]["metadata"]["labels"]
+        nats = volumes["nats-credentials"]["secret"]["secretName"]
+        if labels["app.kubernetes.io/name"] == "sco-notice-relay":
+            hall = labels["sco.io/hall"]
+            assert nats == f"sco-nats-relay-{hall.lower()}"
+            env = {e["name"]: e.get("value") for e in pod_spec(doc)["containers"][0]["env"]}
+            assert env["SCO_NATS_AUTH__USER"] == f"relay-{region}-{hall}"
+        else:
+            assert nats == "sco-nats-control"
+
+
+def test_example_certificate_fills_the_mounted_secret() -> None:
+    (cert,) = yaml.safe_load_all((K8S / "examples" / "certificates.example.yaml").read_text())
+    assert cert["kind"] == "Certificate" and cert["spec"]["secretName"] == "sco-tls"
+    assert "client auth" in cert["spec"]["usages"]
+    assert cert["spec"]["uris"][0].startswith("spiffe://")
 
 
 def test_secret_patterns_catch_the_shapes_they_are_for() -> None:
@@ -350,57 +485,40 @@ def test_deploy_readme_names_the_rollout_commands() -> None:
 @needs_kubectl
 @pytest.mark.parametrize("region", REGIONS)
 def test_every_process_is_scraped_and_probed(region: str) -> None:
-    """Each long-running process declares the ports its settings (sco.toml) give its
-    metrics and health, is probed on /readyz and /healthz, and the PodMonitor selects it
-    and scrapes its metrics ports."""
+    """Each long-running process of the registry (services/registry.py) that Kubernetes runs
+    has its container, started by its `sco` command, declaring the ports its settings
+    (sco.toml) give its metrics and health under the registry's port names; it is probed on
+    /readyz and /healthz, and the PodMonitor selects its pods and scrapes its metrics ports."""
     docs = render(region)
     (config,) = named(docs, "ConfigMap", "sco-config-")
     s = Settings(**tomllib.loads(config["data"]["sco.toml"]))
-    expected = {
-        "sco-worker": {
-            "health": s.worker.health_port,
-            "metrics": s.worker.metrics_port,
-            "state-metrics": s.worker.state_metrics_port,
-        },
-        "sco-notice-relay": {
-            "health": s.notice_relay.health_port,
-            "metrics": s.notice_relay.metrics_port,
-        },
-        "sco-outbox-relay": {"health": s.outbox.health_port, "metrics": s.outbox.metrics_port},
-        "sco-ledger-consumer": {
-            "health": s.ledger_health_port,
-            "metrics": s.ledger_metrics_port,
-        },
-    }
+    deployed = [svc for svc in SERVICES if svc.kubernetes is not None]
+    assert deployed, "the registry lists no process Kubernetes runs"
     (monitor,) = of_kind(docs, "PodMonitor")
     (selector,) = monitor["spec"]["selector"]["matchExpressions"]
-    assert set(selector["values"]) == set(expected)
+    assert set(selector["values"]) == {svc.kubernetes.app for svc in deployed if svc.kubernetes}
     scraped = {e["port"] for e in monitor["spec"]["podMetricsEndpoints"]}
-    seen = set()
-    for doc in of_kind(docs, "Deployment"):
-        name = doc["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"]
-        if name not in expected:
-            continue
-        seen.add(name)
-        container = pod_spec(doc)["containers"][0]
-        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-        assert ports == expected[name], doc["metadata"]["name"]
-        assert all(v for v in ports.values()), f"{name}: a port is off in sco.toml"
-        assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
-        assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
-        assert set(ports) - {"health"} <= scraped
-    assert seen == set(expected)
-    # The drain intake, the ledger consumer's pod's second process.
-    (ledger,) = [
-        d for d in of_kind(docs, "Deployment") if d["metadata"]["name"].endswith("ledger-consumer")
-    ]
-    (intake,) = [c for c in pod_spec(ledger)["containers"] if c["name"] == "sco-drain-intake"]
-    ports = {p["name"]: p["containerPort"] for p in intake["ports"]}
-    assert ports == {
-        "intake-health": s.drain_intake_health_port,
-        "intake-metrics": s.drain_intake_metrics_port,
-    }
-    assert intake["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "intake-health"}
-    assert "intake-metrics" in scraped
+    for svc in deployed:
+        assert svc.kubernetes is not None
+        pods = [
+            d
+            for d in of_kind(docs, "Deployment")
+            if d["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"]
+            == svc.kubernetes.app
+        ]
+        assert pods, f"{svc.name}: no Deployment of {svc.kubernetes.app}"
+        for doc in pods:
+            shown = f"{doc['metadata']['name']}/{svc.kubernetes.container}"
+            (container,) = [
+                c for c in pod_spec(doc)["containers"] if c["name"] == svc.kubernetes.container
+            ]
+            assert container["args"][: len(svc.cli)] == list(svc.cli), shown
+            ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+            assert ports == {p.name: p.value(s) for p in svc.ports}, shown
+            assert all(ports.values()), f"{shown}: a port is off in sco.toml"
+            (health,) = [p.name for p in svc.ports if not p.scraped]
+            assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": health}
+            assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": health}
+            assert {p.name for p in svc.ports if p.scraped} <= scraped, shown
     (rule,) = of_kind(docs, "PrometheusRule")
     assert rule["spec"]["groups"], "the rules of deploy/prometheus/rules/sco.yml"

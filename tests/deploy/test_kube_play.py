@@ -16,7 +16,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import UTC, datetime
@@ -42,6 +41,7 @@ from tests.support.image import current_image
 from tests.support.kube_play import Doc, Played, PlayInputs, for_podman
 from tests.support.nats_sync import server_has_seen
 from tests.support.paths import BASE_DSN, REGIONS_DIR, REPO
+from tests.support.wait import WaitTimeout, eventually, eventually_async
 from workers.devbox.services import KafkaService
 from workers.settings import Settings, WorkerSettings
 
@@ -67,14 +67,14 @@ def podman(*args: str, timeout: float = 120, check: bool = True) -> str:
     return out.stdout
 
 
-def eventually(
+def until_or_logs(
     what: str, probe: Callable[[], bool], timeout: float, diag: Callable[[], str]
 ) -> None:
-    deadline = time.monotonic() + timeout
-    while not probe():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout:.0f} s\n{diag()}")
-        time.sleep(1.0)
+    """`eventually` whose failure carries `diag()` (the pods' logs)."""
+    try:
+        eventually(probe, timeout=timeout, what=what, every=1.0, retrying=())
+    except WaitTimeout as exc:
+        raise WaitTimeout(f"{exc}\n{diag()}") from exc
 
 
 # -- the images ---------------------------------------------------------------------------
@@ -143,17 +143,17 @@ def _start(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
 def _wait_port(host: str, port: int, proc: subprocess.Popen[bytes], log: Path) -> None:
     import socket
 
-    deadline = time.monotonic() + 90
-    while True:
+    def listening() -> bool:
         with socket.socket() as s:
             s.settimeout(1)
             if s.connect_ex((host, port)) == 0:
-                return
+                return True
         assert proc.poll() is None, log.read_text()[-2000:]
-        assert time.monotonic() < deadline, (
-            f"{argv0(proc)} not listening:\n{log.read_text()[-2000:]}"
-        )
-        time.sleep(0.3)
+        return False
+
+    until_or_logs(
+        f"{argv0(proc)} listening on {port}", listening, 90, lambda: log.read_text()[-2000:]
+    )
 
 
 def argv0(proc: subprocess.Popen[bytes]) -> str:
@@ -312,10 +312,15 @@ def region_inputs(root: Path, box: Box, image: str) -> tuple[PlayInputs, bytes, 
     inputs = PlayInputs(
         image=image,
         secrets={
-            "sco-secrets": {
-                "SCO_POSTGRES_DSN": pg,
-                "SCO_LEDGER_DSN": f"chdb://{LEDGER_MOUNT}/ledger",
+            # The box's services are plaintext and password-less (plaintext=True below).
+            "sco-credentials": {
+                "postgres.password": "unused",
+                "ledger.password": "unused",
+                "kafka.password": "unused",
             },
+            "sco-tls": {"tls.crt": "unused", "tls.key": "unused", "ca.crt": "unused"},
+            "sco-nats-control": {"password": "unused"},
+            **{f"sco-nats-relay-{h}": {"password": "unused"} for h in "abcd"},
             "sco-clouds": {"clouds.yaml": "clouds: {}\n"},  # unused: the simulated cloud
             "sco-contract-trust": {pub.name: pub.read_text()},
             "sco-notice-key": {"notice.key": notice_secret.read_text()},
@@ -323,8 +328,13 @@ def region_inputs(root: Path, box: Box, image: str) -> tuple[PlayInputs, bytes, 
             "sco-workload-kubeconfig": {"kubeconfig": "apiVersion: v1\nkind: Config\n"},
         },
         secret_dir=root / "secrets",
-        env=box.pod_env(),
+        env={
+            **box.pod_env(),
+            "SCO_POSTGRES_DSN": pg,
+            "SCO_LEDGER_DSN": f"chdb://{LEDGER_MOUNT}/ledger",
+        },
         shared={LEDGER_MOUNT: ledger},
+        plaintext=True,
     )
     return inputs, out.read_bytes(), trust
 
@@ -464,19 +474,22 @@ async def test_overlay_r1_runs_under_podman_kube_play(
     configmaps = [d for d in played.docs if d["kind"] == "ConfigMap"]
     jobs = [d for d in played.docs if d["kind"] == "Pod"]
     deployments = [d for d in played.docs if d["kind"] == "Deployment"]
-    assert {d["metadata"]["name"] for d in jobs} == {"sco-db-migrate", "sco-temporal-bootstrap"}
+    assert {d["metadata"]["name"].rsplit("-", 1)[0] for d in jobs} == {
+        "sco-db-migrate",
+        "sco-temporal-bootstrap",
+    }
     # The contract distributor has the region's bundle before the worker's init container.
     await publish(box.nats_url, "r1", raw_bundle)
     played_files: list[Path] = []
     try:
         # The Jobs, migration first (a new build's schema before its pods), each to exit 0.
-        for job in sorted(jobs, key=lambda d: d["metadata"]["name"] != "sco-db-migrate"):
+        for job in sorted(jobs, key=lambda d: not d["metadata"]["name"].startswith("sco-db-")):
             path = tmp_path / f"{job['metadata']['name']}.yaml"
             played_files.append(path)
             play([*configmaps, job], path)
             ctr = f"{pod_name(job)}-{pod_spec(job)['containers'][0]['name']}"
             await asyncio.to_thread(
-                eventually,
+                until_or_logs,
                 f"Job {ctr} exits",
                 functools.partial(exited, ctr),
                 300,
@@ -500,7 +513,7 @@ async def test_overlay_r1_runs_under_podman_kube_play(
             return True
 
         await asyncio.to_thread(
-            eventually, "every pod's health endpoint", all_ready, 420, lambda: logs(deployments)
+            until_or_logs, "every pod's health endpoint", all_ready, 420, lambda: logs(deployments)
         )
         await _acquisition_notice_and_ledger(box, tmp_path, trust, deployments)
     finally:
@@ -525,26 +538,30 @@ async def _acquisition_notice_and_ledger(
     assert code == 0, out
     # deploy/README.md step 6: the first build becomes current (versioning is on).
     client = await Client.connect(f"127.0.0.1:{box.temporal_port}", namespace="r1")
-    deadline = time.monotonic() + 180
-    while True:
-        try:
-            await client.workflow_service.set_worker_deployment_current_version(
-                SetWorkerDeploymentCurrentVersionRequest(
-                    namespace="r1", deployment_name="sco-r1", build_id=BUILD, identity="test"
-                )
+
+    async def made_current() -> bool:
+        await client.workflow_service.set_worker_deployment_current_version(
+            SetWorkerDeploymentCurrentVersionRequest(
+                namespace="r1", deployment_name="sco-r1", build_id=BUILD, identity="test"
             )
-            break
-        except Exception:  # the version registers with the worker's first poll
-            assert time.monotonic() < deadline, logs(deployments)
-            await asyncio.sleep(2)
+        )
+        return True
+
+    try:  # the version registers with the worker's first poll; until then the call fails
+        await eventually_async(
+            made_current, timeout=180, what=f"build {BUILD} made current", every=2
+        )
+    except WaitTimeout as exc:
+        raise WaitTimeout(f"{exc}\n{logs(deployments)}") from exc
 
     code, out = await sco(env, "pools", "sync", "--region", "r1")
     assert code == 0, out + logs(deployments)
     code, out = await sco(env, "demand", "set", "ci-runners", "8", "--region", "r1")
     assert code == 0, out
     rows: list[dict[str, Any]] = []
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
+
+    async def acquired() -> bool:
+        nonlocal rows
         code, out = await sco(
             env,
             "acquisitions",
@@ -557,9 +574,12 @@ async def _acquisition_notice_and_ledger(
             "--json",
         )
         rows = json.loads(out) if code == 0 else []
-        if rows and any(r["state"] == "completed" and int(r["acquired"]) >= 1 for r in rows):
-            break
-        await asyncio.sleep(3)
+        return any(r["state"] == "completed" and int(r["acquired"]) >= 1 for r in rows)
+
+    with contextlib.suppress(WaitTimeout):  # the assertion below says what was there
+        await eventually_async(
+            acquired, timeout=300, what="a completed ci-runners acquisition", every=3, retrying=()
+        )
     assert any(r["state"] == "completed" and int(r["acquired"]) >= 1 for r in rows), (
         f"{rows}\n{logs(deployments)}"
     )
@@ -607,14 +627,10 @@ async def _acquisition_notice_and_ledger(
         out = podman("exec", ctr, "python3", "-c", count_rows, timeout=120, check=False)
         return int(out.strip().splitlines()[-1]) if out.strip() else 0
 
-    deadline = time.monotonic() + 180
     count = 0
-    while time.monotonic() < deadline:
-        try:
-            count = await asyncio.to_thread(events)
-        except Exception:  # the table appears with the consumer's first batch
-            count = 0
-        if count:
-            break
-        await asyncio.sleep(3)
+    with contextlib.suppress(WaitTimeout):  # the assertion below carries the logs
+        # An error is "not yet": the table appears with the consumer's first batch.
+        count = await eventually_async(
+            lambda: asyncio.to_thread(events), timeout=180, what="ledger rows", every=3
+        )
     assert count >= 1, logs(deployments)

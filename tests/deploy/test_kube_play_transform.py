@@ -9,10 +9,20 @@ from pathlib import Path
 import pytest
 
 from tests.deploy.test_k8s_manifests import needs_kubectl, render
-from tests.support.kube_play import DROPPED_KINDS, MissingSecret, PlayInputs, for_podman
+from tests.support.kube_play import (
+    DROPPED_DEPLOYMENTS,
+    DROPPED_KINDS,
+    MissingSecret,
+    PlayInputs,
+    for_podman,
+)
 
 SECRETS = {
     "sco-secrets": {"SCO_POSTGRES_DSN": "postgresql://x/db", "SCO_LEDGER_DSN": "chdb:///l"},
+    "sco-credentials": {"postgres.password": "p", "ledger.password": "l", "kafka.password": "k"},
+    "sco-tls": {"tls.crt": "c", "tls.key": "k", "ca.crt": "a"},
+    "sco-nats-control": {"password": "n"},
+    **{f"sco-nats-relay-{h}": {"password": "n"} for h in "abcd"},
     "sco-clouds": {"clouds.yaml": "clouds: {}\n"},
     "sco-contract-trust": {"k1.pub": "ab"},
     "sco-notice-key": {"notice.key": "cd"},
@@ -120,9 +130,12 @@ def test_overlay_r1_needs_only_the_documented_secrets_and_keeps_its_shape(tmp_pa
     played = for_podman(rendered, _inputs(tmp_path))
     kinds = [d["kind"] for d in played.docs]
     assert not DROPPED_KINDS & set(kinds)
-    assert sorted(played.jobs) == ["sco-db-migrate", "sco-temporal-bootstrap"]
+    assert sorted(played.jobs) == ["sco-db-migrate-0.1.0", "sco-temporal-bootstrap-0.1.0"]
     deployments = [d for d in rendered if d["kind"] == "Deployment"]
-    assert kinds.count("Deployment") == len(deployments) == 7
+    assert len(deployments) == 8
+    played_names = {d["metadata"]["name"] for d in played.docs}
+    assert {d["metadata"]["name"] for d in deployments} - played_names == DROPPED_DEPLOYMENTS
+    assert kinds.count("Deployment") == 7
     region = next(d for d in played.docs if d["metadata"]["name"] == "sco-region")
     assert region["data"]["SCO_NATS_URL"] == "nats://10.0.2.2:4222"
     assert region["data"]["SCO_REGION"] == "r1"  # rendered values stay
@@ -150,3 +163,18 @@ def test_overlay_r1_needs_only_the_documented_secrets_and_keeps_its_shape(tmp_pa
     assert "initContainers" not in worker["spec"]["template"]["spec"]
     probe = containers[1]["readinessProbe"]
     assert probe["httpGet"] == {"path": "/readyz", "port": 8080}
+
+
+def test_plaintext_drops_tls_and_passwords_but_keeps_the_rest() -> None:
+    import tomllib
+
+    from tests.deploy.test_k8s_manifests import K8S
+    from tests.support.kube_play import plaintext_config
+    from workers.settings import Settings
+
+    shipped = (K8S / "base" / "sco.toml").read_text()
+    s = Settings(**tomllib.loads(plaintext_config(shipped)))
+    assert not (s.nats_tls.enabled or s.temporal.tls.enabled or s.kafka.tls.enabled)
+    assert not (s.ledger.tls.enabled or s.postgres.sslmode or s.postgres.password_file)
+    assert not s.kafka.sasl_username and s.ledger.password_file is None
+    assert s.worker.versioning and s.kafka.replication_factor == 3

@@ -9,7 +9,6 @@ import shutil
 import socket
 import ssl
 import subprocess
-import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,7 +36,8 @@ from tests.support import tools
 from tests.support.agent_fakes import RecordingScheduler, agent_config, notice_key, signed_bundle
 from tests.support.nats_sync import server_has_seen
 from tests.support.paths import REPO
-from workers.nats_permissions import agent_inbox, region_users, write_users
+from tests.support.wait import eventually
+from workers.nats_permissions import agent_inbox, identity_inbox, region_users, write_users
 
 pytestmark = pytest.mark.timeout(60)
 NODES = [("A", "node-a1"), ("A", "node-a2"), ("B", "node-b1")]
@@ -94,14 +94,13 @@ def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         env=env, stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:
-        end = time.monotonic() + 15
-        while True:
+
+        def listening() -> bool:
             assert proc.poll() is None, (d / "nats.log").read_text()
             with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            assert time.monotonic() < end, "nats-server did not listen"
-            time.sleep(0.05)
+                return s.connect_ex(("127.0.0.1", port)) == 0
+
+        eventually(listening, timeout=30, what=f"nats-server listening on {port}", retrying=())
         yield Server(f"tls://127.0.0.1:{port}", d / "ca.crt", d / "secrets")
     finally:
         proc.terminate()
@@ -128,6 +127,8 @@ async def connect(server: Server, user: str, **options: Any) -> Conn:
     async def on_error(exc: Exception) -> None:
         errors.append(str(exc))
 
+    if not user.startswith("agent-"):  # every other identity reads replies under its own
+        options.setdefault("inbox_prefix", identity_inbox(user))
     nc = await nats.connect(
         server.url,
         user=user,
@@ -173,7 +174,8 @@ async def heard(conn: Conn, subject: str) -> list[Msg]:
 async def settle(*conns: Conn) -> None:
     for c in conns:
         await server_has_seen(c.nc)
-    await asyncio.sleep(0.3)  # the server's -ERR arrives asynchronously
+    # sleep is the behaviour under test: no more deliveries or -ERRs (they come async) meanwhile
+    await asyncio.sleep(0.3)
 
 
 async def test_plain_and_unauthenticated_connections_are_refused(nats_server: Server) -> None:
@@ -201,7 +203,7 @@ async def test_an_agent_cannot_publish_a_notice(conns: dict[str, Conn]) -> None:
     await agent.nc.publish("sco.r1.notice.A.node-a1", forged)
     with pytest.raises(Exception):  # noqa: B017 - no JetStream ack ever comes
         await agent.nc.jetstream().publish("sco.r1.notice.A.node-a2", forged, timeout=1)
-    await wait_for(lambda: len(agent.violations()) >= 2, 10)
+    await wait_for(lambda: len(agent.violations()) >= 2, "both publish violations")
     await settle(agent, control)
     assert got == []
     assert len(agent.violations()) == 2
@@ -213,7 +215,10 @@ async def test_an_agent_cannot_read_another_nodes_notices(conns: dict[str, Conn]
     got = await heard(agent, "sco.r1.notice.A.node-a2")
     sniffed = await heard(agent, f"{agent_inbox('node-a2')}.>")
     await relay.nc.publish("sco.r1.notice.A.node-a2", b"for a2 only")
-    await wait_for(lambda: len([v for v in agent.violations() if "for subscription" in v]) >= 2, 10)
+    await wait_for(
+        lambda: len([v for v in agent.violations() if "for subscription" in v]) >= 2,
+        "both subscription violations",
+    )
     await settle(relay, agent)
     assert got == [] and sniffed == []
     assert len([v for v in agent.violations() if "for subscription" in v]) == 2
@@ -231,11 +236,13 @@ async def test_an_agent_cannot_publish_a_reclaim_request(conns: dict[str, Conn])
     agent, operator, relay = conns["a1"], conns["operator"], conns["relay-A"]
     got = await heard(relay, "sco.r1.reclaim.A")
     await agent.nc.publish("sco.r1.reclaim.A", b'{"pool_id": "r1.A.cpu.l"}')
-    await wait_for(lambda: any("sco.r1.reclaim.a" in v for v in agent.violations()), 10)
+    await wait_for(
+        lambda: any("sco.r1.reclaim.a" in v for v in agent.violations()), "the reclaim violation"
+    )
     await settle(agent, relay)
     assert got == [] and any("sco.r1.reclaim.a" in v for v in agent.violations())
     await operator.nc.publish("sco.r1.reclaim.A", b'{"pool_id": "r1.A.cpu.l"}')
-    await wait_for(lambda: len(got) >= 1, 10)
+    await wait_for(lambda: len(got) >= 1, "the operator's reclaim request")
     await settle(operator, relay)
     assert len(got) == 1 and operator.violations() == []  # the operator's goes through
 
@@ -247,7 +254,7 @@ async def test_a_relay_cannot_publish_for_another_hall(conns: dict[str, Conn]) -
     await relay.nc.publish("sco.r1.notice.A.node-a1", b"my hall")
     # Both the delivery and the server's permissions error arrive asynchronously: wait for
     # both (bounded), then settle for anything extra.
-    await wait_for(lambda: bool(got) and bool(relay.violations()), 10)
+    await wait_for(lambda: bool(got) and bool(relay.violations()), "the delivery and the error")
     await settle(relay, control)
     assert [m.subject for m in got] == ["sco.r1.notice.A.node-a1"]
     assert len(relay.violations()) == 1 and "sco.r1.notice.b.node-b1" in relay.violations()[0]
@@ -299,7 +306,8 @@ async def test_an_agent_with_its_own_identity_drains_a_relay_notice(
         assert scheduler.ops() == [("cordon", "node-a1")]
         # Reported on its own subject (earlier tests' junk in the stream is refused there too).
         await wait_for(
-            lambda: "drain_finished" in [json.loads(m.data)["event"] for m in reports], 5
+            lambda: "drain_finished" in [json.loads(m.data)["event"] for m in reports],
+            "drain_finished on the agent's subject",
         )
         events = [json.loads(m.data)["event"] for m in reports]
         assert {"notice_received", "drain_finished"} <= set(events)

@@ -16,7 +16,12 @@ from tests.support.paths import REPO
 
 CONFIG = REPO / "deploy" / "patroni" / "patroni-r1.example.yml"
 #: Validation findings about the machine the check runs on, not about the file.
-HOST_ONLY = ("Name or service not known", "is already in use", "does not exist")
+HOST_ONLY = (
+    "Name or service not known",
+    "Temporary failure in name resolution",
+    "is already in use",
+    "does not exist",
+)
 
 
 @pytest.fixture(scope="module")

@@ -29,6 +29,7 @@ from activities.provider.simulator import Latency, SimulatedCloud
 from contracts.region import Region
 from tests.support import chaos, tools
 from tests.support.patroni_cluster import ClusterError, PatroniCluster, missing_prerequisite
+from tests.support.wait import eventually, eventually_async
 from tests.support.worker_kills import (
     KillableWorker,
     region_namespace,
@@ -67,14 +68,15 @@ def _healthy(patroni: PatroniCluster) -> None:
 def _when_writable(dsn: str, query: str, started: float) -> tuple[object, ...] | None:
     """`query`'s row on the first connection that reaches a writable primary (retried
     as SCO's activities retry, bounded by FAILOVER_WITHIN from `started`)."""
-    while True:
-        try:
-            with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
-                return conn.execute(query).fetchone()
-        except psycopg.OperationalError:
-            if time.monotonic() - started > FAILOVER_WITHIN:
-                raise
-            time.sleep(0.5)
+
+    def row() -> tuple[tuple[object, ...] | None]:
+        with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
+            return (conn.execute(query).fetchone(),)  # a tuple: truthy even when no row
+
+    left = max(0.0, FAILOVER_WITHIN - (time.monotonic() - started))
+    return eventually(
+        row, timeout=left, what="a writable primary", every=0.5, retrying=psycopg.OperationalError
+    )[0]
 
 
 def _kill_leader(patroni: PatroniCluster) -> tuple[str, str]:
@@ -190,13 +192,15 @@ async def test_killing_the_primary_mid_acquisition_loses_nothing(
     total = ACQUISITIONS * INSTANCES_EACH
     try:
         # Mid-acquisition: some instances recorded, most still to come.
-        deadline = time.monotonic() + 120
-        recorded_at_kill = 0
-        while recorded_at_kill < total // 4:
-            assert time.monotonic() < deadline, "the acquisitions never got going"
+
+        async def recorded() -> int | None:
             assert worker.alive(), worker.log.read_text()[-2000:]
-            await asyncio.sleep(0.2)
-            recorded_at_kill = len(await asyncio.to_thread(_fleet_rows, patroni_fleet))
+            count = len(await asyncio.to_thread(_fleet_rows, patroni_fleet))
+            return count if count >= total // 4 else None
+
+        recorded_at_kill = await eventually_async(
+            recorded, timeout=120, what=f"{total // 4} instances recorded", retrying=()
+        )
         # Counted just before the kill: a count after it waits for the promotion (the DSN
         # wants a read-write member), by when the worker may well have finished.
         old, sync = await asyncio.to_thread(_kill_leader, patroni)

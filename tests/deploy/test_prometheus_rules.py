@@ -11,7 +11,7 @@ import yaml
 
 from tests.support import tools
 from tests.support.paths import REPO
-from workers.devbox.prometheus import RULES_FILE, k8s_prometheus_rule
+from workers.devbox.prometheus import GLOBAL_RULES_FILE, RULES_FILE, k8s_prometheus_rule
 
 PROM = REPO / "deploy" / "prometheus"
 UNIT_TESTS = PROM / "tests" / "sco_test.yml"
@@ -60,3 +60,40 @@ def test_the_k8s_prometheus_rule_is_the_rendered_rules_file() -> None:
         "deploy/k8s/base/prometheusrule.yaml is stale: "
         "sco dev prometheus-rule > deploy/k8s/base/prometheusrule.yaml"
     )
+
+
+ESTATE_TESTS = PROM / "tests" / "estate_test.yml"
+
+
+def test_estate_rules_pass_promtool_check_and_their_unit_tests() -> None:
+    out = _promtool("check", "rules", str(GLOBAL_RULES_FILE))
+    assert out.returncode == 0, out.stdout + out.stderr
+    out = _promtool("test", "rules", str(ESTATE_TESTS))
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_every_estate_alert_has_a_firing_and_a_not_firing_case() -> None:
+    groups = yaml.safe_load(GLOBAL_RULES_FILE.read_text())["groups"]
+    alerts = {r["alert"] for g in groups for r in g["rules"] if "alert" in r}
+    cases = [
+        case
+        for test in yaml.safe_load(ESTATE_TESTS.read_text())["tests"]
+        for case in test.get("alert_rule_test", [])
+    ]
+    assert alerts - {c["alertname"] for c in cases if c.get("exp_alerts")} == set()
+    assert alerts - {c["alertname"] for c in cases if not c.get("exp_alerts")} == set()
+
+
+def test_the_estate_rules_read_only_what_the_global_prometheus_federates() -> None:
+    """Every sco:* series an estate rule reads is a regional recording rule."""
+    import re
+
+    regional = {
+        r["record"]
+        for g in yaml.safe_load(RULES_FILE.read_text())["groups"]
+        for r in g["rules"]
+        if "record" in r
+    }
+    text = GLOBAL_RULES_FILE.read_text()
+    read = set(re.findall(r"\bsco:[a-z_:0-9]+", text))
+    assert read and read <= regional, read - regional

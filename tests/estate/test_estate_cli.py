@@ -45,5 +45,5 @@ async def test_sim_estate_bad_region_is_one_line(tmp_path: Path) -> None:
         cwd=REPO,
     )  # fmt: skip
     assert code != 0
-    assert "regions ['r9'] not among the loaded regions" in text
+    assert "error: --region: unknown r9; known: r1, r2, r3" in text
     assert "Traceback" not in text

@@ -1,5 +1,6 @@
 """The simulated exclusion cycle runs on the workflow's defaults: a default changed on one
-side only would make the estate figures describe a cycle SCO does not run."""
+side only would make the estate figures describe a cycle SCO does not run. (The cycle's
+decisions are one state machine for both: planning.exclusion_cycle.)"""
 
 from __future__ import annotations
 
@@ -17,3 +18,5 @@ def test_the_simulated_cycle_uses_the_workflow_defaults() -> None:
     assert sim.cooldown_jitter == wf.jitter
     assert sim.probe_minutes * 60 == wf.probe_seconds
     assert sim.strike_reset_minutes * 60 == wf.strike_reset_seconds
+    # What the state machine is given, field by field, whichever side builds it.
+    assert sim.exclusion_rules() == wf.cycle_rules()

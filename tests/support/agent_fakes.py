@@ -3,6 +3,7 @@ workload process that answers checkpoints, an agent with a recording scheduler."
 
 from __future__ import annotations
 
+import subprocess
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from contracts.model import EarlyWarningAction
 from contracts.notice import NoticePolicy
 from contracts.source import read_contracts
 from tests.support.paths import EXAMPLES
+from tests.support.wait import checked, eventually, eventually_async
 
 
 @dataclass
@@ -145,20 +147,27 @@ from pathlib import Path
 from agent.checkpoint import register
 delay = float(sys.argv[2])
 def checkpoint_now(reason, deadline):
+    # sleep is the behaviour under test: a checkpoint that takes argv[2] seconds
     time.sleep(delay)
     return "file:///ckpt/" + reason
 register(checkpoint_now, socket_path=Path(sys.argv[1]))
+# sleep is the behaviour under test: the workload runs on until it is stopped
 time.sleep(600)
 """
 
 
 def wait_for_path(path: Path, seconds: float = 10) -> None:
-    import time
+    eventually(path.exists, timeout=seconds, what=f"{path} to appear")
 
-    end = time.monotonic() + seconds
-    while not path.exists():
-        assert time.monotonic() < end, f"{path} never appeared"
-        time.sleep(0.02)
+
+async def registered(proc: subprocess.Popen[bytes], socket: Path, *, within: float) -> None:
+    """Until a job's checkpoint socket is there, failing at once if the job dies first."""
+
+    def up() -> bool:
+        assert proc.poll() is None, "the job died before registering"
+        return socket.exists()
+
+    await eventually_async(checked(up), timeout=within, what=f"{socket} to appear", retrying=())
 
 
 def training_agent(
@@ -177,7 +186,7 @@ def training_agent(
         [
             Workload(
                 id=job,
-                socket_name=f"slurm-{job}",
+                socket_name=f"slurm_{job}",
                 account="mlr",
                 partition="spot",
                 comment="sco-contract=llm-train",

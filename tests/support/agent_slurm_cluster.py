@@ -11,7 +11,6 @@ from __future__ import annotations
 import shutil
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,6 +24,7 @@ from tests.support.slurm_cluster import (
     check_tools,
     start_controller,
 )
+from tests.support.wait import WaitTimeout, eventually
 
 NODE = "agentnode1"
 
@@ -76,21 +76,21 @@ def node_state(cluster: SlurmCluster) -> str:
 
 
 def _wait_node_idle(cluster: SlurmCluster, proc: subprocess.Popen[bytes], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
+    log = cluster.dir / "slurmd.log"
+
+    def idle() -> bool:
         if proc.poll() is not None:
             out = (cluster.dir / "slurmd.out").read_text(errors="replace")
-            log = cluster.dir / "slurmd.log"
             raise RuntimeError(
                 f"slurmd exited {proc.returncode}:\n{out}\n"
                 f"{log.read_text(errors='replace') if log.exists() else ''}"
             )
-        if node_state(cluster) == "idle":
-            return
-        if time.monotonic() > deadline:
-            log = cluster.dir / "slurmd.log"
-            raise RuntimeError(
-                f"node {NODE} not idle after {timeout}s (state {node_state(cluster)!r}):\n"
-                f"{log.read_text(errors='replace') if log.exists() else ''}"
-            )
-        time.sleep(0.2)
+        return node_state(cluster) == "idle"
+
+    try:
+        eventually(idle, timeout=timeout, what=f"node {NODE} idle", retrying=())
+    except WaitTimeout as exc:
+        raise RuntimeError(
+            f"{exc} (state {node_state(cluster)!r}):\n"
+            f"{log.read_text(errors='replace') if log.exists() else ''}"
+        ) from exc

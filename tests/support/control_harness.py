@@ -38,6 +38,7 @@ from contracts.region import Region
 from planning.arbiter import FallbackItem, FallbackPlan
 from tests.support import services
 from tests.support.paths import BASE_DSN, REGIONS_DIR, REPO
+from tests.support.wait import eventually_async
 from workflows.acquisition.workflow import AcquisitionWorkflow
 from workflows.budget.workflow import TokenBudgetWorkflow
 from workflows.controller.workflow import RegionControllerWorkflow
@@ -113,11 +114,14 @@ async def provider_worker(
     extra_activities: Sequence[Callable[..., Any]] = (),
     fleet_activities: FleetActivities | None = None,
     regions_dir: Path = REGIONS_DIR,
+    max_cached_workflows: int = 1000,
 ) -> AsyncIterator[str]:
     """Every control-plane workflow and activity on one queue (yielded), on any provider:
     the simulator here, the real test cloud in `tests/support/testcloud.py`.
     `fleet_activities`: fleet-state writes of the test's own (one that fails, say);
-    `regions_dir`: where the region files are (a bench's own region)."""
+    `regions_dir`: where the region files are (a bench's own region);
+    `max_cached_workflows`: 0 for a worker that replays the whole history for every task
+    (a just-restarted worker's path; no sticky queue for a stopped worker to hold)."""
     queue = queue or f"tq-{uuid.uuid4()}"
     fleet_acts = fleet_activities or FleetActivities(fleet, regions_dir)
     cloud_acts = ProviderActivities(provider)
@@ -146,6 +150,7 @@ async def provider_worker(
                 fleet_acts.record_event,
                 *all_activities(cloud_acts),
                 control_acts.snapshot,
+                control_acts.greedy_plan,
                 control_acts.exact_plan,
                 control_acts.record_acquisition,
                 control_acts.record_decision,
@@ -154,6 +159,7 @@ async def provider_worker(
                 *extra_activities,
             ],
             activity_executor=pool,
+            max_cached_workflows=max_cached_workflows,
         ):
             try:
                 yield queue
@@ -196,6 +202,7 @@ async def region_worker(
     extra_activities: Sequence[Callable[..., Any]] = (),
     fleet_activities: FleetActivities | None = None,
     regions_dir: Path = REGIONS_DIR,
+    max_cached_workflows: int = 1000,
 ) -> AsyncIterator[Harness]:
     """`queue`: default a fresh uuid queue; `extra_*`: more workflows and activities on it;
     `fleet_activities`: in place of the real fleet-state writes; `regions_dir`: where the
@@ -214,6 +221,7 @@ async def region_worker(
         extra_activities=extra_activities,
         fleet_activities=fleet_activities,
         regions_dir=regions_dir,
+        max_cached_workflows=max_cached_workflows,
     ) as q:
         yield Harness(client, q, cloud, fleet, control)
 
@@ -240,13 +248,12 @@ async def instant_boot_worker(
         yield h
 
 
-async def poll_until(check: Callable[[], Awaitable[bool]], within: float = 30.0) -> None:
-    """Await `check` every 50 ms until it holds; AssertionError after `within` seconds."""
-    for _ in range(int(within / 0.05)):
-        if await check():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"condition not met within {within} s")
+async def poll_until(
+    check: Callable[[], Awaitable[bool]], within: float = 30.0, what: str = "the condition"
+) -> None:
+    """`eventually_async` on `check` (every 50 ms at most); WaitTimeout (an AssertionError)
+    after `within` seconds."""
+    await eventually_async(check, timeout=within, what=what, every=0.05)
 
 
 async def skip_time(env: WorkflowEnvironment, seconds: float) -> None:

@@ -119,6 +119,7 @@ def _handler(server: RecordedServer) -> type[BaseHTTPRequestHandler]:
             if response is None:
                 server.unmatched.append(req)
                 response = {"status": 404, "body": not_found_status(parts.path)}
+            # sleep is the behaviour under test: a recorded response that comes late (timeouts)
             time.sleep(response.get("delay_seconds", 0))
             body = response["body"]
             raw = (body if isinstance(body, str) else json.dumps(body)).encode()

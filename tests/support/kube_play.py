@@ -28,6 +28,11 @@ deviation from the real cluster, listed here and in tests/deploy/README.md:
 - A ConfigMap key mounted by `subPath` becomes a host file mounted in its place: kube play
   4.3 mounts the whole ConfigMap as a directory there. Other ConfigMap mounts stay.
 - Scheduling (affinity, topology spread) is left as rendered: one host, kube play ignores it.
+- The contract sync's Deployment is dropped: it needs a git server holding signed commits,
+  which this run does not start; the run publishes the bundle itself, as an operator's
+  `sco contracts publish` would. The sync is tested against real git servers in
+  tests/contracts/test_contract_git_sync.py, its signature check in the image by
+  tests/deploy/test_image.py, its manifest by test_k8s_manifests/test_deploy_consistency.
 """
 
 from __future__ import annotations
@@ -52,6 +57,8 @@ DROPPED_KINDS = frozenset(
     }
 )
 REGION_CONFIGMAP = "sco-region"
+#: Deployments not run here (see the module's doc): the contract sync (no git server).
+DROPPED_DEPLOYMENTS = frozenset({"sco-contract-sync"})
 
 
 class MissingSecret(KeyError):
@@ -65,6 +72,8 @@ class PlayInputs:
     secret_dir: Path  # host directory under which secret volumes are written
     env: dict[str, str] = field(default_factory=dict)  # added to the sco-region ConfigMap
     shared: dict[str, Path] = field(default_factory=dict)  # mount path -> host directory
+    # The box's services speak plaintext on loopback: drop sco.toml's TLS and passwords.
+    plaintext: bool = False
 
 
 @dataclass(frozen=True)
@@ -156,6 +165,28 @@ def _unpublish(container: Doc) -> None:
             get["port"] = numbers[get["port"]]
 
 
+#: sco.toml tables and keys that configure TLS or a password for a service.
+_TLS_TABLES = frozenset({"nats_tls", "postgres", "ledger.tls", "temporal.tls", "kafka.tls"})
+_PASSWORD_KEYS = {"kafka": ("sasl_",), "ledger": ("password_file",)}
+
+
+def plaintext_config(text: str) -> str:
+    """The shipped sco.toml without its TLS tables, SASL and service passwords (the
+    NATS user's password file stays: a server without authorization accepts any user)."""
+    out: list[str] = []
+    table = ""
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("[") and stripped.endswith("]"):
+            table = stripped.strip("[]")
+        if table in _TLS_TABLES:
+            continue
+        if stripped.startswith(_PASSWORD_KEYS.get(table, ("\0",))):
+            continue
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
 def for_podman(rendered: list[Doc], inputs: PlayInputs) -> Played:
     """The rendered documents as kube play runs them, the secret files they mount, and
     which Pods were Jobs. `rendered` is not changed."""
@@ -163,6 +194,11 @@ def for_podman(rendered: list[Doc], inputs: PlayInputs) -> Played:
     files: dict[Path, str] = {}
     jobs: list[str] = []
     named: list[str] = []
+    rendered = copy.deepcopy(rendered)
+    if inputs.plaintext:
+        for d in rendered:
+            if d["kind"] == "ConfigMap" and "sco.toml" in d.get("data", {}):
+                d["data"]["sco.toml"] = plaintext_config(d["data"]["sco.toml"])
     configmaps = {
         d["metadata"]["name"]: {
             **d.get("data", {}),
@@ -175,6 +211,8 @@ def for_podman(rendered: list[Doc], inputs: PlayInputs) -> Played:
         doc = copy.deepcopy(original)
         kind = doc["kind"]
         if kind in DROPPED_KINDS:
+            continue
+        if kind == "Deployment" and doc["metadata"]["name"] in DROPPED_DEPLOYMENTS:
             continue
         if kind == "ConfigMap":
             if doc["metadata"]["name"] == REGION_CONFIGMAP:

@@ -45,6 +45,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from tests.support.paths import REPO
 from tests.support.services import free_port
+from tests.support.wait import WaitTimeout, eventually
 
 SHIPPED = REPO / "deploy" / "patroni" / "patroni-r1.example.yml"
 MEMBERS = ("a", "b", "c")
@@ -411,20 +412,23 @@ class PatroniCluster:
     def wait_for(
         self, check: Callable[[dict[str, Any] | None], bool], within: float, what: str
     ) -> None:
-        deadline = time.monotonic() + within
         state = None
-        while time.monotonic() < deadline:
+
+        def holds() -> bool:
+            nonlocal state
             state = self.cluster_state()
             if check(state):
-                return
+                return True
             for m in self.members:
                 if m.proc is not None and m.proc.poll() is not None:
                     tail = m.log.read_text(errors="replace").splitlines()[-5:]
                     raise ClusterError(f"Patroni {m.name} exited: {' | '.join(tail)}")
-            time.sleep(0.5)
-        raise ClusterError(
-            f"not within {within:.0f} s: {what}; roles {self._roles(state)}; logs in {self.base}"
-        )
+            return False
+
+        try:
+            eventually(holds, timeout=within, what=what, every=0.5, retrying=())
+        except WaitTimeout as exc:
+            raise ClusterError(f"{exc}; roles {self._roles(state)}; logs in {self.base}") from exc
 
     def kill_postgres(self, m: Member) -> int:
         """SIGKILL the member's postmaster (its Patroni stays); returns the pid killed."""

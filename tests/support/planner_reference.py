@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from activities.control.exact_plan import scientific
 from planning.costs import pool_share_cap, spread_cap
 from planning.planner import (
     RESTART_COST_HOURS,
@@ -153,9 +154,7 @@ def milp_reference(inp: PlanInput, time_limit: float = 60.0) -> tuple[int, float
     Variables per usable (contract, pool): y new instances (integer), u units they cover
     (integer, u <= upi * y); per contract: s shortfall units.
     """
-    np = pytest.importorskip("numpy")
-    optimize = pytest.importorskip("scipy.optimize")
-    sparse = pytest.importorskip("scipy.sparse")
+    np, optimize, sparse = scientific()  # under the planner's import lock (see there)
 
     pools = {p.pool_id: p for p in inp.pools}
     cs = inp.contracts

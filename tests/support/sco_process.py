@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +21,8 @@ from contracts import keys
 from contracts.region import Region
 from tests.support import services
 from tests.support.paths import BASE_DSN, REGIONS_DIR, REPO
+from tests.support.wait import WaitTimeout, eventually
+from tests.support.worker_nats import NATS_URL
 
 # Well inside the per-test timeout: a stop that takes longer than this is a hang.
 STOP_SECONDS = 15.0
@@ -50,7 +51,7 @@ def env(process_db: str, tmp_path: Path) -> dict[str, str]:
         "SCO_REGIONS_DIR": str(REGIONS_DIR),
         "SCO_DATA_DIR": str(tmp_path / "data"),
         "SCO_POSTGRES_DSN": process_db,
-        "SCO_NATS_URL": "nats://127.0.0.1:4222",
+        "SCO_NATS_URL": NATS_URL,
         "SCO_PROVIDER__SIMULATOR_PREFIX": f"ps{uuid.uuid4().hex[:8]}",
         "SCO_LEDGER_DSN": f"chdb://{tmp_path / 'ledger'}",
     }
@@ -74,11 +75,15 @@ class Process:
         return self.log.read_text(errors="replace")
 
     def wait_for(self, text: str, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while text not in self.output():
+
+        def logged() -> bool:
             assert self.proc.poll() is None, f"exited {self.proc.returncode}:\n{self.output()}"
-            assert time.monotonic() < deadline, f"no {text!r} in {timeout} s:\n{self.output()}"
-            time.sleep(0.1)
+            return text in self.output()
+
+        try:
+            eventually(logged, timeout=timeout, what=f"{text!r} in the log", retrying=())
+        except WaitTimeout as exc:
+            raise WaitTimeout(f"{exc}:\n{self.output()}") from exc
 
     def stop(self, sig: signal.Signals) -> int:
         """Send `sig`; the exit status, or a failure if it does not stop in time."""

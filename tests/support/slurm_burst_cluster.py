@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from activities.demand.slurm_resume import feature_list
+from contracts.pool_id import PoolId
 from tests.support import tools
 from tests.support.paths import REPO
 from tests.support.slurm_cluster import (
@@ -122,8 +123,8 @@ def burst_cluster(
         cpus = os.cpu_count() or 1
         node_lines = []
         for node, pool_id in nodes.items():
-            _, hall, sku, size = pool_id.split(".")
-            features = ",".join(feature_list(pool_id, hall, sku, size, "reclaimable"))
+            pid = PoolId.parse(pool_id)
+            features = ",".join(feature_list(pool_id, pid.hall, pid.sku, pid.size, "reclaimable"))
             node_lines.append(
                 f"NodeName={node} NodeAddr=127.0.0.1 NodeHostname={node} CPUs={cpus} "
                 f"RealMemory=500 Features={features} State=CLOUD"

@@ -17,13 +17,13 @@ import signal
 import socket
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from tests.support import tools
 from tests.support.services import free_port
+from tests.support.wait import WaitTimeout, eventually
 
 #: What every test cluster's slurm.conf holds: our own munged, state and logs in the test's
 #: directory, no accounting database. Each cluster adds its name, nodes and partitions.
@@ -196,26 +196,34 @@ def _start_munged(directory: Path, sock: Path) -> subprocess.Popen[bytes]:
             stdout=sink,
             stderr=subprocess.STDOUT,
         )
-    deadline = time.monotonic() + 10
-    while not sock.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            _stop(proc)
-            raise RuntimeError(f"munged did not start: {out.read_text(errors='replace')}")
-        time.sleep(0.05)
+
+    def up() -> bool:
+        if proc.poll() is not None:
+            raise RuntimeError(f"munged exited {proc.returncode}")
+        return sock.exists()
+
+    try:
+        eventually(up, timeout=10, what=f"munged's socket {sock}", retrying=())
+    except (RuntimeError, WaitTimeout) as exc:
+        _stop(proc)
+        raise RuntimeError(
+            f"munged did not start ({exc}): {out.read_text(errors='replace')}"
+        ) from exc
     return proc
 
 
 def _wait_until_up(cluster: SlurmCluster, proc: subprocess.Popen[bytes], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def up() -> bool:
         if proc.poll() is not None:
             out = (cluster.dir / "slurmctld.out").read_text(errors="replace")
             raise RuntimeError(f"slurmctld exited {proc.returncode}:\n{out}\n{cluster.log()}")
-        if cluster.run("scontrol", "ping", timeout=10).returncode == 0:
-            return
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"slurmctld not up after {timeout}s:\n{cluster.log()}")
-        time.sleep(0.2)
+        return cluster.run("scontrol", "ping", timeout=10).returncode == 0
+
+    try:
+        eventually(up, timeout=timeout, what="slurmctld answering scontrol ping", retrying=())
+    except WaitTimeout as exc:
+        raise RuntimeError(f"slurmctld not up ({exc}):\n{cluster.log()}") from exc
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:

@@ -13,13 +13,13 @@ import contextlib
 import json
 import os
 import subprocess
-import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tests.support.services import free_port
+from tests.support.wait import WaitTimeout, eventually
 
 HOST = "127.0.0.1"
 DAEMON_OPTS = "-Dspark.decommission.enabled=true"
@@ -42,17 +42,13 @@ def get_json(url: str) -> Any:
 
 def wait_for(what: str, check: Any, seconds: float, logs: list[Path]) -> Any:
     """Poll `check()` until it returns something truthy (errors count as not yet)."""
-    end = time.monotonic() + seconds
-    last: BaseException | None = None
-    while time.monotonic() < end:
-        try:
-            if value := check():
-                return value
-        except (OSError, ValueError, KeyError) as exc:
-            last = exc
-        time.sleep(0.25)
-    tails = "\n".join(f"--- {p}\n{p.read_text()[-3000:]}" for p in logs if p.exists())
-    raise AssertionError(f"{what} not within {seconds}s (last error: {last})\n{tails}")
+    try:
+        return eventually(
+            check, timeout=seconds, what=what, every=0.25, retrying=(OSError, ValueError, KeyError)
+        )
+    except WaitTimeout as exc:
+        tails = "\n".join(f"--- {p}\n{p.read_text()[-3000:]}" for p in logs if p.exists())
+        raise WaitTimeout(f"{exc}\n{tails}") from exc
 
 
 @dataclass

@@ -14,11 +14,14 @@ from typing import Any, NoReturn
 
 import pytest
 
+from activities.provider.errors import Transient
 from activities.provider.openstack import OpenStackProvider
 from contracts import keys
 from contracts.cache import BundleCache
 from contracts.compiler import compile_and_sign
+from tests.support import prep
 from tests.support.paths import REGIONS_DIR, REPO
+from tests.support.wait import eventually_async
 
 CLOUD = "sco-testcloud"
 
@@ -36,6 +39,8 @@ def clouds_yaml() -> Path:
 
 def connect_provider() -> OpenStackProvider:
     """The OpenStack provider on the test cloud; TestCloudMissing when it is not there."""
+    if (failed := prep.outcome("testcloud")) is not None:
+        raise TestCloudMissing(failed)
     path = clouds_yaml()
     if not path.is_file():
         raise TestCloudMissing(f"no test cloud ({path} missing; run make testcloud-up)")
@@ -51,10 +56,11 @@ def provider_or_skip() -> OpenStackProvider:
     try:
         return connect_provider()
     except TestCloudMissing as exc:
-        _unavailable(str(exc))
+        unavailable(str(exc))
 
 
-def _unavailable(reason: str) -> NoReturn:
+def unavailable(reason: str) -> NoReturn:
+    """Skip, or fail under SCO_REQUIRE_TESTCLOUD=1 (CI: every test must run)."""
     if os.environ.get("SCO_REQUIRE_TESTCLOUD") == "1":
         pytest.fail(f"SCO_REQUIRE_TESTCLOUD=1 but {reason}", pytrace=False)
     pytest.skip(reason)
@@ -102,3 +108,16 @@ def sco_leases(conn: Any, region: str = "r1") -> list[dict[str, Any]]:
     resp = conn.reservation.get("/leases")
     resp.raise_for_status()
     return [lease for lease in resp.json()["leases"] if lease["name"].startswith(f"sco-{region}-")]
+
+
+async def delete_lease(provider: OpenStackProvider, lease_id: str, within: float = 120) -> None:
+    """Delete a Blazar lease, waiting out the states Blazar refuses a delete in (a lease
+    starting or ending answers 500 "Invalid lease status" until its manager moves on)."""
+
+    async def deleted() -> bool:
+        await provider.delete_reservation(lease_id)
+        return True
+
+    await eventually_async(
+        deleted, timeout=within, what=f"lease {lease_id} deleted", every=2, retrying=(Transient,)
+    )

@@ -76,11 +76,29 @@ TOOLS: tuple[Tool, ...] = (
         "prometheus",
         "apt",
         ("prometheus", "promtool"),
-        "tests/deploy/test_prometheus_rules.py, tests/workers/test_box_prometheus.py",
+        "tests/deploy/test_prometheus_rules.py, tests/workers/test_box_prometheus.py, "
+        "tests/workers/test_box_regions.py",
+    ),
+    # Headless Chromium: the operator console's pages rendered and photographed.
+    Tool(
+        "chromium",
+        "apt",
+        ("chromium",),
+        "tests/workers/test_box_regions.py (console)",
     ),
     Tool("lintian", "apt", ("lintian",), "tests/deploy/test_agent_deb.py (lintian)"),
     # TLS in front of Temporal with client-certificate verification and grpc_pass.
-    Tool("nginx", "apt", ("nginx",), "tests/workers/test_tls_clients.py (Temporal behind nginx)"),
+    Tool(
+        "nginx",
+        "apt",
+        ("nginx",),
+        "tests/workers/test_tls_clients.py (Temporal behind nginx), "
+        "tests/contracts/test_contract_git_sync.py (smart HTTP)",
+    ),
+    # Runs `git http-backend` behind nginx: the contract repository over smart HTTP.
+    Tool(
+        "fcgiwrap", "apt", ("fcgiwrap",), "tests/contracts/test_contract_git_sync.py (smart HTTP)"
+    ),
     Tool(
         "openssl",
         "apt",

@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -32,9 +32,12 @@ from activities.fleet.migrate import migrate
 from activities.fleet.repository import FleetRepository
 from activities.provider.sim_service import serve
 from activities.provider.simulator import Latency, SimulatedCloud
+from contracts.pool_id import PoolId
 from contracts.region import Region
 from tests.support import services
 from tests.support.paths import BASE_DSN, REGIONS_DIR, REPO
+from tests.support.wait import eventually_async
+from tests.support.worker_nats import NATS_URL
 from workers.temporal_bootstrap import bootstrap_namespace
 from workflows.acquisition.models import AcquisitionInput, AcquisitionResult, LaunchItem
 from workflows.acquisition.workflow import AcquisitionWorkflow
@@ -62,7 +65,7 @@ async def served_cloud(
     prefix = f"{tag}{uuid.uuid4().hex[:8]}"
     loop = asyncio.get_running_loop()
     cloud = SimulatedCloud(region, latency=latency, clock=loop.time)
-    nc = await nats.connect("nats://127.0.0.1:4222")
+    nc = await nats.connect(NATS_URL)
     task = asyncio.create_task(serve(cloud, nc, prefix=prefix))
     yield cloud, prefix
     task.cancel()
@@ -117,6 +120,7 @@ async def kill_repeatedly(
     """Kill and restart the worker `times` times, `low`..`high` seconds apart (seeded)."""
     rng = random.Random(seed)
     for _ in range(times):
+        # sleep is the behaviour under test: the (seeded) pause between chaos kills
         await asyncio.sleep(rng.uniform(low, high))
         worker.kill()
         worker.start()
@@ -132,13 +136,18 @@ async def region_namespace(server: WorkflowEnvironment, tag: str) -> tuple[Clien
         data_converter=pydantic_data_converter,
     )
     # A new namespace takes a moment to become usable on the dev server.
-    for _ in range(100):
-        try:
-            await client.count_workflows()
-            break
-        except RPCError:
-            await asyncio.sleep(0.1)
+    await eventually_async(
+        lambda: _usable(client),
+        timeout=60,
+        what=f"namespace {prefix}r1 usable on the dev server",
+        retrying=RPCError,
+    )
     return client, prefix
+
+
+async def _usable(client: Client) -> bool:
+    await client.count_workflows()
+    return True
 
 
 #: r1's pools the acquisitions go round, one a hall.
@@ -153,14 +162,14 @@ async def start_acquisitions(
     handles = []
     for i in range(count):
         pool = POOLS[i % len(POOLS)]
-        hall, sku, size = pool.split(".")[1:]
+        pid = PoolId.parse(pool)
         inp = AcquisitionInput(
             region="r1",
             contract=f"{tag}-{i}",
             tier=2,
             items=[
                 LaunchItem(
-                    pool_id=pool, hall=hall, flavor=f"{sku}.{size}", instances=each, units=each
+                    pool_id=pool, hall=pid.hall, flavor=pid.flavor, instances=each, units=each
                 )
             ],
             max_parallel=max_parallel,
@@ -187,11 +196,13 @@ def worker_env(
         "SCO_TEMPORAL__ADDRESS": address,
         "SCO_TEMPORAL__NAMESPACE_PREFIX": ns_prefix,
         "SCO_POSTGRES_DSN": dsn,
-        "SCO_NATS_URL": "nats://127.0.0.1:4222",
+        "SCO_NATS_URL": NATS_URL,
         "SCO_REGIONS_DIR": str(REGIONS_DIR),
         "SCO_DATA_DIR": str(tmp_path / "data"),
         "SCO_LEDGER_DSN": "chdb://memory",
         "SCO_WORKER__METRICS_PORT": "0",
+        # 0: its default (9465) is one port for every xdist worker's region worker
+        "SCO_WORKER__STATE_METRICS_PORT": "0",
         "SCO_WORKER__HEALTH_PORT": "0",
         "SCO_WORKER__START_CONTROLLERS": "false",
         "SCO_WORKER__GRACEFUL_SHUTDOWN_SECONDS": "0",
@@ -256,11 +267,3 @@ async def results(
 
     oks = await asyncio.gather(*(one(h) for h in handles))
     return sum(1 for ok in oks if not ok)
-
-
-async def until(check: Callable[[], Awaitable[bool]], *, within: float) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while not await check():
-        assert loop.time() < deadline, f"not within {within} s"
-        await asyncio.sleep(0.2)

@@ -35,18 +35,19 @@ from activities.control.models import partition_of
 from activities.decisions import Decision, decisions_topic
 from activities.fleet.db import open_pool
 from activities.fleet.migrate import migrate
-from activities.fleet.relay import OutboxRelay
 from activities.fleet.repository import FleetRepository
 from activities.ledger import LedgerStore, decisions
-from activities.ledger.consumer import LedgerConsumer
 from activities.provider.sim_service import serve
 from activities.provider.simulator import SimulatedCloud
 from contracts import keys
 from contracts.compiler import compile_and_sign
 from contracts.region import Region
+from services.ledger_consumer.consumer import LedgerConsumer
+from services.outbox_relay.relay import OutboxRelay
 from tests.support import services
 from tests.support.control_harness import fallback_above_authority, install_example_bundle
 from tests.support.paths import BASE_DSN, EXAMPLES, REGIONS_DIR, REPO
+from tests.support.wait import eventually_async
 from workers.devbox import process
 from workers.devbox.services import NatsService
 from workers.settings import ControlSettings, Settings
@@ -127,12 +128,15 @@ async def waiting_for_approval(client: Client, wid: str, contract: str) -> str:
         id=wid,
         task_queue="sco-r1",
     )
-    for _ in range(300):
+
+    async def awaiting() -> bool:
         p: AcquisitionProgress = await handle.query(AcquisitionWorkflow.progress)
-        if p.fallback is FallbackState.AWAITING_APPROVAL:
-            return wid
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"{wid} never waited for approval")
+        return p.fallback is FallbackState.AWAITING_APPROVAL
+
+    await eventually_async(
+        awaiting, timeout=60, what=f"{wid} waiting for approval", every=0.1, retrying=()
+    )
+    return wid
 
 
 def ledger_decisions(dsn: str, bootstrap: str, store: LedgerStore, want: int) -> list[Decision]:
@@ -190,6 +194,8 @@ async def test_every_operator_action_is_a_ledger_decision(
         "SCO_NOTICES__SIGNING_KEY_FILE": str(keys.generate(tmp_path / "notice-keys")[1]),
         "SCO_WORKER__HEALTH_PORT": str(health),
         "SCO_WORKER__METRICS_PORT": "0",
+        # 0: its default (9465) is one port for every xdist worker's region worker
+        "SCO_WORKER__STATE_METRICS_PORT": "0",
         "SCO_WORKER__GRACEFUL_SHUTDOWN_SECONDS": "5",
         "SCO_TEMPORAL__UI_URL": "http://temporal-ui.test:8080/",
     }
@@ -219,10 +225,10 @@ async def test_every_operator_action_is_a_ledger_decision(
     relay = spawn(env, relay_log, "notice-relay", "--region", "r1", "--hall", "D")
     started = time.monotonic()
     try:
-        for _ in range(300):
-            if ready(f"http://127.0.0.1:{health}/readyz"):
-                break
-            await asyncio.sleep(0.1)
+        url = f"http://127.0.0.1:{health}/readyz"
+        await eventually_async(
+            lambda: asyncio.to_thread(ready, url), timeout=90, what="the worker ready", every=0.1
+        )
         r1 = ("--region", "r1")
         out = await sco(
             "demand", "set", "ci-runners", "2", *r1, "--by", who["alice"], "--reason", "d"

@@ -1,6 +1,7 @@
 """The region in a box with its real Prometheus: every process's target is `up`, every
-panel of the on-call dashboard returns series, and a hall loss makes the floor alert fire
-and resolve after the rebuild (on a copy of the rules whose `for:` are zero)."""
+panel of the on-call dashboard returns series, a hall loss makes the floor alert fire
+and resolve after the rebuild, and a workflow whose tasks fail fires SCOWorkflowTaskFailing
+(on a copy of the rules whose `for:` are zero)."""
 
 from __future__ import annotations
 
@@ -23,11 +24,13 @@ import yaml
 from activities.provider.sim_service import SimulatorClient
 from tests.support import services, tools
 from tests.support.paths import BASE_DSN, REGIONS_DIR, REPO
+from tests.support.wait import eventually
 from tests.workers.test_devbox import sco
 from workers.devbox.box import Box
 from workers.devbox.prometheus import RULES_FILE
 from workers.devbox.services import ChildProcessService, region_processes
 from workers.settings import Settings
+from workers.temporal_connect import connect
 
 pytestmark = [pytest.mark.devbox, pytest.mark.timeout(900)]
 
@@ -113,15 +116,14 @@ def _query(s: Settings, expr: str) -> list[dict[str, Any]]:
 
 
 def _until(what: str, probe: Callable[[], T | None], timeout: float) -> T:
-    """Poll `probe` until it returns something truthy; fail naming `what` and the last value."""
-    deadline = time.monotonic() + timeout
-    last: T | None = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(1)
-    raise AssertionError(f"{what} not within {timeout:.0f} s (last: {last!r})")
+    """`eventually` at Prometheus's pace (a scrape a second); a probe's error fails at once."""
+    return eventually(probe, timeout=timeout, what=what, every=1, retrying=())
+
+
+def _process_logs(s: Settings, tail: int = 600) -> str:
+    """The end of every box process's log: what a target that never came up said."""
+    logs = sorted((s.data_dir / "logs").glob("*.log"))
+    return "\n".join(f"--- {p.name}:\n{p.read_text(errors='replace')[-tail:]}" for p in logs)
 
 
 def _status(port: int, path: str) -> int:
@@ -161,15 +163,25 @@ def test_every_target_up_every_panel_answers_and_a_hall_loss_fires_the_floor_ale
 ) -> None:
     s = box
 
+    not_up: list[str] = []
+
     def all_up() -> dict[str, int] | None:
         active = _api(s, "targets", state="active")["activeTargets"]
         up: dict[str, int] = {}
+        not_up[:] = []
         for t in active:
             if t["health"] == "up":
                 up[t["labels"]["job"]] = up.get(t["labels"]["job"], 0) + 1
+            else:
+                not_up.append(f"{t['scrapeUrl']} {t['health']}: {t.get('lastError', '')}")
         return up if up == JOBS else None
 
-    _until("every process's target up", all_up, timeout=120)
+    # Ten processes starting beside the rest of the suite on two cores: a bounded wait that
+    # names the targets still down when it gives up.
+    try:
+        _until("every process's target up", all_up, timeout=240)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; not up: {not_up}; {_process_logs(s)}") from None
     # The alert follows the targets within an evaluation (its `for:` is zero here).
     _until("SCOProcessDown quiet", lambda: not _firing(s, "SCOProcessDown"), timeout=30)
 
@@ -242,9 +254,46 @@ def test_every_target_up_every_panel_answers_and_a_hall_loss_fires_the_floor_ale
     _until("the floor rebuilt without B and SCOFloorBelowUnits resolved", rebuilt, timeout=600)
     assert _firing(s, "SCOHallLost")  # the hall stays lost until an operator restores it
 
+    asyncio.run(_a_broken_workflow_fires_the_task_failure_alert(s))
+
 
 async def _fail_hall(sim: SimulatorClient, hall: str) -> None:
     try:
         await sim.fail_hall(hall)
     finally:
         await sim.close()
+
+
+#: A workflow type no worker registers: every task of it fails on the region worker, as a
+#: workflow wedged by a nondeterminism error does (issue 37), and the SDK counts each one.
+BROKEN_TYPE = "SCOBoxBrokenWorkflow"
+
+
+async def _a_broken_workflow_fires_the_task_failure_alert(s: Settings) -> None:
+    """A workflow whose tasks fail on the region worker makes SCOWorkflowTaskFailing fire
+    in the box's real Prometheus, from the worker's own SDK metrics, naming its type."""
+    client = await connect(s, "r1")
+    handle = await client.start_workflow(
+        BROKEN_TYPE, id=f"broken-{uuid.uuid4().hex[:8]}", task_queue=s.temporal.task_queue("r1")
+    )
+    try:
+        firing = await asyncio.to_thread(
+            eventually,
+            lambda: [
+                a
+                for a in _firing(s, "SCOWorkflowTaskFailing")
+                if a["labels"].get("workflow_type") == BROKEN_TYPE
+            ],
+            timeout=180,
+            what=f"SCOWorkflowTaskFailing firing for {BROKEN_TYPE}",
+        )
+        assert firing[0]["labels"]["namespace"] == s.temporal.namespace("r1"), firing
+        # The region's own workflows are not failing: only the broken one is named.
+        others = [
+            a["labels"].get("workflow_type")
+            for a in _firing(s, "SCOWorkflowTaskFailing")
+            if a["labels"].get("workflow_type") != BROKEN_TYPE
+        ]
+        assert others == [], others
+    finally:
+        await handle.terminate("box test: the alert fired")

@@ -75,6 +75,7 @@ def test_contracts_keygen_compile_verify_round_trip(tmp_path: Path) -> None:
             str(key),
             "--out",
             str(out),
+            "--without-notice-keys",
         ],
     )
     assert compiled.exit_code == 0, compiled.output

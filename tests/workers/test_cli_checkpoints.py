@@ -15,7 +15,7 @@ from tests.support.checkpoint_bundle import signed_bundle
 from tests.support.rgw import RgwCluster
 from workers.cli.main import app
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(420)  # may be the test that brings RGW up (rgw.START_TIMEOUT_S)
 runner = CliRunner()
 
 

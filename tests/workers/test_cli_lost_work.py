@@ -36,7 +36,7 @@ async def test_lost_work_of_real_drains_is_booked_and_shown_by_workload(
     lost_per_save = iter([1, 0])
     server = register(
         lambda reason, deadline: Saved("file:///ckpt/step-7", lost_steps=next(lost_per_save)),
-        socket_path=tmp_path / "sockets" / "slurm-81.sock",
+        socket_path=tmp_path / "sockets" / "slurm_81/sock",
     )
     try:
         for n in (1, 2):  # the requeued jobs run on the node again before the second

@@ -116,3 +116,41 @@ def test_tls_settings_are_checked(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
     monkeypatch.setenv("SCO_TEMPORAL__TLS__CLIENT_CERT_FILE", "/c.pem")
     with pytest.raises(SettingsError, match=r"temporal\.tls: Value error, client_cert_file and"):
         load_settings()
+
+
+def test_nats_credentials_come_from_files(tmp_path: Path) -> None:
+    """The per-role NATS users (`sco nats-users`) reach `nats.connect`: the password read
+    from its file when the client is made; a creds or nkey file passed as a path."""
+    from workers.client_security import nats_options
+
+    (tmp_path / "control-r1.password").write_text("pw-nats\n")
+    s = Settings(
+        nats_auth={"user": "control-r1", "password_file": tmp_path / "control-r1.password"}
+    )
+    assert nats_options(s) == {
+        "user": "control-r1",
+        "password": "pw-nats",
+        "inbox_prefix": "_INBOX_SCO.control-r1",  # replies only where its user may read
+    }
+    assert "pw-nats" not in repr(s) and "pw-nats" not in s.model_dump_json()
+    (tmp_path / "sco.creds").write_text("-----BEGIN NATS USER JWT-----\n")
+    creds = Settings(nats_auth={"creds_file": tmp_path / "sco.creds"})
+    assert nats_options(creds) == {"user_credentials": str(tmp_path / "sco.creds")}
+    (tmp_path / "token").write_text("tok-nats\n")
+    assert nats_options(Settings(nats_auth={"token_file": tmp_path / "token"})) == {
+        "token": "tok-nats"
+    }
+    with pytest.raises(SecretFileError, match=r"nats_auth.password_file: .*/nope"):
+        nats_options(Settings(nats_auth={"user": "u", "password_file": tmp_path / "nope"}))
+
+
+@pytest.mark.parametrize(
+    ("auth", "error"),
+    [
+        ({"user": "control-r1"}, "user needs password_file"),
+        ({"creds_file": "/x", "token_file": "/y"}, "one NATS credential at a time"),
+    ],
+)
+def test_nats_credentials_are_one_way_in(auth: dict[str, str], error: str) -> None:
+    with pytest.raises(ValueError, match=error):
+        Settings(nats_auth=auth)

@@ -21,8 +21,8 @@ from contracts.keys import TrustStore
 from tests.support.contract_fixtures import example
 from tests.support.paths import REPO
 from tests.support.services import run_sco
+from tests.support.worker_nats import NATS_URL as NATS
 
-NATS = "nats://127.0.0.1:4222"
 pytestmark = pytest.mark.timeout(240)
 
 

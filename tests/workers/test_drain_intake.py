@@ -18,7 +18,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -31,7 +30,6 @@ import pytest
 from nats.js.errors import NotFoundError
 from typer.testing import CliRunner
 
-from activities.ledger.drain_intake import drain_stream
 from agent.checkpoint.protocol import Saved
 from agent.checkpoint.server import register
 from agent.daemon import Agent
@@ -40,9 +38,11 @@ from contracts.cache import BundleCache
 from contracts.keys import TrustStore
 from contracts.notice import ReclaimNotice, notice_stream
 from contracts.notice_signing import sign
+from services.drain_intake.intake import drain_stream
 from tests.support.agent_fakes import RecordingScheduler, agent_config, notice_key, signed_bundle
 from tests.support.paths import REPO
 from tests.support.services import free_port
+from tests.support.wait import WaitTimeout, checked, eventually, eventually_async
 from workers.cli.main import app
 
 pytestmark = pytest.mark.timeout(300)
@@ -70,14 +70,14 @@ class NatsServer:
             self.proc = subprocess.Popen(
                 [*argv, "-p", str(self.port)], stdout=out, stderr=subprocess.STDOUT
             )
-        end = time.monotonic() + 15
-        while True:
-            assert self.proc.poll() is None, self.log.read_text()[-2000:]
+        proc = self.proc
+
+        def listening() -> bool:
+            assert proc.poll() is None, self.log.read_text()[-2000:]
             with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", self.port)) == 0:
-                    return
-            assert time.monotonic() < end, "nats-server did not listen"
-            time.sleep(0.05)
+                return s.connect_ex(("127.0.0.1", self.port)) == 0
+
+        eventually(listening, timeout=30, what=f"nats-server listening on {self.port}", retrying=())
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -145,20 +145,25 @@ def _get(port: int, path: str) -> tuple[int, str]:
 
 async def booked(env: dict[str, str], drains: int, intake: Intake) -> dict[str, dict[str, Any]]:
     """The ledger once `drains` drains of llm-train are in it (bounded)."""
-    end = time.monotonic() + 120
-    while True:
+
+    async def ledger() -> dict[str, dict[str, Any]] | None:
         by = await asyncio.to_thread(lost_work, env)
-        if by is not None and by.get("llm-train", {}).get("drains") == drains:
-            return by
-        assert time.monotonic() < end, f"not booked: {by}\n{intake.log.read_text()[-3000:]}"
-        await asyncio.sleep(0.5)
+        return by if by is not None and by.get("llm-train", {}).get("drains") == drains else None
+
+    try:
+        return await eventually_async(
+            ledger, timeout=120, what=f"{drains} llm-train drains booked", every=0.5, retrying=()
+        )
+    except WaitTimeout as exc:
+        raise WaitTimeout(f"{exc}\n{intake.log.read_text()[-3000:]}") from exc
 
 
 async def test_drain_reports_on_nats_are_booked_continuously_and_shown_by_lost_work(
-    tmp_path: Path, nats_server: NatsServer
+    tmp_path: Path, nats_server: NatsServer, pg_dsn: str
 ) -> None:
     env = {
         **os.environ,
+        "SCO_POSTGRES_DSN": pg_dsn,  # where refused reports are parked
         "SCO_NATS_URL": nats_server.url,
         "SCO_LEDGER_DSN": f"chdb://{tmp_path / 'ledger'}",
         "SCO_DATA_DIR": str(tmp_path / "data"),
@@ -170,21 +175,28 @@ async def test_drain_reports_on_nats_are_booked_continuously_and_shown_by_lost_w
     nc = await nats.connect(nats_server.url, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
     js = nc.jetstream()
     await js.add_stream(name=notice_stream(REGION), subjects=[f"sco.{REGION}.notice.>"])
-    end = time.monotonic() + 60
-    while True:  # the intake made the region's drain stream: reports are kept from now on
+
+    async def drain_stream_made() -> bool:
         try:
             await js.stream_info(drain_stream(REGION))
-            break
+            return True
         except NotFoundError:
             assert intake.proc is not None and intake.proc.poll() is None, intake.log.read_text()
-            assert time.monotonic() < end, intake.log.read_text()
-            await asyncio.sleep(0.2)
+            return False
+
+    # The intake made the region's drain stream: reports are kept from now on.
+    try:
+        await eventually_async(
+            drain_stream_made, timeout=60, what="the intake's drain stream", retrying=()
+        )
+    except WaitTimeout as exc:
+        raise WaitTimeout(f"{exc}\n{intake.log.read_text()}") from exc
     await nc.publish(f"sco.{REGION}.drain.{HALL}.{NODE}", b"not a report")
 
     raw, trust, _ = signed_bundle(tmp_path, notice_regions=[REGION])
     assert BundleCache(tmp_path / "cache", TrustStore.load(trust)).offer(raw).accepted
     started = datetime.now(UTC) - timedelta(seconds=60)
-    train = Workload("91", "slurm-91", "mlr", "spot", "sco-contract=llm-train")
+    train = Workload("91", "slurm_91", "mlr", "spot", "sco-contract=llm-train")
     ci = Workload("92", "slurm-92", "ci", "spot", "sco-contract=ci", started_at=started)
     scheduler = RecordingScheduler([train, ci])
     config = agent_config(tmp_path, node=NODE, region=REGION, nats_urls=[nats_server.url])
@@ -192,7 +204,7 @@ async def test_drain_reports_on_nats_are_booked_continuously_and_shown_by_lost_w
     lost_per_save = iter([2, 1])
     server = register(
         lambda reason, deadline: Saved("file:///ckpt/step-9", lost_steps=next(lost_per_save)),
-        socket_path=config.socket_dir / "slurm-91.sock",
+        socket_path=config.socket_dir / "slurm_91/sock",
     )
     stop = asyncio.Event()
     run = asyncio.create_task(agent.run(stop))
@@ -206,10 +218,9 @@ async def test_drain_reports_on_nats_are_booked_continuously_and_shown_by_lost_w
             issued_at=now, deadline=now + timedelta(seconds=60),
         )  # fmt: skip
         await js.publish(notice.subject, sign(notice, notice_key(tmp_path)))
-        end = time.monotonic() + 60
-        while len(agent.reports) < n:
-            assert time.monotonic() < end, "no drain"
-            await asyncio.sleep(0.1)
+        await eventually_async(
+            checked(lambda: len(agent.reports) >= n), timeout=60, what=f"drain report {n}"
+        )
         await agent.reporter.flush(10)
 
     try:
@@ -224,10 +235,13 @@ async def test_drain_reports_on_nats_are_booked_continuously_and_shown_by_lost_w
 
         nats_server.restart()  # the intake (and the agent) reconnect by themselves
         await asyncio.wait_for(agent.link.connected.wait(), 5)
-        end = time.monotonic() + 30
-        while not (agent.link.client and agent.link.client.is_connected and nc.is_connected):
-            assert time.monotonic() < end, "no reconnect to NATS"
-            await asyncio.sleep(0.1)
+        await eventually_async(
+            checked(
+                lambda: agent.link.client and agent.link.client.is_connected and nc.is_connected
+            ),
+            timeout=30,
+            what="the agent and the test reconnected to NATS",
+        )
         stopped = await asyncio.to_thread(intake.stop)  # drain 2 goes out while it is down
         assert "drain intake r1 stopped" in stopped, stopped[-3000:]
         await drain(2)

@@ -4,11 +4,14 @@ readiness (503 while a dependency is away), in the threaded and the asyncio vari
 from __future__ import annotations
 
 import asyncio
+import socket
 import urllib.error
 import urllib.request
 
+import pytest
+
 from tests.support import services
-from workers.endpoints import health_thread, serve_health
+from workers.endpoints import PortInUse, health_thread, serve_health, start_metrics
 
 
 def _get(port: int, path: str) -> int:
@@ -46,3 +49,13 @@ async def test_asyncio_health_follows_readiness() -> None:
         assert await asyncio.to_thread(_get, port, "/readyz") == 200
     finally:
         server.close()
+
+
+def test_a_metrics_port_in_use_names_the_setting_that_chose_it() -> None:
+    # Two region workers on one default port (9465) died with a bare "[Errno 98]".
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(PortInUse, match=rf"SCO_WORKER__STATE_METRICS_PORT={port}: "):
+            start_metrics(port, setting="SCO_WORKER__STATE_METRICS_PORT")

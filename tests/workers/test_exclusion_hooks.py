@@ -14,6 +14,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from activities.backoff import CappedBackoff
 from contracts.notice import ReclaimNotice
 from tests.support import services
+from tests.support.wait import checked, eventually_async
 from workers.exclusion_hooks import ExclusionHookQueue
 from workflows.exclusion.models import exclusion_workflow_id
 
@@ -50,10 +51,9 @@ async def test_hooks_queue_while_temporal_is_away_and_are_told_when_it_is_back(
     try:
         await asyncio.wait_for(hooks.submit(notice), 0.1)  # never waits on Temporal
         assert hooks.pending == 1
-        for _ in range(200):
-            if hooks.counts.told:
-                break
-            await asyncio.sleep(0.05)
+        await eventually_async(
+            checked(lambda: hooks.counts.told), timeout=60, what="the exclusion workflow told"
+        )
     finally:
         await hooks.close()
     assert hooks.counts.told == 1 and hooks.counts.failed_attempts == 2 and hooks.pending == 0

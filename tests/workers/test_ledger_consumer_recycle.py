@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from workers import ledger_consumer
+from services.ledger_consumer import service as ledger_consumer
 from workers.settings import LedgerSettings, Settings
 
 

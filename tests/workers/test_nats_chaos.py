@@ -8,6 +8,7 @@ counts as JSON (tests/support/chaos.py), all zero."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -28,6 +29,7 @@ from tests.support import chaos, services
 from tests.support.agent_fakes import RecordingScheduler, agent_config, signed_bundle
 from tests.support.paths import REPO
 from tests.support.sco_process import Process
+from tests.support.wait import WaitTimeout, eventually_async
 from tests.workers.test_notice_relay_faults import POOL, launch
 from workers.devbox.services import NatsService
 from workers.settings import Settings
@@ -100,21 +102,25 @@ def start_services(env: dict[str, str], tmp_path: Path, processes: list[Process]
 
 async def reclaim_pool(env: dict[str, str], within: float) -> str:
     """`sco reclaim --pool POOL`, asked again until a relay answers (bounded)."""
-    deadline = time.monotonic() + within
-    while True:
+
+    async def noticed() -> str:
         code, out = await services.run_sco(env, "reclaim", "--pool", POOL, cwd=REPO)
         if code == 0 and " noticed: " in out:
             return out
-        assert time.monotonic() < deadline, out
-        await asyncio.sleep(1)
+        raise AssertionError(out)  # not yet: shown if the wait gives up
+
+    return await eventually_async(
+        noticed, timeout=within, what="a relay to answer sco reclaim", every=1.0, first=1.0
+    )
 
 
 async def until_drained(agents: dict[str, Agent], within: float) -> None:
-    deadline = time.monotonic() + within
-    while not all(a.reports for a in agents.values()):
-        if time.monotonic() > deadline:
-            return  # the counts say which were lost
-        await asyncio.sleep(0.1)
+
+    async def drained() -> bool:
+        return all(a.reports for a in agents.values())
+
+    with contextlib.suppress(WaitTimeout):  # the counts say which were lost
+        await eventually_async(drained, timeout=within, what="every agent's drain", every=0.1)
 
 
 def unhandled(output: str) -> int:
@@ -149,13 +155,15 @@ async def test_notices_reach_agents_across_a_nats_restart(
     nodes = await launch(env, region_r1, 4)
     async with node_agents(tmp_path, own_nats.url, nodes) as agents:
         own_nats.kill()
-        await asyncio.sleep(3)  # everything is disconnected and retrying
+        # sleep is the behaviour under test: the server down 3 s, every client retrying
+        await asyncio.sleep(3)
         # Same port and store: the stream and the agents' consumers are kept. (The start
         # probes with asyncio.run: in a thread of its own.)
         await asyncio.to_thread(own_nats.start)
         await reclaim_pool(env, within=60)
         await until_drained(agents, within=60)
-        await asyncio.sleep(1)  # a second delivery, if any, would come now
+        # sleep is the behaviour under test: no second delivery (one would come within 1 s)
+        await asyncio.sleep(1)
         counts = chaos.report(
             "nats_restart",
             **drain_counts(agents),
@@ -194,7 +202,8 @@ async def test_a_relay_down_past_the_duplicate_window_drains_each_node_once(
             # One agent restarted while the relay is down: its dedupe is what it reads from disk.
             restarted = nodes[0]
             await agents[restarted].sources[0].stop()
-            await asyncio.sleep(4)  # down 4x the window
+            # sleep is the behaviour under test: the relay is down 4x the duplicate window
+            await asyncio.sleep(4)
             await until_forgotten(js, probe, within=60)
             relay = Process(
                 env, tmp_path / "relay2.log", "notice-relay", "--region", "r1", "--hall", "A"
@@ -205,15 +214,23 @@ async def test_a_relay_down_past_the_duplicate_window_drains_each_node_once(
             stop_again = asyncio.Event()
             run_again = asyncio.create_task(again.run(stop_again))
             copies = 0
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
+
+            async def republished_and_refused() -> bool:
+                nonlocal copies
                 copies = sum(
                     [await _stored(js, notice_subject("r1", "A", node)) >= 2 for node in nodes]
                 )
                 refused = sum(len(a.refusals) for n, a in agents.items() if n != restarted)
-                if copies == len(nodes) and refused + len(again.refusals) >= len(nodes):
-                    break
-                await asyncio.sleep(0.2)
+                return copies == len(nodes) and refused + len(again.refusals) >= len(nodes)
+
+            with contextlib.suppress(WaitTimeout):  # the counts below say what is missing
+                await eventually_async(
+                    republished_and_refused,
+                    timeout=30,
+                    what="each node's copy stored twice and refused",
+                    every=0.2,
+                )
+            # sleep is the behaviour under test: no further drain (one would come within 1 s)
             await asyncio.sleep(1)
             counts = chaos.report(
                 "notice_relay_down_past_duplicate_window",
@@ -242,10 +259,16 @@ async def until_forgotten(
 ) -> None:
     """Until JetStream has let go of the probe's message id: the server purges the ids of
     a shrunk window on a timer of its own, later than the window on a loaded machine."""
-    deadline = time.monotonic() + within
-    while (await js.publish(PROBE_SUBJECT, b"", headers=headers)).duplicate:
-        assert time.monotonic() < deadline, f"the duplicate window held ids past {within:g} s"
-        await asyncio.sleep(0.5)
+
+    async def forgotten() -> bool:
+        return not (await js.publish(PROBE_SUBJECT, b"", headers=headers)).duplicate
+
+    await eventually_async(
+        forgotten,
+        timeout=within,
+        what="the duplicate window to let go of the probe's id",
+        every=0.5,
+    )
 
 
 async def _stored(js: nats.js.JetStreamContext, subject: str) -> int:

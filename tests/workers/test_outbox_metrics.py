@@ -9,8 +9,8 @@ import psycopg
 from prometheus_client import REGISTRY
 from psycopg.types.json import Jsonb
 
+from services.outbox_relay.metrics import OutboxGauges
 from tests.support import services
-from workers.outbox_metrics import OutboxGauges
 
 
 def test_pending_rows_oldest_age_and_readiness(pg_dsn: str, kafka_bootstrap: str) -> None:

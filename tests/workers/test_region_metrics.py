@@ -15,7 +15,7 @@ from activities.events import CapacityType, EventKind
 from activities.fleet.db import open_pool
 from activities.fleet.repository import FleetRepository, InstanceSpec
 from contracts.region import Region
-from workers.region_metrics import RegionCollector
+from services.region_worker.metrics import RegionCollector
 from workers.settings import Settings
 
 

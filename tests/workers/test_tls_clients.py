@@ -19,7 +19,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -47,6 +46,7 @@ from tests.support.control_harness import (
     region_worker,
 )
 from tests.support.paths import REGIONS_DIR, REPO
+from tests.support.wait import eventually, eventually_async
 from workers.client_security import nats_options, postgres_conninfo
 from workers.devbox.process import port_open
 from workers.settings import Settings
@@ -290,13 +290,16 @@ http {{
 """)
     proc = subprocess.Popen([nginx, "-c", str(conf), "-p", str(run)], stderr=subprocess.PIPE)
     try:
-        for _ in range(100):
+
+        def listening() -> bool:
             if port_open("127.0.0.1", port):
-                break
+                return True
             if proc.poll() is not None:
                 err = proc.stderr.read().decode() if proc.stderr else ""
                 pytest.fail(f"nginx did not start: {err}")
-            time.sleep(0.05)
+            return False
+
+        eventually(listening, timeout=30, what=f"nginx listening on {port}", retrying=())
         yield f"localhost:{port}"
     finally:
         proc.terminate()
@@ -392,11 +395,14 @@ async def test_worker_and_cli_run_an_acquisition_through_the_mtls_proxy(
             id=f"acq-{contract}-fb",
             task_queue="sco-r1",
         )
-        for _ in range(200):
+
+        async def awaiting() -> bool:
             p: AcquisitionProgress = await waiting.query(AcquisitionWorkflow.progress)
-            if p.fallback is FallbackState.AWAITING_APPROVAL:
-                break
-            await asyncio.sleep(0.1)
+            return p.fallback is FallbackState.AWAITING_APPROVAL
+
+        await eventually_async(
+            awaiting, timeout=60, what=f"{waiting.id} waiting for approval", retrying=()
+        )
         code, out = await services.run_sco(
             env, "acquisitions", "approve", waiting.id, "--by", "dana", "--reason", "tls", cwd=REPO
         )
@@ -426,10 +432,12 @@ def tls_nats(certs: CertSet, tmp_path: Path) -> Iterator[str]:
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        for _ in range(100):
-            if port_open("127.0.0.1", port):
-                break
-            time.sleep(0.05)
+        eventually(
+            lambda: port_open("127.0.0.1", port),
+            timeout=30,
+            what=f"nats-server listening on {port}",
+            retrying=(),
+        )
         yield f"nats://localhost:{port}"
     finally:
         proc.terminate()

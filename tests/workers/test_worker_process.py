@@ -5,6 +5,7 @@ server, with its health and metrics endpoints, driven by `sco demand set` and re
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -30,6 +31,8 @@ from contracts.region import Region
 from tests.support import services
 from tests.support.control_harness import install_example_bundle
 from tests.support.paths import BASE_DSN, REGIONS_DIR, REPO
+from tests.support.wait import WaitTimeout, eventually_async
+from tests.support.worker_nats import NATS_URL
 from workers.temporal_bootstrap import bootstrap_namespace
 
 
@@ -48,7 +51,7 @@ def worker_db(region_r1: Region) -> Iterator[str]:
 async def sim_prefix(region_r1: Region) -> AsyncIterator[str]:
     prefix = f"wp{uuid.uuid4().hex[:8]}"
     cloud = SimulatedCloud(region_r1, clock=asyncio.get_running_loop().time)
-    nc = await nats.connect("nats://127.0.0.1:4222")
+    nc = await nats.connect(NATS_URL)
     task = asyncio.create_task(serve(cloud, nc, prefix=prefix))
     yield prefix
     task.cancel()
@@ -63,6 +66,10 @@ def spawn_worker(env: dict[str, str], log: IO[bytes]) -> subprocess.Popen[bytes]
         stdout=log,
         stderr=subprocess.STDOUT,
     )
+
+
+async def _status_is(url: str, status: int) -> bool:
+    return (await asyncio.to_thread(get, url))[0] == status
 
 
 def get(url: str) -> tuple[int, str]:
@@ -100,15 +107,19 @@ async def test_worker_serves_health_metrics_and_the_operator_commands(
         "SCO_CONTRACTS__TRUST_DIR": str(trust),
         "SCO_WORKER__HEALTH_PORT": str(health),
         "SCO_WORKER__METRICS_PORT": str(metrics),
+        # 0: its default (9465) is one port for every xdist worker's region worker
+        "SCO_WORKER__STATE_METRICS_PORT": "0",
         "SCO_WORKER__GRACEFUL_SHUTDOWN_SECONDS": "5",
     }
     log = (tmp_path / "worker.log").open("wb")
     worker = spawn_worker(env, log)
     try:
-        for _ in range(300):
-            if get(f"http://127.0.0.1:{health}/readyz")[0] == 200:
-                break
-            await asyncio.sleep(0.1)
+        await eventually_async(
+            lambda: _status_is(f"http://127.0.0.1:{health}/readyz", 200),
+            timeout=90,
+            what="the worker ready",
+            every=0.1,
+        )
         assert get(f"http://127.0.0.1:{health}/healthz")[0] == 200
         assert get(f"http://127.0.0.1:{health}/readyz")[0] == 200
 
@@ -118,7 +129,9 @@ async def test_worker_serves_health_metrics_and_the_operator_commands(
         assert code == 0 and "signalled controller-r1-p" in out, out
 
         rows: list[dict[str, object]] = []
-        for _ in range(150):
+
+        async def completed() -> bool:
+            nonlocal rows
             code, out = await sco(
                 env,
                 "acquisitions",
@@ -131,9 +144,12 @@ async def test_worker_serves_health_metrics_and_the_operator_commands(
                 "--json",
             )
             rows = json.loads(out) if code == 0 else []
-            if rows and all(r["state"] == "completed" for r in rows):
-                break
-            await asyncio.sleep(0.2)
+            return bool(rows) and all(r["state"] == "completed" for r in rows)
+
+        with contextlib.suppress(WaitTimeout):  # the assertions below say what was there
+            await eventually_async(
+                completed, timeout=120, what="every ci-runners acquisition completed", retrying=()
+            )
         assert rows and rows[0]["contract"] == "ci-runners", rows
         assert sum(int(str(r["acquired"])) for r in rows) >= 1
         code, out = await sco(env, "acquisitions", "show", str(rows[0]["id"]), "--region", "r1")
@@ -159,10 +175,8 @@ async def test_worker_serves_health_metrics_and_the_operator_commands(
         assert "temporal_workflow_completed" in body or "workflow_completed" in body
     finally:
         worker.send_signal(signal.SIGTERM)
-        for _ in range(600):
-            if worker.poll() is not None:
-                break
-            await asyncio.sleep(0.1)
+        with contextlib.suppress(subprocess.TimeoutExpired):  # asserted below
+            await asyncio.to_thread(worker.wait, 60)
         stopped = worker.poll()
         log.close()
     assert stopped == 0, (tmp_path / "worker.log").read_text()[-2000:]

@@ -2,7 +2,7 @@
 
 Two in-process workers serve one task queue as versions A and B of one deployment, with
 the region's real workflows and activities (real PostgreSQL, the in-process simulated
-cloud). Workers auto-upgrade by default (workers/region_worker.py says why per-type
+cloud). Workers auto-upgrade by default (services/region_worker/service.py says why per-type
 behaviours on `@workflow.defn` are not used); a single run is pinned by a start-time
 override. A is current; a token budget (auto-upgrade) and an acquisition paused before its
 first launch (pinned to A at start) start on A. B starts, is ramped, then set current:
@@ -52,8 +52,10 @@ from activities.fleet.repository import FleetRepository
 from activities.provider.activities import ProviderActivities, all_activities
 from activities.provider.simulator import Latency, SimulatedCloud
 from contracts.region import Region
+from services.region_worker.service import WORKFLOWS
+from tests.support.control_harness import poll_until
 from tests.support.paths import REGIONS_DIR
-from workers.region_worker import WORKFLOWS
+from tests.support.wait import eventually_async
 from workers.settings import Settings
 from workers.temporal_bootstrap import bootstrap_namespace
 from workflows.acquisition.models import (
@@ -80,7 +82,7 @@ def test_no_workflow_type_declares_a_behaviour_an_unversioned_worker_would_send(
 def test_versioning_settings_default_off_and_name_the_region(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from workers.region_worker import deployment_config
+    from services.region_worker.service import deployment_config
 
     monkeypatch.delenv("SCO_WORKER__BUILD_ID", raising=False)
     s = Settings()
@@ -103,22 +105,14 @@ async def retry_until(
 ) -> T:
     """Retry `call` while the server does not know the new version yet (it registers a
     version when its first poller arrives)."""
-    deadline = asyncio.get_running_loop().time() + within
-    while True:
-        try:
-            return await call()
-        except RPCError as exc:
-            if asyncio.get_running_loop().time() > deadline:
-                raise AssertionError(f"{what}: {exc}") from exc
-        await asyncio.sleep(0.2)
 
+    async def answered() -> tuple[T]:
+        return (await call(),)  # a tuple: truthy even when the call returns None
 
-async def poll_until(check: Callable[[], Awaitable[bool]], within: float = 30.0) -> None:
-    for _ in range(int(within / 0.1)):
-        if await check():
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"condition not met within {within} s")
+    (result,) = await eventually_async(
+        answered, timeout=within, what=what, every=0.2, retrying=RPCError
+    )
+    return result
 
 
 async def task_builds(handle: WorkflowHandle[Any, Any]) -> list[str]:
@@ -237,30 +231,41 @@ async def test_rollout_auto_upgrades_entities_and_keeps_pinned_runs_on_their_bui
             )
             name = f"wv-{uuid.uuid4().hex[:6]}"
             acq_id = f"acq-r1-{name}"
-            # Paused in its first workflow task: it holds before any launch.
-            await client.execute_update_with_start_workflow(
-                AcquisitionWorkflow.pause,
-                OperatorInput(operator="test", reason="hold across the rollout"),
-                start_workflow_operation=WithStartWorkflowOperation(
-                    AcquisitionWorkflow.run,
-                    AcquisitionInput(
-                        region="r1",
-                        contract=name,
-                        tier=2,
-                        items=[
-                            LaunchItem(
-                                pool_id="r1.A.gp.l", hall="A", flavor="gp.l", instances=2, units=2
-                            )
-                        ],
+
+            # Paused in its first workflow task: it holds before any launch. Retried while
+            # the server has not yet registered build A on the task queue's workflow side
+            # ("Pinned version ... is not present in task queue": it registers a version
+            # when its first poller of that type arrives); each attempt a new operation.
+            def start_paused() -> Awaitable[Any]:
+                return client.execute_update_with_start_workflow(
+                    AcquisitionWorkflow.pause,
+                    OperatorInput(operator="test", reason="hold across the rollout"),
+                    start_workflow_operation=WithStartWorkflowOperation(
+                        AcquisitionWorkflow.run,
+                        AcquisitionInput(
+                            region="r1",
+                            contract=name,
+                            tier=2,
+                            items=[
+                                LaunchItem(
+                                    pool_id="r1.A.gp.l",
+                                    hall="A",
+                                    flavor="gp.l",
+                                    instances=2,
+                                    units=2,
+                                )
+                            ],
+                        ),
+                        id=acq_id,
+                        task_queue=queue,
+                        id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
+                        versioning_override=PinnedVersioningOverride(
+                            WorkerDeploymentVersion(deployment, build_a)
+                        ),
                     ),
-                    id=acq_id,
-                    task_queue=queue,
-                    id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
-                    versioning_override=PinnedVersioningOverride(
-                        WorkerDeploymentVersion(deployment, build_a)
-                    ),
-                ),
-            )
+                )
+
+            await retry_until(start_paused, what=f"{acq_id} started pinned to {build_a}")
             acq: WorkflowHandle[AcquisitionWorkflow, AcquisitionResult] = (
                 client.get_workflow_handle_for(AcquisitionWorkflow.run, acq_id)
             )

@@ -15,6 +15,7 @@ from temporalio.testing import WorkflowEnvironment
 from activities.events import InstanceState
 from activities.fleet.repository import FleetRepository
 from activities.provider.interface import InstanceStatus
+from contracts.pool_id import PoolId
 from contracts.region import Region
 from planning.arbiter import FallbackItem, FallbackPlan
 from tests.support.control_harness import (
@@ -54,8 +55,8 @@ async def harness(
 
 
 def _item(pool: str, n: int) -> LaunchItem:
-    _, hall, sku, size = pool.split(".")
-    return LaunchItem(pool_id=pool, hall=hall, flavor=f"{sku}.{size}", instances=n, units=n)
+    pid = PoolId.parse(pool)
+    return LaunchItem(pool_id=pool, hall=pid.hall, flavor=pid.flavor, instances=n, units=n)
 
 
 async def _start(

@@ -19,6 +19,7 @@ from activities.events import CapacityType, InstanceState
 from activities.fleet.control_state import ControlRepository
 from activities.fleet.repository import FleetRepository
 from activities.provider.simulator import Latency, SimulatedCloud
+from contracts.pool_id import PoolId
 from contracts.region import Region
 from planning.arbiter import FallbackItem, FallbackPlan
 from tests.support import histories
@@ -72,9 +73,8 @@ def contract() -> str:
 
 
 def item(pool: str = "r1.A.gp.l", n: int = 3, units: int | None = None) -> LaunchItem:
-    hall = pool.split(".")[1]
-    flavor = ".".join(pool.split(".")[2:])
-    return LaunchItem(pool_id=pool, hall=hall, flavor=flavor, instances=n, units=units or n)
+    pid = PoolId.parse(pool)
+    return LaunchItem(pool_id=pool, hall=pid.hall, flavor=pid.flavor, instances=n, units=units or n)
 
 
 async def start(

@@ -8,15 +8,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from psycopg_pool import ConnectionPool
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer
 
@@ -53,7 +57,7 @@ from tests.support.paths import BASE_DSN, REGIONS_DIR, REPO
 from workflows.acquisition.workflow import AcquisitionWorkflow
 from workflows.floor.models import FloorConfig, FloorInput, FloorState, HallEvent, HallLoss
 from workflows.floor.plan import choose_shape, judge, plan_floor, to_release
-from workflows.floor.workflow import FloorKeeperWorkflow
+from workflows.floor.workflow import WAKEUPS_FROM_TIMERS, FloorKeeperWorkflow
 
 CONTRACT = "llm-train"  # floor r1: 10 units of 8 vCPU / 96 GiB / 1 GPU: gpu-a.l holds one
 FLOOR = 10
@@ -215,8 +219,11 @@ async def floor_worker(
     *,
     bundle_dir: Path,
     trust_dir: Path,
+    queue: str | None = None,
+    max_cached_workflows: int = 1000,
 ) -> AsyncIterator[str]:
-    """tests/control_harness.py's region worker plus the floor keeper and its activities."""
+    """tests/control_harness.py's region worker plus the floor keeper and its activities
+    (on `queue`, default a fresh one)."""
     floor_acts = FloorActivities(
         fleet, cloud, regions_dir=REGIONS_DIR, bundle_cache_dir=bundle_dir, trust_dir=trust_dir
     )
@@ -227,6 +234,8 @@ async def floor_worker(
         control,
         bundle_dir=bundle_dir,
         trust_dir=trust_dir,
+        queue=queue,
+        max_cached_workflows=max_cached_workflows,
         extra_workflows=[FloorKeeperWorkflow],
         extra_activities=[floor_acts.snapshot, floor_acts.probe_halls],
     ) as h:
@@ -285,6 +294,7 @@ async def until_state(
     *,
     env: WorkflowEnvironment | None = None,
     held: dict[str, int] | None = None,
+    within: float = 20,
 ) -> None:
     async def check() -> bool:
         if env is not None:
@@ -295,14 +305,15 @@ async def until_state(
         )
 
     try:
-        await poll_until(check, within=20)
+        await poll_until(check, within=within)
     except AssertionError:
         raise AssertionError(await handle.query(FloorKeeperWorkflow.status)) from None
 
 
-async def establish(e: Env) -> WorkflowHandle[FloorKeeperWorkflow, None]:
+async def establish(e: Env, within: float = 20) -> WorkflowHandle[FloorKeeperWorkflow, None]:
     handle = await start_keeper(e)
-    await until_state(handle, FloorState.HOLDING, held={"A": 3, "B": 3, "C": 2, "D": 2})
+    held = {"A": 3, "B": 3, "C": 2, "D": 2}
+    await until_state(handle, FloorState.HOLDING, held=held, within=within)
     assert active_by_hall(e) == {"A": 3, "B": 3, "C": 2, "D": 2}
     assert {r.hall: r.amount for r in e.cloud.leases()} == {"A": 3, "B": 3, "C": 2, "D": 2}
     return handle
@@ -420,4 +431,67 @@ async def test_floor_instances_reclaimed_anyway_are_rebuilt_while_they_drain(
     await until_state(handle, FloorState.HOLDING, held={"A": 3, "B": 3, "C": 2, "D": 2})
     assert sorted(r.amount for r in env.cloud.leases() if r.hall == "A") == [3, 3]
     assert active_by_hall(env) == {"A": 3, "B": 3, "C": 2, "D": 2}
+    await handle.terminate()
+
+
+@pytest.mark.timeout(600)  # ~90 s alone: every task of every workflow is a full replay
+async def test_a_worker_gone_between_a_timer_and_its_task_leaves_a_history_that_replays(
+    workflow_env: WorkflowEnvironment,
+    region_r1: Region,
+    fresh_db: tuple[FleetRepository, ControlRepository, ConnectionPool],
+    tmp_path: Path,
+) -> None:
+    """Issue 37's sequence: a holding keeper queried, its worker gone while its tick and
+    probe timers fire (queries unanswered meanwhile), a new worker with no cache taking
+    over while queries keep arriving during its tasks, and a hall lost. The history replays
+    clean with this code, no workflow task failed, and the keeper woke from its timers."""
+    fleet, control, pool = fresh_db
+    cache, trust = install_example_bundle(tmp_path)
+    loop = asyncio.get_running_loop()
+    cloud = WatchingCloud(region_r1, latency=Latency(boot_s=0.0), clock=loop.time)
+    client, queue = workflow_env.client, f"floor-{uuid.uuid4().hex[:8]}"
+    # No cache: every task (and every query) replays the whole history, a restarted
+    # worker's path, and the stopped worker leaves no sticky queue holding the next task.
+    worker: dict[str, Any] = {
+        "bundle_dir": cache,
+        "trust_dir": trust,
+        "queue": queue,
+        "max_cached_workflows": 0,
+    }
+    async with floor_worker(client, cloud, fleet, control, **worker):
+        e = Env(client, queue, cloud, fleet, pool, tmp_path)
+        handle = await establish(e, within=120)  # every task a full replay: slower
+    await skip_time(workflow_env, 61)  # the tick and probes fire with no worker
+    with pytest.raises(RPCError):
+        await handle.query(FloorKeeperWorkflow.status, rpc_timeout=timedelta(seconds=2))
+
+    async def query_all_along() -> None:
+        while True:
+            with contextlib.suppress(RPCError):
+                await handle.query(FloorKeeperWorkflow.status)
+            # Each query is a full replay too: more often starves the worker when loaded.
+            # sleep is the behaviour under test: queries arrive all along the replays
+            await asyncio.sleep(0.25)
+
+    async with floor_worker(client, cloud, fleet, control, **worker):
+        querying = asyncio.ensure_future(query_all_along())
+        try:
+            cloud.fail_hall("B")
+            await handle.signal(FloorKeeperWorkflow.hall_lost, HallEvent(hall="B", operator="ops"))
+            survivors = {"A": 4, "C": 3, "D": 3}
+            # ~30 s alone; every task and query a full replay, four test workers beside it
+            await until_state(handle, FloorState.HOLDING, held=survivors, within=300)
+        finally:
+            querying.cancel()
+    history = await handle.fetch_history()
+    kinds = [ev.event_type for ev in history.events]
+    assert EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED not in kinds
+    assert any(  # the patch marker: this run took the timer loop
+        WAKEUPS_FROM_TIMERS.encode() in ev.SerializeToString()
+        for ev in history.events
+        if ev.event_type == EventType.EVENT_TYPE_MARKER_RECORDED
+    )
+    await Replayer(
+        workflows=[FloorKeeperWorkflow, AcquisitionWorkflow], data_converter=pydantic_data_converter
+    ).replay_workflow(history)
     await handle.terminate()

@@ -35,6 +35,7 @@ from contracts.region import Region
 from planning import exclusion_policy as policy
 from tests.support import histories
 from tests.support.control_harness import poll_until, region_worker, skip_time
+from tests.support.wait import eventually_async
 from workflows import search_attributes as sa
 from workflows.acquisition.workflow import AcquisitionWorkflow
 from workflows.budget.workflow import TokenBudgetWorkflow
@@ -147,7 +148,7 @@ class Env:
         return self.fleet._pool
 
     async def notice(self, pool_id: str, instance_id: str, config: ExclusionConfig = CFG) -> None:
-        for attempt in range(5):
+        async def sent() -> bool:
             try:
                 await notify_reclaim(
                     self.client,
@@ -158,13 +159,18 @@ class Env:
                     await self.time.get_current_time(),
                     config=config,
                 )
-                return
             except RPCError as exc:
                 # The test server's continue-as-new is not atomic: a signal-with-start in
                 # between finds the old run completed. The real server routes it to the new.
-                if exc.status is not RPCStatusCode.NOT_FOUND or attempt == 4:
+                if exc.status is not RPCStatusCode.NOT_FOUND:
                     raise
-                await asyncio.sleep(0.05)
+                return False
+            return True
+
+        # Any other error fails at once (retrying nothing), as it did.
+        await eventually_async(
+            sent, timeout=5, what=f"notice {instance_id} delivered", every=0.05, retrying=()
+        )
 
     def handle(self, pool_id: str) -> Handle:
         return self.client.get_workflow_handle_for(
@@ -309,14 +315,16 @@ async def test_full_cycle_excludes_probes_and_readmits(env: Env) -> None:
         assert attrs.get(sa.STATE) == "excluded" and attrs.get(sa.REGION) == "r1"
         assert attrs.get(sa.POOL) == [pool_id]
 
-        await h.time.sleep(19 * 60)  # the cool-down, skipped; the 10 min probe is not over
+        # sleep is the behaviour under test: the cool-down, time skipped; the probe not over
+        await h.time.sleep(19 * 60)
         st = await until_probing_with_active_canary(h, pool_id)
         assert st.probe_id.startswith(f"probe-{pool_id}-")
         assert await row_is(h, pool_id, ("probing", 1, "cycle"))
         assert pool_id in h.control.excluded_pools("r1")  # probing is excluded too
         assert len(await canaries_at_provider(h, st.probe_id)) == 1
 
-        await h.time.sleep(11 * 60)  # the probe watch
+        # sleep is the behaviour under test: the probe watch, time skipped
+        await h.time.sleep(11 * 60)
         done = await h.until(pool_id, lambda s: s.state is PoolState.ADMITTED)
         assert done.strikes == 1  # kept until a clean day
         assert done.notices_in_window == 0  # the probe answered the old notices
@@ -340,6 +348,7 @@ async def test_full_cycle_excludes_probes_and_readmits(env: Env) -> None:
         assert (probes.rate_per_second, probes.burst, probes.granted_total) == (1 / 30, 1, 1)
 
         # A clean day forgives the strike.
+        # sleep is the behaviour under test: a clean day, skipped
         await h.time.sleep(24 * 3600 + 6 * 60)
         forgiven = await h.until(pool_id, lambda s: s.strikes == 0)
         assert forgiven.state is PoolState.ADMITTED and "forgiven" in forgiven.history[-1].reason
@@ -354,6 +363,7 @@ async def test_dirty_probes_exclude_again_for_longer(env: Env) -> None:
     h = env
     try:
         await exclude_by_notices(h, pool_id, "dp")
+        # sleep is the behaviour under test: the cool-down, time skipped
         await h.time.sleep(19 * 60)
         st = await until_probing_with_active_canary(h, pool_id)
         # The canary itself is reclaimed during the probe.
@@ -368,6 +378,7 @@ async def test_dirty_probes_exclude_again_for_longer(env: Env) -> None:
         # Next probe: the hall has no capacity, so the canary never boots.
         h.cloud.fail_hall("D")
         try:
+            # sleep is the behaviour under test: the next cool-down, skipped
             await h.time.sleep(37 * 60)
             third = await h.until(pool_id, lambda s: s.strikes == 3, within=30.0)
         finally:
@@ -432,6 +443,7 @@ async def test_operators_override_the_cycle(env: Env) -> None:
 
         # Excluded by the cycle, then re-admitted in the middle of its probe.
         await exclude_by_notices(h, pool_id, "op")
+        # sleep is the behaviour under test: the cool-down, time skipped
         await h.time.sleep(19 * 60)
         st = await until_probing_with_active_canary(h, pool_id)
         ack = await handle.execute_update(

@@ -24,6 +24,7 @@ from activities.provider.leases import fallback_owner, lease_name
 from activities.provider.simulator import Latency, SimulatedCloud
 from activities.reconciler.activities import ReconcilerActivities, reconciler_activities
 from activities.reconciler.models import FleetEntry, ReconcileSnapshot
+from contracts.pool_id import PoolId
 from contracts.region import Region
 from tests.support import control_harness
 from tests.support.control_harness import region_worker
@@ -73,8 +74,8 @@ async def env(
 
 
 def _create(name: str, pool_id: str = "r1.A.gp.l") -> CreateRequest:
-    _, hall, sku, size = pool_id.split(".")
-    return CreateRequest(name=name, region="r1", pool_id=pool_id, hall=hall, flavor=f"{sku}.{size}")
+    pid = PoolId.parse(pool_id)
+    return CreateRequest(name=name, region="r1", pool_id=pool_id, hall=pid.hall, flavor=pid.flavor)
 
 
 def _register(fleet: FleetRepository, instance_id: str, provider_id: str, acq: str) -> None:

@@ -41,6 +41,7 @@ from tests.support.control_harness import (
 from tests.support.paths import REGIONS_DIR, REPO
 from tests.support.services import namespace_prefix
 from tests.support.slurm_burst_cluster import BurstCluster, burst_cluster
+from tests.support.wait import WaitTimeout, eventually_async
 from workers.settings import Settings
 from workers.slurm_power_programs import release, resume
 from workflows.acquisition.models import (
@@ -136,19 +137,21 @@ async def cloud_init(cloud: SimulatedCloud, cluster: BurstCluster) -> None:
             cluster.boot(node)
         for node in set(cluster.slurmd) - up:
             cluster.power_off(node)
+        # sleep is the behaviour under test: the fake cloud-init's own look at the cloud
         await asyncio.sleep(0.2)
 
 
 async def wait_for(what: str, check: object, within: float, cluster: BurstCluster) -> None:
     assert callable(check)
-    for _ in range(int(within / 0.25)):
-        if await asyncio.to_thread(check):
-            return
-        await asyncio.sleep(0.25)
-    raise AssertionError(
-        f"{what} not within {within} s\npower log:\n{cluster.power_log()}\n"
-        f"slurmctld log (tail):\n{cluster.log()[-3000:]}"
-    )
+    try:
+        await eventually_async(
+            lambda: asyncio.to_thread(check), timeout=within, what=what, every=0.25, retrying=()
+        )
+    except WaitTimeout as exc:
+        raise WaitTimeout(
+            f"{exc}\npower log:\n{cluster.power_log()}\n"
+            f"slurmctld log (tail):\n{cluster.log()[-3000:]}"
+        ) from exc
 
 
 @needs_slurm

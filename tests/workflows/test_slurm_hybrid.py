@@ -23,6 +23,7 @@ from tests.support import tools
 from tests.support.paths import REPO
 from tests.support.slurm_burst_cluster import _BASE, PROGRAMS, fragment
 from tests.support.slurm_cluster import SlurmCluster, _stop, start_controller
+from tests.support.wait import WaitTimeout, eventually
 from workers.cli.schedulers import CLOUD_NODE_WEIGHT
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.tools(*tools.SLURMCTLD_SLURMD)]
@@ -64,13 +65,10 @@ class Hybrid(SlurmCluster):
 
 
 def wait_for(what: str, done: Callable[[], bool], cluster: Hybrid, within: float = 90) -> None:
-    end = time.monotonic() + within
-    while time.monotonic() < end:
-        if done():
-            return
-        time.sleep(0.25)
-    raise AssertionError(f"{what} not within {within} s; calls {cluster.calls()}\n"
-                         f"{cluster.log()[-3000:]}")  # fmt: skip
+    try:
+        eventually(done, timeout=within, what=what, every=0.25, retrying=())
+    except WaitTimeout as exc:
+        raise WaitTimeout(f"{exc}; calls {cluster.calls()}\n{cluster.log()[-3000:]}") from exc
 
 
 @pytest.fixture
@@ -157,6 +155,7 @@ def test_jobs_go_to_local_nodes_first_and_only_cloud_nodes_are_suspended(hybrid:
     hybrid.stop_slurmd()  # the instance is gone
     # Local nodes have been idle (or down) far longer than the CLOUD SuspendTime; give the
     # power-save thread (every 1 s) several more rounds to get them wrong.
+    # sleep is the behaviour under test: nothing local is suspended over several rounds
     time.sleep(max(0.0, 3 * CLOUD_SUSPEND_SECONDS - (time.monotonic() - done)))
     assert time.monotonic() - start > 3 * CLOUD_SUSPEND_SECONDS
     suspended = [c for c in hybrid.calls() if c.startswith("suspend ")]

@@ -18,6 +18,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from activities.provider.simulator import Latency, SimulatedCloud
 from contracts.region import Region
 from tests.support import chaos, services
+from tests.support.wait import eventually_async
 from tests.support.worker_kills import (
     KillableWorker,
     fleet_db,
@@ -84,6 +85,10 @@ async def sim(region_r1: Region) -> AsyncIterator[tuple[SimulatedCloud, str]]:
         yield served
 
 
+async def _created(cloud: SimulatedCloud) -> bool:
+    return any(i.name.startswith("acq-r1-trs-") for i in await cloud.list_owned("r1"))
+
+
 async def test_acquisitions_complete_across_a_temporal_server_restart(
     own_temporal: OwnTemporal,
     restart_db: str,
@@ -110,12 +115,15 @@ async def test_acquisitions_complete_across_a_temporal_server_restart(
     try:
         ids += [h.id for h in await start_acquisitions(client, "trs", ACQUISITIONS, EACH)]
         # Kill once instances are being created and booted.
-        for _ in range(300):
-            if sum(1 for i in await cloud.list_owned("r1") if i.name.startswith("acq-r1-trs-")):
-                break
-            await asyncio.sleep(0.1)
+        await eventually_async(
+            lambda: _created(cloud),
+            timeout=120,
+            what="some trs instances created",
+            retrying=(),
+        )
         own_temporal.kill()
-        await asyncio.sleep(5)  # the worker's polls and completions fail meanwhile
+        # sleep is the behaviour under test: Temporal stays down; polls and completions fail
+        await asyncio.sleep(5)
         await asyncio.to_thread(own_temporal.start)  # its probe runs asyncio.run
         # A fresh client: the old one's connection went with the server.
         client = await Client.connect(

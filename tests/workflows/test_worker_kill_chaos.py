@@ -19,8 +19,9 @@ from temporalio.testing import WorkflowEnvironment
 from activities.floor.models import floor_workflow_id
 from activities.provider.simulator import Latency, SimulatedCloud
 from contracts.region import Region
-from tests.support import chaos
+from tests.support import chaos, replay_all
 from tests.support.control_harness import install_example_bundle
+from tests.support.wait import eventually_async
 from tests.support.worker_kills import (
     KillableWorker,
     fleet_db,
@@ -31,7 +32,6 @@ from tests.support.worker_kills import (
     served_cloud,
     sim_view,
     start_acquisitions,
-    until,
     worker_env,
 )
 from workflows.acquisition.models import (
@@ -62,18 +62,23 @@ async def sim(region_r1: Region) -> AsyncIterator[tuple[SimulatedCloud, str]]:
 
 async def cancel(handle: WorkflowHandle[AcquisitionWorkflow, AcquisitionResult]) -> None:
     """The operator's cancel, asked again while the worker is down (an update needs one)."""
-    for _ in range(60):
-        try:
-            await asyncio.wait_for(
-                handle.execute_update(
-                    AcquisitionWorkflow.cancel, OperatorInput(operator="chaos", reason="test")
-                ),
-                timeout=10,
-            )
-            return
-        except (RPCError, TimeoutError, WorkflowUpdateRPCTimeoutOrCancelledError):
-            await asyncio.sleep(0.5)
-    raise AssertionError(f"cancel of {handle.id} never accepted")
+
+    async def accepted() -> bool:
+        await asyncio.wait_for(
+            handle.execute_update(
+                AcquisitionWorkflow.cancel, OperatorInput(operator="chaos", reason="test")
+            ),
+            timeout=10,
+        )
+        return True
+
+    await eventually_async(
+        accepted,
+        timeout=300,
+        what=f"the cancel of {handle.id} accepted",
+        every=0.5,
+        retrying=(RPCError, TimeoutError, WorkflowUpdateRPCTimeoutOrCancelledError),
+    )
 
 
 async def test_killing_the_worker_mid_cancel_leaves_nothing_behind(
@@ -98,7 +103,12 @@ async def test_killing_the_worker_mid_cancel_leaves_nothing_behind(
     worker.start()
     try:
         # Cancel once some instances exist, then kill while the deletes are under way.
-        await until(lambda: _some_created(cloud, "acq-r1-kcancel-"), within=240)
+        await eventually_async(
+            lambda: _some_created(cloud, "acq-r1-kcancel-"),
+            timeout=240,
+            what="some kcancel instances created",
+            retrying=(),
+        )
         kills = asyncio.create_task(kill_repeatedly(worker, 6, low=0.5, high=2.0))
         await asyncio.gather(*(cancel(h) for h in handles))
         await kills
@@ -112,6 +122,7 @@ async def test_killing_the_worker_mid_cancel_leaves_nothing_behind(
         dead = int(not worker.alive())
     finally:
         worker.stop()
+    unreplayable = await replay_all.nondeterministic(client)
     counts = chaos.report(
         "worker_sigkill_mid_cancel",
         **instance_counts(await sim_view(cloud), kill_db, prefix="acq-r1-kcancel-"),
@@ -120,10 +131,13 @@ async def test_killing_the_worker_mid_cancel_leaves_nothing_behind(
             1 for n in (await sim_view(cloud)).names if n.startswith("acq-r1-kcancel-")
         ),
         workflows_failed_or_stuck=stuck,
+        # Every workflow of the namespace (keepers, budget, acquisitions) replays with this
+        # code: a wedged one stays Running and passes every other count.
+        workflows_nondeterministic_on_replay=len(unreplayable),
         processes_dead_after_recovery=dead,
         worker_kills_short=6 - worker.kills,
     )
-    assert chaos.nonzero(counts) == {}, worker.log.read_text()[-5000:]
+    assert chaos.nonzero(counts) == {}, (unreplayable, worker.log.read_text()[-5000:])
 
 
 async def _some_created(cloud: SimulatedCloud, prefix: str) -> bool:
@@ -160,7 +174,12 @@ async def test_killing_the_worker_mid_hall_loss_keeps_the_floor_whole(
             id=floor_workflow_id("r1", contract),
             task_queue="sco-r1",
         )
-        await until(lambda: _holding(handle, {"A": 3, "B": 3, "C": 2, "D": 2}), within=120)
+        await eventually_async(
+            lambda: _holding(handle, {"A": 3, "B": 3, "C": 2, "D": 2}),
+            timeout=120,
+            what="the floor holding 3/3/2/2",
+            retrying=(),
+        )
         cloud.fail_hall("B")
         await handle.signal(
             FloorKeeperWorkflow.hall_lost, HallEvent(hall="B", operator="chaos", reason="power")
@@ -169,7 +188,12 @@ async def test_killing_the_worker_mid_hall_loss_keeps_the_floor_whole(
         await kill_repeatedly(worker, 6, low=0.5, high=2.0)
         stuck = 0
         try:
-            await until(lambda: _holding(handle, {"A": 4, "C": 3, "D": 3}), within=150)
+            await eventually_async(
+                lambda: _holding(handle, {"A": 4, "C": 3, "D": 3}),
+                timeout=150,
+                what="the floor holding 4/3/3 without hall B",
+                retrying=(),
+            )
         except AssertionError:
             stuck = 1
         status = await handle.query(FloorKeeperWorkflow.status)
@@ -177,15 +201,19 @@ async def test_killing_the_worker_mid_hall_loss_keeps_the_floor_whole(
         await handle.terminate()
     finally:
         worker.stop()
+    unreplayable = await replay_all.nondeterministic(client)
     counts = chaos.report(
         "worker_sigkill_mid_hall_loss",
         **instance_counts(await sim_view(cloud), kill_db, prefix=f"floor-r1-{contract}-"),
         floor_units_short=max(0, 10 - sum(status.held_units_by_hall.values())),
         workflows_failed_or_stuck=stuck,
+        # Every workflow of the namespace (keepers, budget, acquisitions) replays with this
+        # code: a wedged one stays Running and passes every other count.
+        workflows_nondeterministic_on_replay=len(unreplayable),
         processes_dead_after_recovery=dead,
         worker_kills_short=6 - worker.kills,
     )
-    assert chaos.nonzero(counts) == {}, (status, worker.log.read_text()[-5000:])
+    assert chaos.nonzero(counts) == {}, (status, unreplayable, worker.log.read_text()[-5000:])
 
 
 async def _holding(handle: WorkflowHandle[FloorKeeperWorkflow, None], held: dict[str, int]) -> bool:

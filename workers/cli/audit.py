@@ -19,11 +19,21 @@ from workers.operator_identity import IdentityError, operator_identity
 from workers.settings import Settings
 
 ByOpt = typer.Option(None, "--by", help="Who does this (recorded; default: your login name).")
-ReasonOpt = typer.Option("", "--reason", help="Why (recorded in the ledger).")
+ReasonOpt = typer.Option(None, "--reason", help="Why (recorded in the ledger).")
 
 
 def who(by: str | None) -> str:
-    return by or getpass.getuser()
+    """`--by` when given (checked: printable, non-empty, bounded), else the login name."""
+    from workers.cli import bounds
+
+    return getpass.getuser() if by is None else bounds.text("--by", by, max_len=bounds.MAX_ID)
+
+
+def why(reason: str | None) -> str:
+    """`--reason` when given (checked: printable, non-empty, bounded), else empty."""
+    from workers.cli import bounds
+
+    return "" if reason is None else bounds.text("--reason", reason)
 
 
 def identity(s: Settings) -> str:

@@ -14,29 +14,44 @@ from activities.checkpoints.rgw import (
     stored,
     write_credentials,
 )
+from workers.cli.bounds import path_value
 from workers.cli.common import console, fail, print_json, table
 from workers.cli.contracts import _verified
 
 app = typer.Typer(help="Checkpoint storage per contract on Ceph RGW (S3).", no_args_is_help=True)
 
 _CREDS = typer.Option(
-    Path(".sco/checkpoints"), help="Directory of per-contract credentials (<contract>.json, 0600)."
+    Path(".sco/checkpoints"),
+    help="Directory of per-contract credentials (<contract>.json, 0600).",
+    parser=path_value,
 )
 
 
 @app.command("provision")
 def provision_cmd(
-    bundle_path: Path = typer.Argument(..., metavar="BUNDLE"),
-    trust: Path = typer.Option(..., help="Trust directory: only a bundle that verifies is used."),
+    bundle_path: Path = typer.Argument(..., metavar="BUNDLE", parser=path_value),
+    trust: Path = typer.Option(
+        ..., help="Trust directory: only a bundle that verifies is used.", parser=path_value
+    ),
     endpoint: str = typer.Option("http://127.0.0.1:7480", help="RGW's S3 endpoint."),
     ceph_conf: Path = typer.Option(
-        Path("/etc/ceph/ceph.conf"), help="ceph.conf for radosgw-admin."
+        Path("/etc/ceph/ceph.conf"), help="ceph.conf for radosgw-admin.", parser=path_value
     ),
     keep_days: int = typer.Option(7, min=1, help="Lifecycle: expire checkpoints after N days."),
     credentials: Path = _CREDS,
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Per contract checkpointing to s3://: an RGW user, bucket, lifecycle rule (idempotent)."""
+    from workers.cli import bounds
+
+    if (
+        not endpoint.startswith(("http://", "https://"))
+        or bounds.text("--endpoint", endpoint, max_len=bounds.MAX_ID) != endpoint
+    ):
+        fail(f"--endpoint {endpoint!r}: not an http(s) URL")
+    bounds.in_file("--ceph-conf", ceph_conf)
+    bounds.whole("--keep-days", keep_days, low=1, high=3650)
+    bounds.out_dir("--credentials", credentials)
     bundle = _verified(bundle_path, trust, "24h")
     try:
         done = provision_all(Rgw(endpoint, ceph_conf), bundle.content.contracts, keep_days)
@@ -70,6 +85,10 @@ def list_cmd(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """The checkpoints stored for CONTRACT (read with its own keys); partial ones marked."""
+    from workers.cli import bounds
+
+    bounds.identifier("CONTRACT", contract)
+    bounds.in_dir("--credentials", credentials)
     try:
         creds = read_credentials(credentials, contract)
         found = stored(creds)

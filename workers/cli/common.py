@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from contracts.redact import mask_credentials
 from workers.logs import configure_owned
 from workers.settings import Settings, SettingsError, load_settings
 
@@ -37,6 +38,8 @@ err_console = Console(stderr=True)
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
+    # Errors name the DSN or URL that failed; never its password (contracts/redact.py).
+    message = mask_credentials(message)
     err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
@@ -51,20 +54,30 @@ def settings(**overrides: Any) -> Settings:
 
 
 def known_region(s: Settings, name: str | None) -> str:
-    """NAME (default: the settings' region) when it is a configured region, else a one-line
-    error listing them: a typo never reaches Temporal as a missing namespace."""
-    region = name or s.region
+    """NAME (default, when not given: the settings' region) when it is a configured region,
+    else a one-line error listing them: a typo never reaches Temporal as a missing
+    namespace, and `--region ''` is an error, not the default."""
+    region = s.region if name is None else name
     if region not in s.regions:
-        fail(f"unknown region {region} (known: {', '.join(s.regions)})")
+        fail(f"unknown region {shown(region)} (known: {', '.join(s.regions)})")
     return region
+
+
+def shown(value: str) -> str:
+    """VALUE in a message: as typed when it is a plain word, quoted when it is empty, has
+    spaces or invisible characters, and shortened when long."""
+    short = value if len(value) <= 60 else value[:57] + "..."
+    plain = short and short.isprintable() and not any(ch.isspace() for ch in short)
+    return short if plain and short.isascii() else ascii(short)
 
 
 def region_or_exit(s: Settings, name: str | None) -> Region:
     """The region NAME (default: the settings' region) from its file, or a one-line error."""
     from contracts.region import RegionFileError, load_region
 
+    region = known_region(s, name)
     try:
-        return load_region(s.region_file(name or s.region))
+        return load_region(s.region_file(region))
     except (RegionFileError, FileNotFoundError) as exc:
         fail(str(exc))
 
@@ -74,12 +87,12 @@ def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[object]]) 
     for col in columns:
         t.add_column(col)
     for row in rows:
-        t.add_row(*("" if v is None else str(v) for v in row))
+        t.add_row(*("" if v is None else mask_credentials(str(v)) for v in row))
     console.print(t)
 
 
 def print_json(data: object) -> None:
-    typer.echo(json.dumps(data, indent=2, default=str))
+    typer.echo(mask_credentials(json.dumps(data, indent=2, default=str)))
 
 
 def workflow_url(s: Settings, region: str, workflow_id: str) -> str:
@@ -156,15 +169,29 @@ _clients: list[Client] = []
 _runtime: list[Runtime] = []
 
 
-def run_temporal(coro: Awaitable[T]) -> T:
-    """Run a Temporal client call; its RPC and update failures become one-line errors.
-    The clients it opened are closed afterwards, whatever happened."""
+# Where the command's Temporal calls went (address, namespace, region, client), for the
+# message when they do not answer in time.
+_called: list[tuple[str, str, str, Client]] = []
+
+
+def run_temporal(coro: Awaitable[T], deadline: float | None = None) -> T:
+    """Run a Temporal client call within the CLI's deadline (`bounds.DEADLINE_SECONDS`);
+    its RPC and update failures become one-line errors, and so does no answer in time,
+    naming what did not answer (the server, or the region's worker). The clients it
+    opened are closed afterwards, whatever happened."""
     from temporalio.client import WorkflowUpdateFailedError
     from temporalio.exceptions import ApplicationError
     from temporalio.service import RPCError
 
+    from workers.cli.bounds import DEADLINE_SECONDS
+
+    seconds = DEADLINE_SECONDS if deadline is None else deadline
+
     async def go() -> T:
-        return await coro
+        try:
+            return await asyncio.wait_for(_awaited(coro), seconds)
+        except TimeoutError:
+            fail(await _no_answer(seconds))
 
     try:
         return asyncio.run(go())
@@ -177,8 +204,70 @@ def run_temporal(coro: Awaitable[T]) -> T:
         close_temporal()
 
 
+async def _awaited(coro: Awaitable[T]) -> T:
+    return await coro
+
+
+async def _no_answer(seconds: float) -> str:
+    """What did not answer within SECONDS: the region's worker when none polls its task
+    queue (a query or update waits for one), else the Temporal server."""
+    if not _called:
+        return f"Temporal did not answer within {seconds:g} s"
+    address, namespace, region, client = _called[-1]
+    try:
+        polled = await asyncio.wait_for(_polled(client, region), 2)
+    except Exception:  # the server itself does not answer: said below
+        polled = None
+    if polled is False:
+        return no_worker_message(namespace, region)
+    return f"Temporal at {address} (namespace {namespace}) did not answer within {seconds:g} s"
+
+
+def no_worker_message(namespace: str, region: str) -> str:
+    return (
+        f"no worker polls namespace {namespace}'s task queue sco-{region}: "
+        f"is the {region} worker running? (`sco worker --region {region}`)"
+    )
+
+
+async def _polled(client: Client, region: str) -> bool:
+    """Whether a worker polls the region's workflow task queue (Temporal lists the pollers
+    it saw in the last minutes: DescribeTaskQueue)."""
+    from datetime import timedelta
+
+    from temporalio.api.enums.v1 import TaskQueueType
+    from temporalio.api.taskqueue.v1 import TaskQueue
+    from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
+
+    from workers.settings import TemporalSettings
+
+    resp = await client.workflow_service.describe_task_queue(
+        DescribeTaskQueueRequest(
+            namespace=client.namespace,
+            task_queue=TaskQueue(name=TemporalSettings().task_queue(region)),
+            task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
+        ),
+        timeout=timedelta(seconds=3),
+    )
+    return bool(resp.pollers)
+
+
+async def require_worker(client: Client, region: str) -> None:
+    """A one-line error, before anything is started or asked, when no worker polls the
+    region's task queue: a workflow started or updated there would wait for one (an
+    update until the deadline, a start forever: half-applied)."""
+    if not await _polled(client, region):
+        fail(no_worker_message(client.namespace, region))
+
+
+async def worker_runs(client: Client, region: str) -> bool:
+    """Whether a worker polls the region's task queue (for a durable signal: said when not)."""
+    return await _polled(client, region)
+
+
 def close_temporal() -> None:
     """Drop every client and then the runtime (its threads end with it), now."""
+    _called.clear()
     _clients.clear()
     _runtime.clear()
     gc.collect()
@@ -199,6 +288,12 @@ async def temporal_client(s: Settings, region: str) -> Client:
     try:
         client = await connect(s, region, runtime=_runtime[0])
     except RuntimeError as exc:
-        fail(f"cannot reach Temporal at {s.temporal.address}: {exc}")
+        fail(f"cannot reach Temporal at {s.temporal.address}: {_first_line(str(exc))}")
     _clients.append(client)
+    _called.append((s.temporal.address, client.namespace, region, client))
     return client
+
+
+def _first_line(text: str) -> str:
+    lines = [x for x in text.strip().splitlines() if x.strip()]
+    return lines[0] if lines else ""

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
 
-from workers.cli import audit, schedulers
+from workers.cli import audit, bounds, schedulers
 from workers.cli.audit import ByOpt, ReasonOpt, operator_decision, who
 from workers.cli.common import (
     console,
@@ -16,13 +17,16 @@ from workers.cli.common import (
     fail,
     fleet_db,
     known_region,
+    no_worker_message,
     print_json,
     print_workflow_link,
     print_workflow_urls,
+    require_worker,
     run_temporal,
     settings,
     table,
     temporal_client,
+    worker_runs,
     workflow_url,
 )
 from workers.settings import Settings
@@ -32,6 +36,7 @@ if TYPE_CHECKING:
 
     from activities.budget import BudgetStatus
     from contracts.bundle import VerifiedBundle
+    from contracts.model import Contract
     from workflows.acquisition.models import AcquisitionProgress, ControlAck
     from workflows.controller.models import ControllerStatus
 
@@ -49,6 +54,10 @@ demand_app.command("intake")(schedulers.demand_intake)
 demand_app.command("collect")(schedulers.demand_collect)
 
 RegionOpt = typer.Option(None, "--region", help="Region; default from settings.")
+JsonOpt = typer.Option(False, "--json", help="The answer as JSON (its schema: docs/reference.md).")
+DEMAND_SOURCES = ("cli", "slurm", "kubernetes")
+#: A query's own deadline, inside the command's: a workflow answers only on a worker.
+QUERY_TIMEOUT = timedelta(seconds=3)
 
 
 def worker(region: str = RegionOpt) -> None:
@@ -56,11 +65,11 @@ def worker(region: str = RegionOpt) -> None:
     `worker.metrics_port`, health on `worker.health_port`."""
     import psycopg
 
-    from workers.region_worker import run_worker
+    from services.registry import service
 
     s = settings()
     with errors_as_exit(psycopg.Error, RuntimeError, OSError):
-        asyncio.run(run_worker(s, region or s.region))
+        asyncio.run(service("worker").load()(s, known_region(s, region)))
 
 
 # -- demand --------------------------------------------------------------------------------
@@ -77,36 +86,31 @@ def demand_set(
     region: str = RegionOpt,
     source: str = typer.Option("cli", help="Demand source (cli, slurm, kubernetes)."),
     by: str | None = ByOpt,
-    reason: str = ReasonOpt,
+    reason: str | None = ReasonOpt,
+    json_out: bool = JsonOpt,
 ) -> None:
-    """Set a contract's demand and wake its controller partition (recorded as a decision)."""
-    from activities.control.models import partition_of
+    """Set a contract's demand and wake its controller partition (recorded as a decision).
+    Units above the contract's most per region are refused; nothing is stored then."""
+    from activities.control.partition import partition_of
     from activities.decisions import DecisionKind
     from activities.fleet.control_state import ControlRepository
     from workflows.controller.models import controller_workflow_id
 
     s = settings()
     r = known_region(s, region)
-    bundle = _bundle(s)
-    c = bundle.content.contract(contract)
-    if c is None:
-        known = ", ".join(x.name for x in bundle.content.contracts)
-        fail(f"contract {contract!r} is not in bundle serial {bundle.serial} (known: {known})")
-    if r not in c.regions:
-        fail(f"contract {contract!r} does not run in {r} (regions: {', '.join(c.regions)})")
-    if units > c.placement.max_units_per_region:
-        console.print(
-            f"[yellow]note:[/] {units} units is above the contract's cap "
-            f"({c.placement.max_units_per_region} per region); the planner stops at the cap"
-        )
+    if source not in DEMAND_SOURCES:
+        fail(f"--source {source!r}: one of {', '.join(DEMAND_SOURCES)}")
+    operator, why = who(by), audit.why(reason)
+    c = _contract(s, contract, r)
+    bounds.demand(c, r, units)
     decision = operator_decision(
         s,
         region=r,
         kind=DecisionKind.DEMAND,
         subject=contract,
         outcome="set",
-        by=who(by),
-        reason=reason or f"{units} units from {source}",
+        by=operator,
+        reason=why or f"{units} units from {source}",
         units=units,
     )
     with fleet_db(s) as pool:
@@ -114,12 +118,28 @@ def demand_set(
         if not changed:
             decision = decision.model_copy(update={"outcome": "unchanged"})
         audit.record(s, decision, pool)
+    partition = partition_of(contract, s.control.partitions)
+    where = controller_workflow_id(r, partition)
+    answer = {
+        "contract": contract,
+        "region": r,
+        "source": source,
+        "units": units,
+        "changed": changed,
+        "controller": where,
+        "signalled": False,
+        "ui_url": workflow_url(s, r, where),
+    }
     if not changed:
+        if json_out:
+            print_json(answer)
+            return
         console.print(f"{contract} in {r}: already {units} units ({source}); nothing changed")
         return
-    partition = partition_of(contract, s.control.partitions)
     signalled = run_temporal(_signal_demand(s, r, partition, contract, source))
-    where = controller_workflow_id(r, partition)
+    if json_out:
+        print_json({**answer, "signalled": signalled})
+        return
     console.print(f"{contract} in {r}: {units} units ({source})")
     if signalled:
         console.print(f"signalled {where}")
@@ -136,12 +156,18 @@ async def _signal_demand(
 ) -> bool:
     from temporalio.service import RPCError, RPCStatusCode
 
-    from workflows.controller.models import DemandChanged, controller_workflow_id
+    from workflows.controller.models import (
+        DEMAND_CHANGED_SIGNAL,
+        DemandChanged,
+        controller_workflow_id,
+    )
 
     client = await temporal_client(s, region)
     handle = client.get_workflow_handle(controller_workflow_id(region, partition))
     try:
-        await handle.signal("demand_changed", DemandChanged(contracts=[contract], source=source))
+        await handle.signal(
+            DEMAND_CHANGED_SIGNAL, DemandChanged(contracts=[contract], source=source)
+        )
     except RPCError as exc:
         if exc.status == RPCStatusCode.NOT_FOUND:
             return False
@@ -152,7 +178,7 @@ async def _signal_demand(
 @demand_app.command("list")
 def demand_list(region: str = RegionOpt, json_out: bool = typer.Option(False, "--json")) -> None:
     """Demand per contract and source."""
-    from activities.control.models import partition_of
+    from activities.control.partition import partition_of
     from activities.fleet.control_state import ControlRepository
 
     s = settings()
@@ -187,6 +213,33 @@ def _bundle(s: Settings) -> VerifiedBundle:
     return bundle
 
 
+def _contract(s: Settings, name: str, region: str) -> Contract:
+    """The contract NAME from the installed bundle, running in REGION, or a one-line error."""
+    bounds.identifier("contract", name)
+    bundle = _bundle(s)
+    c = bundle.content.contract(name)
+    if c is None:
+        known = ", ".join(x.name for x in bundle.content.contracts)
+        fail(f"contract {name!r} is not in bundle serial {bundle.serial} (known: {known})")
+    if region not in c.regions:
+        fail(f"contract {name!r} does not run in {region} (regions: {', '.join(c.regions)})")
+    return c
+
+
+def _acquisition_id(s: Settings, acquisition_id: str, region: str) -> str:
+    """ACQUISITION_ID when it is an id, and not one the controller of another region made."""
+    from activities.control.models import ACQUISITION_PREFIX
+
+    bounds.identifier("ACQUISITION_ID", acquisition_id)
+    for other in s.regions:
+        if other != region and acquisition_id.startswith(f"{ACQUISITION_PREFIX}{other}-"):
+            fail(
+                f"ACQUISITION_ID {acquisition_id}: an acquisition of region {other}, not "
+                f"{region} (add --region {other})"
+            )
+    return acquisition_id
+
+
 # -- acquisitions --------------------------------------------------------------------------
 
 
@@ -196,14 +249,20 @@ def acq_list(
     all_: bool = typer.Option(False, "--all", help="Include finished acquisitions."),
     state: str = typer.Option(None, help="Only this state (running, paused, waiting_approval...)."),
     contract: str = typer.Option(None, help="Only this contract."),
-    limit: int = typer.Option(50, min=1),
-    json_out: bool = typer.Option(False, "--json"),
+    limit: int = typer.Option(50, min=1, max=1000),
+    json_out: bool = JsonOpt,
 ) -> None:
-    """Acquisitions as the Temporal UI lists them (same search attributes)."""
+    """Acquisitions as the Temporal UI lists them (same search attributes). An unknown
+    --contract or --state is an error, not an empty list."""
     from workflows import search_attributes as sa
+    from workflows.acquisition.models import AcquisitionState
 
     s = settings()
     r = known_region(s, region)
+    if state is not None and state not in {x.value for x in AcquisitionState}:
+        fail(f"--state {state!r}: one of {', '.join(x.value for x in AcquisitionState)}")
+    if contract is not None:
+        _contract(s, contract, r)
     query = f'WorkflowType = "AcquisitionWorkflow" AND {sa.REGION.name} = "{r}"'
     if not all_:
         query += ' AND ExecutionStatus = "Running"'
@@ -212,9 +271,7 @@ def acq_list(
     if contract:
         query += f' AND {sa.WORKLOAD.name} = "{contract}"'
 
-    from datetime import timedelta
-
-    from workflows.acquisition.models import AcquisitionProgress
+    from workflows.acquisition.models import PROGRESS_QUERY, AcquisitionProgress
 
     async def units(client: Any, wid: str) -> tuple[int | None, int | None]:
         """(acquired, requested) units from the acquisition's progress; demand is in units,
@@ -223,7 +280,7 @@ def acq_list(
 
         try:
             p: AcquisitionProgress = await client.get_workflow_handle(wid).query(
-                "progress", result_type=AcquisitionProgress, rpc_timeout=timedelta(seconds=3)
+                PROGRESS_QUERY, result_type=AcquisitionProgress, rpc_timeout=timedelta(seconds=3)
             )
         except RPCError:
             return None, None
@@ -279,11 +336,25 @@ def acq_list(
 
 
 def _handle(
-    s: Settings, region: str, acquisition_id: str
+    s: Settings, region: str, acquisition_id: str, *, need_worker: bool
 ) -> Callable[[], Awaitable[WorkflowHandle[Any, Any]]]:
+    """The acquisition's handle after checking it exists; with NEED_WORKER (a query or an
+    update, which a workflow answers only on a worker), after checking a worker polls."""
+
     async def get() -> WorkflowHandle[Any, Any]:
+        from temporalio.service import RPCError, RPCStatusCode
+
         client = await temporal_client(s, region)
-        return client.get_workflow_handle(acquisition_id)
+        handle = client.get_workflow_handle(acquisition_id)
+        try:
+            await handle.describe()
+        except RPCError as exc:
+            if exc.status == RPCStatusCode.NOT_FOUND:
+                fail(f"ACQUISITION_ID {acquisition_id}: no such acquisition in {region}")
+            raise
+        if need_worker:
+            await require_worker(client, region)
+        return handle
 
     return get
 
@@ -296,13 +367,15 @@ def acq_show(
 ) -> None:
     """Progress of one acquisition (its `progress` query; works after it finished too)."""
     s = settings()
+    r = known_region(s, region)
+    _acquisition_id(s, acquisition_id, r)
 
-    from workflows.acquisition.models import AcquisitionProgress
+    from workflows.acquisition.models import PROGRESS_QUERY, AcquisitionProgress
 
     async def go() -> AcquisitionProgress:
-        handle = await _handle(s, region or s.region, acquisition_id)()
+        handle = await _handle(s, r, acquisition_id, need_worker=True)()
         progress: AcquisitionProgress = await handle.query(
-            "progress", result_type=AcquisitionProgress
+            PROGRESS_QUERY, result_type=AcquisitionProgress
         )
         return progress
 
@@ -338,15 +411,20 @@ def _operator_update(name: str) -> Callable[..., None]:
         acquisition_id: str = typer.Argument(...),
         region: str = RegionOpt,
         operator: str = typer.Option("operator", "--by", help="Who does this (recorded)."),
-        reason: str = typer.Option("", help="Why (recorded)."),
+        reason: str | None = typer.Option(None, help="Why (recorded)."),
+        json_out: bool = JsonOpt,
     ) -> None:
         from workflows.acquisition.models import ControlAck, OperatorInput
 
         s = settings()
+        r = known_region(s, region)
+        _acquisition_id(s, acquisition_id, r)
+        operator = bounds.text("--by", operator, max_len=bounds.MAX_ID)
+        reason = audit.why(reason)
         who_am_i = audit.identity(s)
 
         async def go() -> ControlAck:
-            handle = await _handle(s, region or s.region, acquisition_id)()
+            handle = await _handle(s, r, acquisition_id, need_worker=True)()
             ack: ControlAck = await handle.execute_update(
                 name,
                 OperatorInput(operator=operator, reason=reason, identity=who_am_i),
@@ -355,8 +433,11 @@ def _operator_update(name: str) -> Callable[..., None]:
             return ack
 
         ack = run_temporal(go())
+        if json_out:
+            print_json(_ack_json(s, r, acquisition_id, ack))
+            return
         console.print(f"{acquisition_id}: {ack.message} (state {ack.state.value})")
-        print_workflow_link(s, region or s.region, acquisition_id)
+        print_workflow_link(s, r, acquisition_id)
         if name == "cancel":
             # Demand is unchanged, so the controller's next tick plans the shortfall anew.
             console.print(
@@ -372,6 +453,15 @@ def _operator_update(name: str) -> Callable[..., None]:
     return command
 
 
+def _ack_json(s: Settings, region: str, acquisition_id: str, ack: ControlAck) -> dict[str, Any]:
+    return {
+        "acquisition_id": acquisition_id,
+        "region": region,
+        **ack.model_dump(mode="json"),
+        "ui_url": workflow_url(s, region, acquisition_id),
+    }
+
+
 for _name in ("pause", "resume", "cancel"):
     acq_app.command(_name)(_operator_update(_name))
 
@@ -383,16 +473,21 @@ def acq_approve(
     by: str = typer.Option(..., "--by", help="Approver (recorded in the ledger)."),
     reason: str = typer.Option(..., help="Why (recorded in the ledger)."),
     decline: bool = typer.Option(False, "--decline", help="Decline instead of approving."),
+    json_out: bool = JsonOpt,
 ) -> None:
     """Approve (or decline) committed fallback above the contract's spend authority."""
-    from workflows.acquisition.models import ApprovalInput, ControlAck
+    from workflows.acquisition.models import APPROVE_FALLBACK_UPDATE, ApprovalInput, ControlAck
 
     s = settings()
+    r = known_region(s, region)
+    _acquisition_id(s, acquisition_id, r)
+    by = bounds.text("--by", by, max_len=bounds.MAX_ID)
+    reason = bounds.text("--reason", reason)
 
     async def go() -> ControlAck:
-        handle = await _handle(s, region or s.region, acquisition_id)()
+        handle = await _handle(s, r, acquisition_id, need_worker=True)()
         ack: ControlAck = await handle.execute_update(
-            "approve_fallback",
+            APPROVE_FALLBACK_UPDATE,
             ApprovalInput(
                 approver=by, reason=reason, approve=not decline, identity=audit.identity(s)
             ),
@@ -401,25 +496,35 @@ def acq_approve(
         return ack
 
     ack = run_temporal(go())
+    if json_out:
+        print_json(_ack_json(s, r, acquisition_id, ack))
+        return
     console.print(f"{acquisition_id}: {ack.message}")
-    print_workflow_link(s, region or s.region, acquisition_id)
+    print_workflow_link(s, r, acquisition_id)
 
 
 # -- controller ----------------------------------------------------------------------------
 
 
 @controller_app.command("start")
-def controller_start(region: str = RegionOpt) -> None:
-    """Start the region's controller partitions that are not running (idempotent)."""
-    from workers.region_worker import ensure_controllers
+def controller_start(region: str = RegionOpt, json_out: bool = JsonOpt) -> None:
+    """Start the region's controller partitions that are not running (idempotent); refused
+    when no worker polls the region's task queue (they would wait for one)."""
+    from services.region_worker.service import ensure_controllers
 
     s = settings()
     r = known_region(s, region)
 
     async def go() -> list[str]:
-        return await ensure_controllers(await temporal_client(s, r), s, r)
+        client = await temporal_client(s, r)
+        await require_worker(client, r)
+        return await ensure_controllers(client, s, r)
 
-    for wid in run_temporal(go()):
+    ids = run_temporal(go())
+    if json_out:
+        print_json([{"workflow_id": wid, "ui_url": workflow_url(s, r, wid)} for wid in ids])
+        return
+    for wid in ids:
         console.print(f"running: {wid}")
         print_workflow_link(s, r, wid)
 
@@ -431,24 +536,28 @@ def controller_status(
     """Each partition's last tick: demand, held, planned, shortfall, acquisitions."""
     from temporalio.service import RPCError
 
-    from workflows.controller.models import ControllerStatus, controller_workflow_id
+    from workflows.controller.models import STATUS_QUERY, ControllerStatus, controller_workflow_id
 
     s = settings()
     r = known_region(s, region)
 
     async def go() -> list[ControllerStatus | str]:
         client = await temporal_client(s, r)
-        out: list[ControllerStatus | str] = []
-        for partition in range(s.control.partitions):
+        worker = await worker_runs(client, r)
+
+        async def one(partition: int) -> ControllerStatus | str:
             wid = controller_workflow_id(r, partition)
             try:
                 st: ControllerStatus = await client.get_workflow_handle(wid).query(
-                    "status", result_type=ControllerStatus
+                    STATUS_QUERY, result_type=ControllerStatus, rpc_timeout=QUERY_TIMEOUT
                 )
-                out.append(st)
             except RPCError as exc:
-                out.append(f"{wid}: {exc.message}")
-        return out
+                why = exc.message if worker else no_worker_message(client.namespace, r)
+                return f"{wid}: {why}"
+            return st
+
+        # At once: with no worker each query waits out its timeout.
+        return list(await asyncio.gather(*(one(p) for p in range(s.control.partitions))))
 
     rows = run_temporal(go())
     if json_out:
@@ -496,15 +605,16 @@ def controller_status(
 @budget_app.command("status")
 def budget_status(region: str = RegionOpt, json_out: bool = typer.Option(False, "--json")) -> None:
     """The region's token bucket: rate, burst, tokens now, queue."""
-    from activities.budget import BudgetStatus, budget_workflow_id
+    from activities.budget import STATUS_QUERY, BudgetStatus, budget_workflow_id
 
     s = settings()
     r = known_region(s, region)
 
     async def go() -> BudgetStatus:
         client = await temporal_client(s, r)
+        await require_worker(client, r)
         st: BudgetStatus = await client.get_workflow_handle(budget_workflow_id(r)).query(
-            "status", result_type=BudgetStatus
+            STATUS_QUERY, result_type=BudgetStatus
         )
         return st
 
@@ -538,31 +648,63 @@ def budget_set_rate(
     burst: int = typer.Argument(..., min=1, help="Bucket size."),
     region: str = RegionOpt,
     by: str | None = ByOpt,
-    reason: str = ReasonOpt,
+    reason: str | None = ReasonOpt,
+    json_out: bool = JsonOpt,
 ) -> None:
-    """Change the region's API budget (takes effect at once, survives restarts)."""
-    from activities.budget import SetRateInput, budget_workflow_id
+    """Change the region's API budget (takes effect at once, survives restarts); within
+    the provider's limit (`provider.api_rate_limit_per_second`, `provider.api_burst_limit`)."""
+    from temporalio.service import RPCError, RPCStatusCode
+
+    from activities.budget import SET_RATE_SIGNAL, SetRateInput, budget_workflow_id
     from activities.decisions import DecisionKind
 
     s = settings()
     r = known_region(s, region)
+    bounds.budget(s, rate, burst)
+    operator, why = who(by), audit.why(reason)
     decision = operator_decision(
         s,
         region=r,
         kind=DecisionKind.BUDGET,
         subject=r,
         outcome="rate_set",
-        by=who(by),
-        reason=f"{rate}/s, burst {burst}" + (f": {reason}" if reason else ""),
+        by=operator,
+        reason=f"{rate}/s, burst {burst}" + (f": {why}" if why else ""),
     )
 
-    async def go() -> None:
+    async def go() -> bool:
         client = await temporal_client(s, r)
-        await client.get_workflow_handle(budget_workflow_id(r)).signal(
-            "set_rate", SetRateInput(rate_per_second=rate, burst=burst)
-        )
+        handle = client.get_workflow_handle(budget_workflow_id(r))
+        try:
+            await handle.describe()
+        except RPCError as exc:
+            if exc.status == RPCStatusCode.NOT_FOUND:
+                fail(
+                    f"{budget_workflow_id(r)} is not running in {r}: the region's worker "
+                    f"starts it (`sco worker --region {r}`)"
+                )
+            raise
+        # A signal is durable: with no worker it waits in the history, and says so.
+        await handle.signal(SET_RATE_SIGNAL, SetRateInput(rate_per_second=rate, burst=burst))
+        return await worker_runs(client, r)
 
-    run_temporal(go())
+    worker = run_temporal(go())
     audit.record(s, decision)
+    if json_out:
+        print_json(
+            {
+                "region": r,
+                "rate_per_second": rate,
+                "burst": burst,
+                "applied": worker,
+                "ui_url": workflow_url(s, r, budget_workflow_id(r)),
+            }
+        )
+        return
     console.print(f"{r}: budget {rate}/s, burst {burst}")
+    if not worker:
+        console.print(
+            f"[yellow]note:[/] no worker polls {r}'s task queue: the budget takes the new "
+            f"rate when the {r} worker runs"
+        )
     print_workflow_link(s, r, budget_workflow_id(r))

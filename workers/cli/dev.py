@@ -8,7 +8,18 @@ import threading
 
 import typer
 
-from workers.cli.common import console, errors_as_exit, fail, print_json, settings, table
+from contracts.redact import mask_credentials
+from workers.cli.common import (
+    console,
+    err_console,
+    errors_as_exit,
+    fail,
+    known_region,
+    print_json,
+    settings,
+    shown,
+    table,
+)
 from workers.devbox.box import Box, ServiceStatus
 from workers.devbox.process import DevboxError
 
@@ -43,28 +54,51 @@ def up(
     foreground: bool = typer.Option(
         False, "--foreground", help="Stay attached; Ctrl-C stops everything started."
     ),
+    as_json: bool = typer.Option(
+        False, "--json", help="Each service as JSON on stdout (progress on stderr)."
+    ),
+    regions: str | None = typer.Option(
+        None,
+        "--regions",
+        envvar="SCO_BOX_REGIONS",
+        help="Comma-separated regions whose processes --workers starts, each with its own "
+        "ports and Prometheus, plus a global Prometheus over them (default: the region).",
+    ),
 ) -> None:
     """Start every service that does not already answer; idempotent."""
     s = settings()
-    box = Box(
-        s,
-        with_workers=workers,
-        on_step=lambda name, msg: console.print(f"[cyan]{name:>16}[/] {msg}"),
-    )
+    progress = err_console if as_json else console
+    chosen: list[str] = []
+    if regions is not None:
+        chosen = [known_region(s, r.strip()) for r in regions.split(",")]
+        if len(set(chosen)) != len(chosen):
+            fail(f"--regions {shown(regions)}: a region named twice")
+    with errors_as_exit(DevboxError):
+        box = Box(
+            s,
+            with_workers=workers,
+            regions=chosen or None,
+            on_step=lambda name, msg: progress.print(
+                f"[cyan]{name:>16}[/] {mask_credentials(msg)}"
+            ),
+        )
     try:
         with errors_as_exit(DevboxError):
             statuses = box.up()
     except KeyboardInterrupt:
         fail("interrupted; stopped what this run had started", code=130)
-    _show(statuses)
+    if as_json:
+        print_json([x.as_dict() for x in statuses])
+    else:
+        _show(statuses)
     temporal = next(x for x in statuses if x.name == "temporal")
-    console.print(f"Temporal UI: http://{temporal.address.split(':')[0]}:{s.temporal.ui_port}")
-    if prom := next((x for x in statuses if x.name == "prometheus"), None):
-        console.print(f"Prometheus: {prom.address} (alerts: {prom.address}/alerts)")
+    progress.print(f"Temporal UI: http://{temporal.address.split(':')[0]}:{s.temporal.ui_port}")
+    for prom in (x for x in statuses if x.name.startswith("prometheus")):
+        progress.print(f"{prom.name}: {prom.address} (alerts: {prom.address}/alerts)")
     if foreground:
         done = threading.Event()
         signal.signal(signal.SIGTERM, lambda *_: done.set())
-        console.print("running in the foreground; Ctrl-C stops everything")
+        progress.print("running in the foreground; Ctrl-C stops everything")
         with contextlib.suppress(KeyboardInterrupt):
             done.wait()
         box.down()
@@ -84,10 +118,19 @@ def status(as_json: bool = typer.Option(False, "--json", help="Machine-readable 
 
 
 @app.command()
-def down() -> None:
+def down(
+    as_json: bool = typer.Option(False, "--json", help="What stopped, as JSON."),
+) -> None:
     """Stop what `up` started, and nothing else."""
-    box = Box(settings(), on_step=lambda name, msg: console.print(f"[cyan]{name:>16}[/] {msg}"))
+    progress = err_console if as_json else console
+    box = Box(
+        settings(),
+        on_step=lambda name, msg: progress.print(f"[cyan]{name:>16}[/] {mask_credentials(msg)}"),
+    )
     stopped = box.down()
+    if as_json:
+        print_json({"stopped": list(stopped)})
+        return
     console.print(f"stopped: {', '.join(stopped) if stopped else 'nothing was running'}")
 
 

@@ -13,6 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
+from contracts.pool_id import PoolId
 from estate.results import EstateResult, RegionRun
 
 SKUS = ("gp", "cpu", "mem", "hmem", "stor", "gpu-a", "gpu-l", "bm-cpu", "bm-gpu")
@@ -47,7 +48,7 @@ def write_plots(result: EstateResult, out: Path) -> list[Path]:
     for row, run in enumerate(shown):
         for col, hall in enumerate(("A", "B", "C", "D")):
             grid = [
-                [run.pool_reclaims.get(f"{region}.{hall}.{sku}.{size}", 0) for size in SIZES]
+                [run.pool_reclaims.get(str(PoolId(region, hall, sku, size)), 0) for size in SIZES]
                 for sku in SKUS
             ]
             ax = axes[row][col]

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from workers.cli import audit
+from workers.cli import audit, bounds
 from workers.cli.common import (
     console,
     fail,
@@ -18,6 +18,7 @@ from workers.cli.common import (
     known_region,
     print_json,
     print_workflow_link,
+    require_worker,
     run_temporal,
     settings,
     table,
@@ -39,15 +40,16 @@ pool_app = typer.Typer(
 PoolArg = typer.Argument(..., help="Pool id, e.g. r1.A.gp.l.")
 ByOpt = typer.Option(..., "--by", help="Who does this (recorded in the ledger).")
 ReasonOpt = typer.Option(..., "--reason", help="Why (recorded in the ledger).")
+JsonOpt = typer.Option(False, "--json", help="The answer as JSON (its schema: docs/reference.md).")
 
 
 def _region(s: Settings, pool_id: str) -> str:
     """The pool's region, after checking the region file knows the pool."""
+    from contracts.pool_id import PoolId
     from contracts.region import RegionFileError, load_region
-    from workflows.exclusion.models import parse_pool_id
 
     try:
-        region, *_ = parse_pool_id(pool_id)
+        region = PoolId.parse(pool_id).region
     except ValueError as exc:
         fail(str(exc))
     known_region(s, region)
@@ -61,11 +63,15 @@ def _region(s: Settings, pool_id: str) -> str:
 
 
 async def _running(s: Settings, region: str, pool_id: str) -> WorkflowHandle[Any, Any]:
+    """The pool's exclusion cycle, started when it is not running (a worker must poll)."""
     from temporalio.common import WorkflowIDConflictPolicy
 
     from workflows.exclusion.models import exclusion_input, exclusion_workflow_id
 
     client = await temporal_client(s, region)
+    # Started with no worker, the cycle would wait forever and the update with it: nothing
+    # is started then (the operator hears which worker is missing).
+    await require_worker(client, region)
     handle: WorkflowHandle[Any, Any] = await client.start_workflow(
         "PoolExclusionWorkflow",
         exclusion_input(pool_id),
@@ -76,8 +82,26 @@ async def _running(s: Settings, region: str, pool_id: str) -> WorkflowHandle[Any
     return handle
 
 
-def _print_ack(s: Settings, region: str, pool_id: str, ack: ExclusionAck) -> None:
+def _operator(by: str, reason: str) -> tuple[str, str]:
+    return bounds.text("--by", by, max_len=bounds.MAX_ID), bounds.text("--reason", reason)
+
+
+def _print_ack(
+    s: Settings, region: str, pool_id: str, ack: ExclusionAck, json_out: bool = False
+) -> None:
     from workflows.exclusion.models import exclusion_workflow_id
+
+    if json_out:
+        wid = exclusion_workflow_id(pool_id)
+        print_json(
+            {
+                "pool_id": pool_id,
+                "region": region,
+                **ack.model_dump(mode="json"),
+                "ui_url": workflow_url(s, region, wid),
+            }
+        )
+        return
 
     until = f", until {ack.excluded_until:%Y-%m-%d %H:%M:%S} UTC" if ack.excluded_until else ""
     console.print(
@@ -94,43 +118,49 @@ def exclude(
     hours: float = typer.Option(
         None, "--hours", min=0.01, help="Probe and re-admit after this long; default: never."
     ),
+    json_out: bool = JsonOpt,
 ) -> None:
     """Exclude a pool now: the planner stops using it."""
-    from workflows.exclusion.models import ExclusionAck, OperatorExclude
+    from workflows.exclusion.models import EXCLUDE_UPDATE, ExclusionAck, OperatorExclude
 
     s = settings()
     region = _region(s, pool_id)
+    by, reason = _operator(by, reason)
+    bounds.hours("--hours", hours)
 
     async def go() -> ExclusionAck:
         handle = await _running(s, region, pool_id)
         ack: ExclusionAck = await handle.execute_update(
-            "exclude",
+            EXCLUDE_UPDATE,
             OperatorExclude(operator=by, reason=reason, hours=hours, identity=audit.identity(s)),
             result_type=ExclusionAck,
         )
         return ack
 
-    _print_ack(s, region, pool_id, run_temporal(go()))
+    _print_ack(s, region, pool_id, run_temporal(go()), json_out)
 
 
 @pool_app.command("readmit")
-def readmit(pool_id: str = PoolArg, by: str = ByOpt, reason: str = ReasonOpt) -> None:
+def readmit(
+    pool_id: str = PoolArg, by: str = ByOpt, reason: str = ReasonOpt, json_out: bool = JsonOpt
+) -> None:
     """Re-admit an excluded or probing pool now (cancels a probe; strikes reset)."""
-    from workflows.exclusion.models import ExclusionAck, OperatorReadmit
+    from workflows.exclusion.models import READMIT_UPDATE, ExclusionAck, OperatorReadmit
 
     s = settings()
     region = _region(s, pool_id)
+    by, reason = _operator(by, reason)
 
     async def go() -> ExclusionAck:
         handle = await _running(s, region, pool_id)
         ack: ExclusionAck = await handle.execute_update(
-            "readmit",
+            READMIT_UPDATE,
             OperatorReadmit(operator=by, reason=reason, identity=audit.identity(s)),
             result_type=ExclusionAck,
         )
         return ack
 
-    _print_ack(s, region, pool_id, run_temporal(go()))
+    _print_ack(s, region, pool_id, run_temporal(go()), json_out)
 
 
 @pool_app.command("status")
@@ -139,7 +169,7 @@ def status(pool_id: str = PoolArg, json_out: bool = typer.Option(False, "--json"
     from temporalio.service import RPCError, RPCStatusCode
 
     from activities.exclusion.models import PoolState
-    from workflows.exclusion.models import ExclusionStatus, exclusion_workflow_id
+    from workflows.exclusion.models import STATUS_QUERY, ExclusionStatus, exclusion_workflow_id
 
     s = settings()
     region = _region(s, pool_id)
@@ -148,7 +178,7 @@ def status(pool_id: str = PoolArg, json_out: bool = typer.Option(False, "--json"
         client = await temporal_client(s, region)
         handle = client.get_workflow_handle(exclusion_workflow_id(pool_id))
         try:
-            st: ExclusionStatus = await handle.query("status", result_type=ExclusionStatus)
+            st: ExclusionStatus = await handle.query(STATUS_QUERY, result_type=ExclusionStatus)
         except RPCError as exc:
             if exc.status != RPCStatusCode.NOT_FOUND:
                 raise

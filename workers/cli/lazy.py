@@ -9,11 +9,19 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import typer
-from typer import _click as click
 from typer.core import TyperCommand, TyperGroup
+
+if TYPE_CHECKING:
+    # Types only, never imported at run time: typer vendors Click as the private
+    # `typer._click`, and the TyperGroup hooks overridden here (list_commands, get_command,
+    # resolve_command) take and return its Context and Command, for which typer has no
+    # public name (`typer.Context` is a subclass: narrower, so not a valid override
+    # parameter). Typer's maintainers advise against using `typer._click`
+    # (fastapi/typer discussion #1816); a rename there breaks mypy here, not `sco`.
+    from typer import _click as click
 
 
 @dataclass(frozen=True)

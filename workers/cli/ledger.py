@@ -19,8 +19,18 @@ from activities.ledger import (
     spend,
 )
 from activities.ledger.lost_work import BY as LOST_WORK_BY
-from activities.ledger.lost_work import DrainEventError, insert_drain, lost_work
-from workers.cli.common import console, errors_as_exit, fail, print_json, settings, table
+from activities.ledger.lost_work import DrainEventError, insert_drain, lost_work, rows_from_drain
+from workers.cli.bounds import path_value
+from workers.cli.common import (
+    console,
+    errors_as_exit,
+    fail,
+    known_region,
+    print_json,
+    settings,
+    shown,
+    table,
+)
 from workers.client_security import (
     ledger_options,
 )
@@ -31,11 +41,28 @@ _WINDOW = re.compile(r"^(\d+)([smhd])$")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
 
 
-def parse_window(text: str) -> timedelta:
+#: The longest look back: the ledger keeps about a year.
+MAX_WINDOW = timedelta(days=400)
+
+
+def parse_window(text: str, maximum: timedelta = MAX_WINDOW) -> timedelta:
     match = _WINDOW.match(text)
-    if not match:
+    if not match or len(text) > 12:
         raise typer.BadParameter(f"{text!r}: expected a number and a unit, e.g. 90m, 24h, 7d")
-    return timedelta(**{_UNITS[match[2]]: int(match[1])})
+    window = timedelta(**{_UNITS[match[2]]: min(int(match[1]), 10**9)})
+    if not timedelta(0) < window <= maximum:
+        raise typer.BadParameter(f"{text!r}: between 1s and {maximum.days}d")
+    return window
+
+
+def _region(region: str | None) -> str | None:
+    """--region when given: a configured region (no default: every region)."""
+    return None if region is None else known_region(settings(), region)
+
+
+def _shown(path: Path) -> str:
+    text = str(path)
+    return ascii(text if len(text) <= 60 else text[:57] + "...")
 
 
 def _store() -> closing[LedgerStore]:
@@ -49,13 +76,15 @@ def _store() -> closing[LedgerStore]:
 def spend_cmd(
     window: str = typer.Option("24h", help="Look back this far: 90m, 24h, 7d."),
     by: list[str] = typer.Option(["workload"], help=f"Group by: {', '.join(GROUP_KEYS)}."),
-    region: str = typer.Option(None),
+    region: str | None = typer.Option(None),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Spend (instance-hours x price) over a window, grouped."""
     bad = [b for b in by if b not in GROUP_KEYS]
     if bad:
-        fail(f"--by {', '.join(bad)}: not a ledger key; choose from {', '.join(GROUP_KEYS)}")
+        choose = ", ".join(GROUP_KEYS)
+        fail(f"--by {', '.join(map(shown, bad))}: not a ledger key; choose from {choose}")
+    region = _region(region)
     end = datetime.now(UTC)
     start = end - parse_window(window)
     with errors_as_exit(LedgerUnavailable), _store() as store:
@@ -76,10 +105,11 @@ def spend_cmd(
 @app.command("reclaims")
 def reclaims_cmd(
     window: str = typer.Option("24h", help="Look back this far: 90m, 24h, 7d."),
-    region: str = typer.Option(None),
+    region: str | None = typer.Option(None),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Reclaim notices per pool over a window."""
+    region = _region(region)
     end = datetime.now(UTC)
     start = end - parse_window(window)
     with errors_as_exit(LedgerUnavailable), _store() as store:
@@ -97,7 +127,7 @@ def reclaims_cmd(
 @app.command("decisions")
 def decisions_cmd(
     window: str = typer.Option("24h", help="Look back this far: 90m, 24h, 7d."),
-    region: str = typer.Option(None),
+    region: str | None = typer.Option(None),
     kind: str = typer.Option(
         None,
         help="fallback, acquisition, release, exclusion, floor, demand, budget, reclaim, "
@@ -108,6 +138,14 @@ def decisions_cmd(
 ) -> None:
     """Decisions over a window, newest first: fallback approvals, releases, outcomes, and
     every operator action (by: `--by`, with the certificate subject when there is one)."""
+    from activities.decisions import DecisionKind
+    from workers.cli import bounds
+
+    region = _region(region)
+    if kind is not None and kind not in {k.value for k in DecisionKind}:
+        fail(f"--kind {shown(kind)}: one of {', '.join(k.value for k in DecisionKind)}")
+    if subject is not None:
+        subject = bounds.identifier("--subject", subject)
     end = datetime.now(UTC)
     start = end - parse_window(window)
     with errors_as_exit(LedgerUnavailable), _store() as store:
@@ -137,11 +175,11 @@ def decisions_cmd(
 @app.command("consume")
 def consume_cmd() -> None:
     """Consume lifecycle events into the ledger until stopped (SIGTERM/Ctrl-C)."""
-    from workers import ledger_consumer
+    from services.registry import service
 
     s = settings()
     with errors_as_exit(LedgerUnavailable):
-        p = ledger_consumer.run(s)
+        p = service("ledger-consumer").load()(s)
     console.print(f"ledger consumer stopped: {p.inserted} inserted, {p.malformed} malformed")
 
 
@@ -154,41 +192,58 @@ def book_drains_cmd(
     """Book node agents' drain reports from NATS into the ledger until stopped (SIGTERM/Ctrl-C)."""
     import asyncio
 
-    from workers import drain_intake_service
+    from services.registry import service
 
     s = settings()
-    progress = asyncio.run(drain_intake_service.run(s, region or s.regions))
+    for r in region or []:
+        known_region(s, r)
+    progress = asyncio.run(service("drain-intake").load()(s, region or s.regions))
     for name, p in progress.items():
         console.print(
             f"drain intake {name} stopped: {p.booked_reports} reports "
-            f"({p.booked_rows} workload outcomes) booked, {p.malformed} malformed"
+            f"({p.booked_rows} workload outcomes) booked, {p.malformed} malformed "
+            f"({p.dead_lettered} dead-lettered)"
         )
 
 
 @app.command("record-drains")
 def record_drains_cmd(
-    journal: Path = typer.Argument(..., help="A node agent's drain journal (JSON lines)."),
+    journal: Path = typer.Argument(
+        ..., help="A node agent's drain journal (JSON lines).", parser=path_value
+    ),
     region: str = typer.Option(..., help="The node's region."),
+    as_json: bool = typer.Option(False, "--json", help="The answer as JSON."),
 ) -> None:
     """Book the lost work of every drain report in an agent journal (idempotent)."""
+    region = known_region(settings(), region)
+    if not journal.is_file():
+        fail(f"JOURNAL {_shown(journal)}: not a file")
     try:
         lines = journal.read_text().splitlines()
     except OSError as exc:
         fail(f"{journal}: {exc.strerror}")
+    # Every line is checked before anything is booked: a bad line books nothing.
+    events = []
+    for number, line in enumerate(lines, 1):
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError as exc:
+            fail(f"{journal}:{number}: not JSON: {exc.msg}")
+        if not isinstance(event, dict) or event.get("event") != "drain_finished":
+            continue
+        try:
+            rows_from_drain(event, region)
+        except DrainEventError as exc:
+            fail(f"{journal}:{number}: {exc}")
+        events.append(event)
     booked = drains = 0
     with errors_as_exit(LedgerUnavailable), _store() as store:
-        for number, line in enumerate(lines, 1):
-            try:
-                event = json.loads(line)
-            except json.JSONDecodeError as exc:
-                fail(f"{journal}:{number}: not JSON: {exc.msg}")
-            if not isinstance(event, dict) or event.get("event") != "drain_finished":
-                continue
-            try:
-                booked += insert_drain(store, event, region)
-            except DrainEventError as exc:
-                fail(f"{journal}:{number}: {exc}")
+        for event in events:
+            booked += insert_drain(store, event, region)
             drains += 1
+    if as_json:
+        print_json({"drains": drains, "workload_outcomes": booked})
+        return
     console.print(f"{drains} drains, {booked} workload outcomes booked")
 
 
@@ -200,7 +255,7 @@ def lost_work_cmd(
 ) -> None:
     """Work lost to drains: training steps, Spark tasks rerun, requeued run time."""
     if by not in LOST_WORK_BY:
-        fail(f"--by {by}: choose from {', '.join(LOST_WORK_BY)}")
+        fail(f"--by {shown(by)}: choose from {', '.join(LOST_WORK_BY)}")
     end = datetime.now(UTC)
     start = end - parse_window(window)
     with errors_as_exit(LedgerUnavailable), _store() as store:

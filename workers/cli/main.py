@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import traceback
+from typing import Any
 
 import typer
 
@@ -64,6 +66,22 @@ COMMANDS: dict[str, Lazy] = {
         "workers.cli.reconcile:reconcile",
         "Compare provider servers and leases with fleet state: delete orphans, mark ghosts.",
     ),
+    "explain": Lazy(
+        "workers.cli.explain:app",
+        "Why: a contract short, an instance running, a pool excluded (from recorded reasons).",
+    ),
+    "estate": Lazy(
+        "workers.cli.estate_status:estate_app",
+        "The estate across regions: floors, reclaimable capacity, exclusions, "
+        "acquisitions, approvals and spend, per region and hall.",
+    ),
+    "console": Lazy(
+        "workers.cli.console:console", "Serve the read-only operator console until SIGTERM/Ctrl-C"
+    ),
+    "docs": Lazy(
+        "workers.cli.reference:docs_app",
+        "Generated documentation: docs/reference.md from the CLI and the settings.",
+    ),
     "nats-users": Lazy(
         "workers.cli.notices:nats_users",
         "Render the region's NATS users with least-privilege permissions (deploy/nats/).",
@@ -73,6 +91,62 @@ COMMANDS: dict[str, Lazy] = {
 
 class SCOGroup(LazyGroup):
     lazy_commands = COMMANDS
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        """Every way a command ends is its exit status and at most one line on stderr: a
+        usage error (exit 2) is `error: <what> (see <command> --help)`, not click's
+        usage block; an exception nobody expected is one line naming it (exit 1), its
+        traceback only under `-v`."""
+        kwargs["standalone_mode"] = False
+        try:
+            rv = super().main(*args, **kwargs)
+        except typer.TyperException as exc:
+            if type(exc).__name__ == "NoArgsIsHelpError":
+                # `sco demand`: the group's help, as click shows it.
+                exc.show()  # type: ignore[attr-defined]  # click's UsageError.show
+                sys.exit(exc.exit_code)
+            ctx = getattr(exc, "ctx", None)
+            # `sco`, also when run in-process (typer's CliRunner names the program "root").
+            path = _command_path(ctx) if ctx is not None else ""
+            see = f" (see `{path} --help`)" if path else ""
+            _error_line(f"{exc.format_message()}{see}")
+            sys.exit(exc.exit_code)
+        except typer.Abort:
+            _error_line("aborted")
+            sys.exit(1)
+        except KeyboardInterrupt:
+            sys.exit(130)
+        except SystemExit:
+            raise
+        except Exception as exc:
+            from workers import logs
+
+            if logs.verbose():
+                traceback.print_exc()
+            _error_line(
+                f"unexpected {type(exc).__name__}: {_one_line(str(exc))} (`sco -v ...` shows where)"
+            )
+            sys.exit(1)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _command_path(ctx: Any) -> str:
+    """`sco demand set`: the context's command names under the root, whatever the program
+    was called (`python -m workers.cli`, typer's CliRunner)."""
+    names = []
+    while ctx.parent is not None:
+        names.append(ctx.info_name)
+        ctx = ctx.parent
+    return " ".join(["sco", *reversed(names)])
+
+
+def _one_line(text: str) -> str:
+    lines = [x.strip() for x in text.strip().splitlines() if x.strip()]
+    return (lines[0] if lines else "")[:300]
+
+
+def _error_line(message: str) -> None:
+    print(f"error: {_one_line(message)}", file=sys.stderr)
 
 
 app = typer.Typer(
@@ -96,11 +170,22 @@ def _root(
     version: bool = typer.Option(
         False, "--version", is_eager=True, callback=_version, help="Print the version and exit."
     ),
+    verbose: bool = typer.Option(
+        False, "-v", "--verbose", help="Also the command's own INFO log lines (on stderr)."
+    ),
 ) -> None:
     """SCO: the Spot Capacity Orchestrator control plane."""
+    from workers.logs import set_verbose
+
+    set_verbose(verbose)
 
 
 def main() -> None:
+    # Before any command imports nats: its WebSocket transport's aiohttp stays out of
+    # every `sco` process, the long-running ones above all (contracts/lean_imports.py).
+    from contracts.lean_imports import no_websockets_for_nats
+
+    no_websockets_for_nats()
     # Before a command loads its settings; the command configures again from them.
     from workers.logs import configure_from_env
 

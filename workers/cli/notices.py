@@ -15,15 +15,20 @@ from activities.fleet.repository import FleetRepository, InstanceRow
 from contracts import keys
 from contracts.notice import ReclaimRequest, reclaim_subject
 from contracts.notice_signing import EARLY_WARNING_HORIZON
+from services.notice_relay.reply import ReclaimReply
 from workers.cli import audit
+from workers.cli.bounds import path_value
 from workers.cli.common import (
     console,
     errors_as_exit,
     fail,
     fleet_db,
+    known_region,
+    print_json,
     print_workflow_link,
     region_or_exit,
     settings,
+    workflow_url,
 )
 
 
@@ -34,12 +39,14 @@ def notice_relay(
 ) -> None:
     """Run the hall's notice relay: reclaims → notices with a deadline → deletes; until
     SIGTERM/Ctrl-C."""
-    from workers import notice_relay_service
+    from services.registry import service
+    from workers.cli import bounds
 
     s = settings()
     region_model = region_or_exit(s, region)
     if hall not in region_model.halls:
-        fail(f"--hall {hall}: region {region_model.id} has halls {', '.join(region_model.halls)}")
+        fail(f"--hall {hall!r}: region {region_model.id} has halls {', '.join(region_model.halls)}")
+    bounds.finite("--sweep-seconds", sweep_seconds, low=0.01, high=3600)
     if s.notices.signing_key_file is None:
         fail(
             "notices.signing_key_file (SCO_NOTICES__SIGNING_KEY_FILE): not set; "
@@ -51,7 +58,7 @@ def notice_relay(
         fail(f"notices.signing_key_file: {exc}")
     with errors_as_exit(nats.errors.Error, psycopg.Error, OSError):
         asyncio.run(
-            notice_relay_service.run(
+            service("notice-relay").load()(
                 s, region_model, hall, signing_key, sweep_seconds=sweep_seconds
             )
         )
@@ -105,15 +112,19 @@ def reclaim(
         help="Plan the reclaim for TIME (ISO-8601 with zone, or +15m/+2h/+1d): an early "
         "warning now, the hard notice at TIME minus the region's notice lead.",
     ),
+    json_out: bool = typer.Option(False, "--json", help="The relay's answer as JSON."),
 ) -> None:
     """Ask the hall's notice relay to reclaim an instance or a whole pool (recorded).
 
     Committed instances (a tier-1 floor, a paid fallback) are refused unless --force: a
-    reclaim there drops a floor below its size until the keeper has rebuilt it. With
+    reclaim there drops a floor below its size until the keeper has rebuilt it (the relay
+    enforces it on each instance it acts on; this command only answers sooner). With
     --at the reclaim is planned: nodes hear a signed early warning at once, the
     controller starts replacements, and the hard notice follows with the region's lead."""
     from activities.decisions import DecisionKind
-    from activities.events import CapacityType, InstanceState
+    from activities.events import TERMINAL_STATES, CapacityType, InstanceState
+    from contracts.pool_id import PoolId
+    from workers.cli import bounds
     from workers.client_security import nats_options
     from workflows.exclusion.models import exclusion_workflow_id
 
@@ -122,7 +133,10 @@ def reclaim(
     except ValueError as exc:
         fail(str(exc))
     s = settings()
-    region_id = region or s.region
+    region_id = known_region(s, region)
+    if not pool:
+        bounds.identifier("TARGET", target)
+    reason = bounds.text("--reason", reason)
     operator = audit.who(by)
     decision = audit.operator_decision(
         s,
@@ -136,10 +150,13 @@ def reclaim(
     with fleet_db(s) as db:
         repo = FleetRepository(db)
         if pool:
-            parts = target.split(".")
-            if len(parts) != 4 or parts[0] != region_id:
+            try:
+                pid = PoolId.parse(target)
+            except ValueError as exc:
+                fail(f"{exc}; a pool id is {region_id}.<hall>.<sku>.<size>")
+            if pid.region != region_id:
                 fail(f"{target}: a pool id is {region_id}.<hall>.<sku>.<size>")
-            hall = parts[1]
+            hall = pid.hall
             live = [InstanceState.ACTIVE, InstanceState.NOTICED, InstanceState.DRAINING]
             committed = [
                 r
@@ -152,13 +169,17 @@ def reclaim(
                     f"({_owners(committed)}); refused without --force"
                 )
             req = ReclaimRequest(
-                pool_id=target, reason=reason, requested_by=operator, at=planned_at
+                pool_id=target, reason=reason, requested_by=operator, at=planned_at, force=force
             )
             pool_id = target
         else:
             row = repo.get_instance(target)
             if row is None:
                 fail(f"{target}: no such instance in fleet state")
+            if row.region != region_id:
+                fail(f"{target}: an instance of region {row.region}, not {region_id}")
+            if row.state in TERMINAL_STATES:
+                fail(f"{target}: already {row.state.value}; nothing to reclaim")
             if row.capacity_type is CapacityType.COMMITTED and not force:
                 fail(
                     f"{target}: committed capacity ({_owners([row])}); a reclaim drops it "
@@ -167,16 +188,31 @@ def reclaim(
             hall = row.hall
             pool_id = row.pool_id
             req = ReclaimRequest(
-                instances=[target], reason=reason, requested_by=operator, at=planned_at
+                instances=[target],
+                reason=reason,
+                requested_by=operator,
+                at=planned_at,
+                force=force,
             )
 
-    async def ask() -> str:
-        nc = await nats.connect(s.nats_url, **nats_options(s))
+    wait = bounds.NATS_REQUEST_SECONDS
+
+    async def ask() -> ReclaimReply:
+        try:
+            nc = await nats.connect(
+                s.nats_url,
+                connect_timeout=bounds.NATS_CONNECT_SECONDS,
+                allow_reconnect=False,
+                max_reconnect_attempts=0,
+                **nats_options(s),
+            )
+        except (nats.errors.Error, OSError) as exc:
+            fail(f"NATS at {s.nats_url} does not answer: {exc or type(exc).__name__}")
         try:
             msg = await nc.request(
-                reclaim_subject(region_id, hall), req.model_dump_json().encode(), timeout=15
+                reclaim_subject(region_id, hall), req.model_dump_json().encode(), timeout=wait
             )
-            return msg.data.decode()
+            return ReclaimReply.model_validate_json(msg.data)
         except nats.errors.NoRespondersError:
             fail(
                 f"no notice relay runs for {region_id}/{hall}; start "
@@ -184,7 +220,7 @@ def reclaim(
             )
         except nats.errors.TimeoutError:
             fail(
-                f"the notice relay for {region_id}/{hall} did not answer within 15 s; it may "
+                f"the notice relay for {region_id}/{hall} did not answer within {wait:g} s; it may "
                 f"still act on the request: `sco instances list --region {region_id}` shows "
                 "which instances are noticed"
             )
@@ -193,39 +229,69 @@ def reclaim(
 
     with errors_as_exit(nats.errors.Error, OSError):
         answer = asyncio.run(ask())
-    # The relay answers "error: ..." when it noticed nothing (bad request, or degraded).
-    if answer.startswith("error: "):
-        fail(f"{region_id}/{hall}: {answer.removeprefix('error: ')}")
-    audit.record(s, decision.model_copy(update={"reason": f"{reason} ({answer})"}))
-    console.print(answer)
+    # `error` set: the relay noticed nothing (a bad request, or it is degraded).
+    if answer.error is not None:
+        fail(f"{region_id}/{hall}: {answer.error}")
+    summary = answer.summary()
+    audit.record(s, decision.model_copy(update={"reason": f"{reason} ({summary})"}))
+    if json_out:
+        print_json(
+            {
+                "region": region_id,
+                "hall": hall,
+                "pool_id": pool_id,
+                "summary": summary,
+                **answer.model_dump(mode="json"),
+                "exclusion_ui_url": workflow_url(s, region_id, exclusion_workflow_id(pool_id)),
+            }
+        )
+        return
+    console.print(summary)
     # The relay tells the pool's exclusion cycle about each notice: that is where it shows.
     console.print(f"exclusion cycle of {pool_id}:")
     print_workflow_link(s, region_id, exclusion_workflow_id(pool_id))
 
 
 def nats_users(
-    out: Path = typer.Option(..., help="users.conf to write (0600), beside sco-nats.conf."),
+    out: Path = typer.Option(
+        ..., help="users.conf to write (0600), beside sco-nats.conf.", parser=path_value
+    ),
     secrets_dir: Path = typer.Option(
-        ..., "--secrets", help="<user>.password files (made when missing, 0600)."
+        ..., "--secrets", help="<user>.password files (made when missing, 0600).", parser=path_value
     ),
     node: list[str] = typer.Option(
         [], help="HALL/NODE of each node whose agent gets a user (repeat)."
     ),
     region: str = typer.Option(None),
+    json_out: bool = typer.Option(False, "--json", help="What was written, as JSON."),
 ) -> None:
     """Render the region's NATS users with least-privilege permissions (deploy/nats/)."""
+    from workers.cli import bounds
     from workers.nats_permissions import region_users, write_users
 
     region_model = region_or_exit(settings(), region)
+    bounds.out_file("--out", out)
+    bounds.out_dir("--secrets", secrets_dir)
     pairs = []
     for entry in node:
         hall, _, name = entry.partition("/")
         if hall not in region_model.halls or not name:
-            fail(f"--node {entry}: expected HALL/NODE with HALL one of {region_model.halls}")
+            fail(f"--node {entry!r}: expected HALL/NODE with HALL one of {region_model.halls}")
+        bounds.identifier("--node", name, max_len=253)
         pairs.append((hall, name))
     try:
         users = region_users(region_model.id, region_model.halls, pairs)
     except ValueError as exc:
         fail(f"--node: {exc}")
     write_users(out, users, secrets_dir)
+    if json_out:
+        print_json(
+            {
+                "region": region_model.id,
+                "users_conf": str(out),
+                "users": len(users),
+                "secrets": str(secrets_dir),
+            }
+        )
+        return
     console.print(f"{out}: {len(users)} users for {region_model.id}, passwords in {secrets_dir}")

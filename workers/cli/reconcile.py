@@ -12,10 +12,13 @@ from datetime import timedelta
 
 import typer
 
+from workers.cli import bounds
 from workers.cli.common import (
     console,
+    known_region,
     print_json,
     print_workflow_link,
+    require_worker,
     run_temporal,
     settings,
     table,
@@ -24,6 +27,8 @@ from workers.cli.common import (
 )
 from workflows.reconciler.models import ReconcileReport, ReconcilerInput, reconciler_workflow_id
 from workflows.reconciler.workflow import ReconcilerWorkflow
+
+RECONCILE_SECONDS = 120.0
 
 
 def reconcile(
@@ -35,18 +40,20 @@ def reconcile(
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:
     """Compare provider servers and leases with fleet state: delete orphans, mark ghosts."""
-    from workers.region_worker import reconciler_config
+    from services.region_worker.configs import configs_from
 
     s = settings()
-    r = region or s.region
-    cfg = reconciler_config(s)
+    r = known_region(s, region)
+    cfg = configs_from(s).reconciler
     if grace_seconds is not None:
+        bounds.finite("--grace-seconds", grace_seconds, low=0, high=30 * 86_400)
         cfg = cfg.model_copy(update={"grace_seconds": grace_seconds})
 
     wid = f"{reconciler_workflow_id(r)}-once-{uuid.uuid4().hex[:8]}"
 
     async def go() -> ReconcileReport:
         client = await temporal_client(s, r)
+        await require_worker(client, r)
         return await client.execute_workflow(
             ReconcilerWorkflow.run,
             ReconcilerInput(region=r, config=cfg, dry_run=dry_run, once=True),
@@ -55,7 +62,8 @@ def reconcile(
             execution_timeout=timedelta(minutes=10),
         )
 
-    report = run_temporal(go())
+    # One pass lists the provider's servers and leases: longer than a query, still bounded.
+    report = run_temporal(go(), deadline=RECONCILE_SECONDS)
     if json_out:
         print_json({**report.model_dump(mode="json"), "ui_url": workflow_url(s, r, wid)})
         return

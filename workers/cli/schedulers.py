@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import TYPE_CHECKING
 
 import typer
@@ -12,17 +13,22 @@ from workers.cli.common import (
     errors_as_exit,
     fail,
     fleet_db,
+    known_region,
     print_json,
     print_workflow_link,
+    require_worker,
     run_temporal,
     settings,
+    shown,
     table,
     temporal_client,
+    worker_runs,
     workflow_url,
 )
 
 if TYPE_CHECKING:
     from activities.demand.intake import CollectResult
+    from workers.settings import Settings
     from workers.slurm_power_programs import Report
     from workflows.intake.models import IntakeStatus
 
@@ -34,12 +40,15 @@ slurm_app = typer.Typer(
 )
 
 RegionOpt = typer.Option(None, "--region", help="Region; default from settings.")
-JsonOpt = typer.Option(False, "--json")
+JsonOpt = typer.Option(False, "--json", help="The answer as JSON (its schema: docs/reference.md).")
 
 
 # -- slurm -------------------------------------------------------------------------------
 
 
+#: A hostlist as slurmctld passes it is compressed (`r1-a-gp-l-[1-16]`): long is a mistake.
+HOSTLIST_MAX = 65_536
+MAX_NODES = 100_000
 #: CLOUD nodes weigh more than local ones (Slurm's default 1), so local capacity goes first.
 CLOUD_NODE_WEIGHT = 1000
 
@@ -58,9 +67,13 @@ def slurm_conf(
     from activities.demand.hostlist import HostlistError, ranged
     from activities.demand.slurm_resume import feature_list
     from contracts.region import RegionFileError, load_region
+    from workers.cli import bounds
 
     s = settings()
-    r = region or s.region
+    r = known_region(s, region)
+    bounds.whole("--nodes", nodes, low=1, high=10_000)
+    bounds.whole("--suspend-time", suspend_time, low=1, high=86_400 * 365)
+    partition = bounds.identifier("--partition", partition, max_len=64)
     with errors_as_exit(RegionFileError, OSError):
         reg = load_region(s.region_file(r))
     by_id = {reg.pool_id(p): p for p in reg.pools}
@@ -90,6 +103,41 @@ def slurm_conf(
     typer.echo("\n".join(lines))
 
 
+_NODE_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+
+
+def _nodes(hostlist: str) -> list[str]:
+    """The node names of HOSTLIST when each is a host name (as Slurm's CLOUD nodes are)."""
+    from activities.demand.hostlist import HostlistError, expand
+    from workers.cli import bounds
+
+    bounds.text("HOSTLIST", hostlist, max_len=HOSTLIST_MAX)
+    # Before expanding: `n[1-999999999]` would be a billion names.
+    spans = [int(hi) - int(lo) + 1 for lo, hi in re.findall(r"(\d+)-(\d+)", hostlist)]
+    if sum(abs(x) for x in spans) > MAX_NODES:
+        fail(f"HOSTLIST: more than {MAX_NODES} nodes")
+    try:
+        nodes = expand(hostlist)
+    except HostlistError as exc:
+        fail(f"HOSTLIST: {exc}")
+    bad = [n for n in nodes if not _NODE_NAME.fullmatch(n)]
+    if bad:
+        fail(f"HOSTLIST: {shown(bad[0])} is not a node name (letters, digits, '-'; at most 63)")
+    return nodes
+
+
+def _worker_polls(s: Settings) -> None:
+    """Refused, before any acquisition is started or cancelled, when no worker polls the
+    region's task queue: what starts now would wait for one (Slurm's own ResumeProgram,
+    `sco-resume`, starts them all the same: the node waits, and Slurm times it out)."""
+    r = known_region(s, None)
+
+    async def check() -> None:
+        await require_worker(await temporal_client(s, r), r)
+
+    run_temporal(check())
+
+
 def _show(report: Report, json_out: bool) -> None:
     if json_out:
         print_json(report.model_dump(mode="json"))
@@ -117,9 +165,14 @@ def slurm_resume(
     """What ResumeProgram does: acquire instances named after the nodes."""
     import psycopg
 
+    from workers.cli import bounds
     from workers.slurm_power_programs import ProgramError, resume
 
+    _nodes(hostlist)
+    if resume_file is not None:
+        bounds.in_file("--resume-file", bounds.path_value(resume_file))
     s = settings()
+    _worker_polls(s)
     with errors_as_exit(ProgramError, psycopg.Error):
         _show(run_temporal(resume(s, hostlist, resume_file=resume_file)), json_out)
 
@@ -132,7 +185,9 @@ def slurm_suspend(hostlist: str = typer.Argument(...), json_out: bool = JsonOpt)
     from workers.slurm_power_programs import ProgramError, release
     from workflows.slurm.models import ReleaseReason
 
+    _nodes(hostlist)
     s = settings()
+    _worker_polls(s)
     with errors_as_exit(ProgramError, psycopg.Error):
         _show(run_temporal(release(s, hostlist, ReleaseReason.SUSPEND)), json_out)
 
@@ -145,7 +200,9 @@ def slurm_resume_failed(hostlist: str = typer.Argument(...), json_out: bool = Js
     from workers.slurm_power_programs import ProgramError, release
     from workflows.slurm.models import ReleaseReason
 
+    _nodes(hostlist)
     s = settings()
+    _worker_polls(s)
     with errors_as_exit(ProgramError, psycopg.Error):
         _show(run_temporal(release(s, hostlist, ReleaseReason.RESUME_FAILED)), json_out)
 
@@ -158,7 +215,7 @@ def slurm_nodes(
     from activities.fleet.repository import FleetRepository
 
     s = settings()
-    r = region or s.region
+    r = known_region(s, region)
     with fleet_db(s) as pool:
         rows = [x for x in FleetRepository(pool).list_instances(r) if x.hostname]
     if not all_:
@@ -188,7 +245,7 @@ def demand_sources(region: str = RegionOpt, json_out: bool = JsonOpt) -> None:
     from workers.demand_sources import sources_for
 
     s = settings()
-    r = region or s.region
+    r = known_region(s, region)
     with errors_as_exit(SourceUnavailable, ValueError, OSError):
         sources = sources_for(s)
     if not sources:
@@ -232,15 +289,16 @@ def _reports_table(title: str, result: CollectResult) -> None:
 def demand_intake(region: str = RegionOpt, json_out: bool = JsonOpt) -> None:
     """The region's demand intake: its last round per source, and whom it woke."""
     from activities.demand.intake import CollectResult
-    from workflows.intake.models import IntakeStatus, intake_workflow_id
+    from workflows.intake.models import STATUS_QUERY, IntakeStatus, intake_workflow_id
 
     s = settings()
-    r = region or s.region
+    r = known_region(s, region)
 
     async def go() -> IntakeStatus:
         client = await temporal_client(s, r)
+        await require_worker(client, r)
         st: IntakeStatus = await client.get_workflow_handle(intake_workflow_id(r)).query(
-            "status", result_type=IntakeStatus
+            STATUS_QUERY, result_type=IntakeStatus
         )
         return st
 
@@ -271,17 +329,30 @@ def demand_intake(region: str = RegionOpt, json_out: bool = JsonOpt) -> None:
         console.print(f"[yellow]{source} unreadable since {since:%Y-%m-%d %H:%M:%S}[/]")
 
 
-def demand_collect(region: str = RegionOpt) -> None:
+def demand_collect(region: str = RegionOpt, json_out: bool = JsonOpt) -> None:
     """Have the region's intake read its sources now instead of at its next round."""
-    from workflows.intake.models import CollectNow, intake_workflow_id
+    from workflows.intake.models import COLLECT_NOW_SIGNAL, CollectNow, intake_workflow_id
 
     s = settings()
-    r = region or s.region
+    r = known_region(s, region)
 
-    async def go() -> None:
+    async def go() -> bool:
         client = await temporal_client(s, r)
-        await client.get_workflow_handle(intake_workflow_id(r)).signal("collect_now", CollectNow())
+        await client.get_workflow_handle(intake_workflow_id(r)).signal(
+            COLLECT_NOW_SIGNAL, CollectNow()
+        )
+        return await worker_runs(client, r)
 
-    run_temporal(go())
+    worker = run_temporal(go())
+    wid = intake_workflow_id(r)
+    if json_out:
+        print_json(
+            {"workflow_id": wid, "worker_running": worker, "ui_url": workflow_url(s, r, wid)}
+        )
+        return
+    if not worker:
+        console.print(
+            f"[yellow]note:[/] no worker polls {r}'s task queue: it collects when one runs"
+        )
     console.print(f"asked {intake_workflow_id(r)} to collect now")
     print_workflow_link(s, r, intake_workflow_id(r))

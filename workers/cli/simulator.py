@@ -28,13 +28,18 @@ def sim_serve(
 ) -> None:
     """Serve a simulated cloud for the region over NATS until stopped (SIGTERM/Ctrl-C)."""
     from activities.provider.simulator import Faults, Latency
-    from workers import simulator_service
+    from services.registry import service
+    from workers.cli import bounds
 
     s = settings()
     region_model = region_or_exit(s, region)
+    bounds.finite("--api-latency-ms", api_latency_ms, low=0, high=60_000)
+    bounds.finite("--boot-seconds", boot_seconds, low=0, high=3600)
+    bounds.finite("--rate-limit", rate_limit, low=0, high=1)
+    bounds.finite("--server-errors", server_errors, low=0, high=1)
     with errors_as_exit(nats.errors.Error, OSError):
         asyncio.run(
-            simulator_service.run(
+            service("simulator").load()(
                 s,
                 region_model,
                 latency=Latency(api_s=api_latency_ms / 1000, boot_s=boot_seconds),

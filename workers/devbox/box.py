@@ -34,24 +34,45 @@ Progress = Callable[[str, str], None]
 
 class Box:
     def __init__(
-        self, settings: Settings, *, with_workers: bool = False, on_step: Progress | None = None
+        self,
+        settings: Settings,
+        *,
+        with_workers: bool = False,
+        regions: list[str] | None = None,
+        on_step: Progress | None = None,
     ) -> None:
+        """`regions`: whose processes `up` starts (default: the settings' region); `status`
+        and `down` read the regions `up` recorded."""
         self.s = settings
         self.state_file = StateFile(settings.data_dir)
         self._with_workers = with_workers
+        self._regions = list(regions) if regions else None
         self._step = on_step or (lambda _name, _msg: None)
+        unknown = [r for r in self._regions or [] if r not in settings.regions]
+        if unknown:
+            raise DevboxError(f"regions {', '.join(unknown)}: not in regions {settings.regions}")
+
+    @property
+    def regions(self) -> list[str]:
+        return self._regions or self.state_file.read().regions or [self.s.region]
 
     def services(self, *, workers: bool | None = None) -> list[Service]:
         workers = self._with_workers if workers is None else workers
-        return infrastructure(self.s) + (region_processes(self.s) if workers else [])
+        regions = self.regions
+        return infrastructure(self.s, regions) + (
+            region_processes(self.s, regions) if workers else []
+        )
 
     def up(self) -> list[ServiceStatus]:
         """Bring every service up; idempotent. Interrupted or failed: undo this run's starts."""
         result: list[ServiceStatus] = []
+        services = self.services()
         with self.state_file.locked() as state, _sigterm_as_interrupt() as interrupts:
+            if self._with_workers:
+                state.regions = self.regions
             started: list[str] = []
             try:
-                for svc in self.services():
+                for svc in services:
                     rec = state.processes.get(svc.name)
                     if rec is not None and process.alive(rec):
                         mode, detail = "managed", "already running"
@@ -135,6 +156,7 @@ class Box:
                     self._step(name, f"stopping pid {rec.pid}")
                     process.stop(rec)
                     stopped.append(name)
+            state.regions = []
         return stopped
 
 

@@ -23,9 +23,11 @@ from activities.events import region_topics
 from activities.fleet.migrate import ensure_database, migrate
 from activities.kafka import ensure_topics, kafka_answers
 from contracts.region import RegionFileError, load_region
+from services import registry
+from workers.client_security import nats_options
 from workers.devbox import process, prometheus
 from workers.devbox.process import DevboxError, ProcessRecord
-from workers.devbox.prometheus import PrometheusProcess, Target
+from workers.devbox.prometheus import GlobalPrometheusProcess, PrometheusProcess, Target
 from workers.settings import Settings
 
 
@@ -197,6 +199,7 @@ class NatsService(Service):
                         max_reconnect_attempts=0,
                         allow_reconnect=False,
                         error_cb=quiet,
+                        **nats_options(self.s),
                     ),
                     timeout=5,
                 )
@@ -360,9 +363,9 @@ class LedgerService(Service):
 
     @property
     def address(self) -> str:
-        from activities.ledger.store import redact_dsn
+        from contracts.redact import mask_credentials
 
-        return redact_dsn(self.s.effective_ledger_dsn)  # `sco dev status` prints it
+        return mask_credentials(self.s.effective_ledger_dsn)  # `sco dev status` prints it
 
     def probe(self) -> Health:
         from activities.ledger.store import LedgerStore, LedgerUnavailable
@@ -406,6 +409,10 @@ class ContractsService(Service):
     name = "contracts"
     answering_mode = "embedded"
 
+    def __init__(self, settings: Settings, regions: list[str] | None = None) -> None:
+        super().__init__(settings)
+        self.regions = regions or [settings.region]  # each gets a notice-signing key
+
     @property
     def address(self) -> str:
         return str(self.s.bundle_cache_dir)
@@ -435,10 +442,11 @@ class ContractsService(Service):
         for pub in key_dir.glob("*.pub"):
             shutil.copyfile(pub, self.s.trust_dir / pub.name)
         notice_keys = notice_keys_dir(self.s)
-        if self.s.notices.signing_key_file is None and not any(
-            (notice_keys / self.s.region).glob("*.key")
-        ):
-            keys.generate(notice_keys / self.s.region)
+        for region in self.regions:
+            if self.s.notices.signing_key_file is None and not any(
+                (notice_keys / region).glob("*.key")
+            ):
+                keys.generate(notice_keys / region)
         out = base / "compiled" / "bundle.json"
         result, serial = compile_and_sign(
             self.s.contracts.source_dir,
@@ -535,26 +543,59 @@ def _settings_env(s: Settings) -> dict[str, str]:
     }
 
 
-def infrastructure(settings: Settings) -> list[Service]:
+def infrastructure(settings: Settings, regions: list[str] | None = None) -> list[Service]:
+    """What every region of the box shares here (in production each region has its own
+    PostgreSQL, NATS and Temporal namespace; the box keeps regions apart by database rows,
+    subjects, topics and namespaces, and gives each region processes of its own)."""
     return [
         PostgresService(settings),
         NatsService(settings),
         KafkaService(settings),
         TemporalService(settings),
         LedgerService(settings),
-        ContractsService(settings),
+        ContractsService(settings, regions),
     ]
 
 
 class PrometheusService(Service):
-    """The box's Prometheus, scraping the region's processes (only with them)."""
+    """A region's Prometheus in the box, scraping the region's processes (only with them)."""
 
     name = "prometheus"
     managed_only = True
 
-    def __init__(self, settings: Settings, targets: list[Target]) -> None:
+    def __init__(
+        self, settings: Settings, targets: list[Target], *, name: str = "prometheus"
+    ) -> None:
         super().__init__(settings)
+        self.name = name
         self._prom = PrometheusProcess(settings, targets)
+
+    @property
+    def url(self) -> str:
+        return self._prom.url
+
+    @property
+    def address(self) -> str:
+        return self._prom.url
+
+    def probe(self) -> Health:
+        return Health(False, "not running")  # liveness comes from the recorded pid
+
+    def start(self) -> ProcessRecord:
+        return self._prom.start(self._log())
+
+
+class GlobalPrometheusService(Service):
+    """The estate's global query: a Prometheus federating each region's recording rules
+    and alerts, evaluating the estate-wide rules of deploy/prometheus/global/. It reads
+    the regions' Prometheus servers and nothing reads it on a control path."""
+
+    name = "prometheus-global"
+    managed_only = True
+
+    def __init__(self, settings: Settings, regions: dict[str, str]) -> None:
+        super().__init__(settings)
+        self._prom = GlobalPrometheusProcess(settings, regions)
 
     @property
     def address(self) -> str:
@@ -577,13 +618,56 @@ class _Ports:
         self._next += 1
         return self._next - 1
 
+    def take_for(self, svc: registry.Service) -> None:
+        """Skip a process's ports: every region's block is laid out alike."""
+        for _ in svc.ports:
+            self.take()
 
-def region_processes(settings: Settings) -> list[Service]:
-    """The region's own processes: the simulated cloud (unless OpenStack is configured),
-    the worker, one notice relay per hall, the outbox relay, the ledger consumer and the
-    drain intake (agents' drain reports from NATS into the ledger), each with metrics and
-    health on ports of its own; then Prometheus scraping them all, when Debian's
-    `prometheus` is installed."""
+
+#: Each region of a multi-region box takes this many metrics/health ports from
+#: `prometheus.box_ports_from` (a region's processes use about 21).
+REGION_PORT_STRIDE = 32
+
+
+def box_region_settings(settings: Settings, region: str, index: int) -> Settings:
+    """The settings a region of the box runs with: its own `region`, its own block of
+    ports and (after the first) its own Prometheus port, so regions of one box share no
+    process on a control or notice path (as in production, where they share nothing)."""
+    prom = settings.prometheus.model_copy(
+        update={
+            "port": settings.prometheus.port + index,
+            "box_ports_from": settings.prometheus.box_ports_from + index * REGION_PORT_STRIDE,
+        }
+    )
+    return settings.model_copy(update={"region": region, "prometheus": prom})
+
+
+def region_processes(settings: Settings, regions: list[str] | None = None) -> list[Service]:
+    """Each region's own processes, as `services/registry.py` lists them: the simulated
+    cloud (unless OpenStack is configured), the worker, one notice relay per hall, the
+    outbox relay and the drain intake, each with metrics and health on ports of its own;
+    the ledger consumer once (it reads every region's topics); then a Prometheus per region
+    scraping that region's processes, when Debian's `prometheus` is installed, and with
+    more than one region a global Prometheus federating theirs."""
+    regions = regions or [settings.region]
+    processes: list[Service] = []
+    regional: list[PrometheusService] = []
+    for index, r in enumerate(regions):
+        rs = box_region_settings(settings, r, index)
+        own = _one_region(rs, first=index == 0)
+        processes += own
+        if prometheus.binary() is None:
+            continue
+        targets = [t for p in own if isinstance(p, ChildProcessService) for t in p.targets]
+        name = "prometheus" if len(regions) == 1 else f"prometheus-{r}"
+        regional.append(PrometheusService(rs, targets, name=name))
+    processes += regional
+    if len(regional) > 1:
+        processes.append(GlobalPrometheusService(settings, {p.s.region: p.url for p in regional}))
+    return processes
+
+
+def _one_region(settings: Settings, *, first: bool) -> list[Service]:
     r = settings.region
     try:
         halls = list(load_region(settings.region_file(r)).halls)
@@ -591,70 +675,26 @@ def region_processes(settings: Settings) -> list[Service]:
         raise DevboxError(f"region {r}: {exc}") from exc
     ports = _Ports(settings.prometheus.box_ports_from)
 
-    def child(name: str, argv: list[str], job: str, *keys: str) -> Service:
-        """`keys`: the settings' environment names, metrics ports first, health last."""
-        env = {key: str(ports.take()) for key in keys}
-        targets = [
-            Target(job if i == 0 else f"{job}-runtime", int(env[k]))
-            for i, k in enumerate(keys[:-1])
-        ]
-        return ChildProcessService(settings, name, argv, env=env, targets=targets)
+    def child(svc: registry.Service, hall: str | None = None) -> Service:
+        """One process of the registry's, its ports taken in the registry's order."""
+        env = {p.env: str(ports.take()) for p in svc.ports}
+        jobs = svc.jobs()
+        targets = [Target(jobs[p.name], int(env[p.env])) for p in svc.ports if p.scraped]
+        name = svc.box_name.format(region=r, hall=hall)
+        return ChildProcessService(settings, name, svc.argv(r, hall), env=env, targets=targets)
 
-    cloud: list[Service] = []
-    if settings.provider.kind == "simulator":
-        cloud = [
-            child(
-                f"sim-{r}",
-                ["sim", "serve", "--region", r],
-                "sco-simulator",
-                "SCO_PROVIDER__SIMULATOR_METRICS_PORT",
-                "SCO_PROVIDER__SIMULATOR_HEALTH_PORT",
-            )
-        ]
-    relays = [
-        child(
-            f"notice-relay-{r}-{h}",
-            ["notice-relay", "--region", r, "--hall", h],
-            "sco-notice-relay",
-            "SCO_NOTICE_RELAY__METRICS_PORT",
-            "SCO_NOTICE_RELAY__HEALTH_PORT",
-        )
-        for h in halls
-    ]
-    processes = [
-        *cloud,
-        child(
-            f"worker-{r}",
-            ["worker", "--region", r],
-            "sco-worker",
-            "SCO_WORKER__STATE_METRICS_PORT",
-            "SCO_WORKER__METRICS_PORT",
-            "SCO_WORKER__HEALTH_PORT",
-        ),
-        *relays,
-        child(
-            f"relay-{r}",
-            ["outbox", "relay"],
-            "sco-outbox-relay",
-            "SCO_OUTBOX__METRICS_PORT",
-            "SCO_OUTBOX__HEALTH_PORT",
-        ),
-        child(
-            "ledger-consumer",
-            ["ledger", "consume"],
-            "sco-ledger-consumer",
-            "SCO_LEDGER_METRICS_PORT",
-            "SCO_LEDGER_HEALTH_PORT",
-        ),
-        child(
-            f"drain-intake-{r}",
-            ["ledger", "book-drains", "--region", r],
-            "sco-drain-intake",
-            "SCO_DRAIN_INTAKE_METRICS_PORT",
-            "SCO_DRAIN_INTAKE_HEALTH_PORT",
-        ),
-    ]
-    if prometheus.binary() is None:
-        return processes
-    targets = [t for p in processes if isinstance(p, ChildProcessService) for t in p.targets]
-    return [*processes, PrometheusService(settings, targets)]
+    processes: list[Service] = []
+    for svc in registry.SERVICES:
+        if not svc.box_when(settings):
+            continue
+        if svc.per == "hall":
+            processes += [child(svc, h) for h in halls]
+        elif svc.per == "box" and "{region}" not in svc.box_name:
+            # One for the whole box (the ledger consumer): with the first region's ports.
+            if first:
+                processes.append(child(svc))
+            else:
+                ports.take_for(svc)
+        else:
+            processes.append(child(svc))
+    return processes

@@ -15,6 +15,8 @@ from workers.devbox.process import ProcessRecord
 
 class BoxState(BaseModel):
     processes: dict[str, ProcessRecord] = {}
+    #: The regions `up --workers` started processes for (empty: the settings' region).
+    regions: list[str] = []
 
 
 class StateFile:

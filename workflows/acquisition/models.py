@@ -25,6 +25,15 @@ class AcquisitionState(enum.StrEnum):
     FAILED = "failed"
 
 
+#: The acquisition's handler names, shared by the workflow and its clients. Running
+#: acquisitions answer to these strings: never rename one.
+PROGRESS_QUERY = "progress"
+PAUSE_UPDATE = "pause"
+RESUME_UPDATE = "resume"
+CANCEL_UPDATE = "cancel"
+APPROVE_FALLBACK_UPDATE = "approve_fallback"
+
+
 FINISHED = frozenset(
     {
         AcquisitionState.COMPLETED,

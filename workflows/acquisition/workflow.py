@@ -23,14 +23,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, FailureError
 
 with workflow.unsafe.imports_passed_through():
-    from activities.budget import TokenGrant
+    from activities.budget import TOKENS_GRANTED_SIGNAL, TokenGrant
     from activities.control.activities import ControlActivities
     from activities.decisions import Decision, DecisionKind
     from activities.events import CapacityType, EventKind
@@ -49,8 +50,14 @@ with workflow.unsafe.imports_passed_through():
     from activities.provider.leases import fallback_owner, lease_name
     from contracts.node_labels import kubelet_join_args
     from workflows import search_attributes as sa
+    from workflows.acquisition.decisions import CreateNext, create_retry, fallback_verdict
     from workflows.acquisition.models import (
+        APPROVE_FALLBACK_UPDATE,
+        CANCEL_UPDATE,
         FINISHED,
+        PAUSE_UPDATE,
+        PROGRESS_QUERY,
+        RESUME_UPDATE,
         AcquisitionInput,
         AcquisitionProgress,
         AcquisitionResult,
@@ -72,6 +79,7 @@ with workflow.unsafe.imports_passed_through():
         lost,
         reserve,
     )
+    from workflows.updates import named_update
 
 # workflow.patched id: pause and resume record a ledger decision (see _operator_decision).
 OPERATOR_DECISIONS_PATCH = "operator-pause-resume-decisions"
@@ -83,6 +91,13 @@ PATCH_BOUNDED_CREATE = "bounded-lost-create"
 PATCH_CANCEL_AT_ONCE = "cancel-state-at-once"
 #: A failing acquisition deletes what it created (its slots' failures used to be dropped).
 PATCH_COMPENSATE = "compensate-failed-acquisition"
+#: A failing acquisition answers the updates in flight (pause, resume, cancel) before it
+#: ends: it used to compensate and fail at once, dropping them.
+PATCH_FAILED_WAITS_HANDLERS = "failed-acquisition-waits-handlers"
+#: A cancel deletes at once: what is up goes now, boots are stopped and deleted, creates in
+#: flight are deleted as they land, no create is retried (it used to wait for every launch
+#: to end, up to the build bound, before deleting anything).
+PATCH_CANCEL_DELETES_AT_ONCE = "cancel-deletes-at-once"
 #: Compensation's own fleet-state writes: bounded, the database may be what failed (the
 #: region's reconciler settles what they leave behind).
 COMPENSATION_STATE_RETRY = RetryPolicy(maximum_attempts=3)
@@ -90,6 +105,7 @@ COMPENSATION_STATE_RETRY = RetryPolicy(maximum_attempts=3)
 
 class _Slot:
     __slots__ = (
+        "busy",
         "capacity_type",
         "hostname",
         "instance_id",
@@ -97,6 +113,7 @@ class _Slot:
         "provider_id",
         "reservation_id",
         "units",
+        "waiting",
     )
 
     def __init__(
@@ -109,6 +126,10 @@ class _Slot:
         self.capacity_type = item.capacity_type
         self.provider_id: str | None = None
         self.reservation_id: str | None = item.reservation_id
+        # Its launch still works on the instance (boot, READY): a cancel leaves the delete
+        # to the launch, which sees the cancel when it is done.
+        self.busy = False
+        self.waiting: workflow.ActivityHandle[Any] | None = None  # its boot, while waited on
 
 
 def _slots(prefix: str, items: list[LaunchItem]) -> list[_Slot]:
@@ -149,6 +170,7 @@ class AcquisitionWorkflow:
         self._cancel: OperatorInput | None = None
         self._approval: ApprovalInput | None = None
         self._lock = asyncio.Lock()
+        self._sweep: asyncio.Task[None] | None = None  # a cancel's deletes (see cancel)
         fb = inp.fallback
         fb_items = fb.items if fb else []
         self._progress = AcquisitionProgress(
@@ -169,15 +191,15 @@ class AcquisitionWorkflow:
 
     # -- operator messages ---------------------------------------------------------------
 
-    @workflow.signal(name="tokens_granted")
+    @workflow.signal(name=TOKENS_GRANTED_SIGNAL)
     def tokens_granted(self, grant: TokenGrant) -> None:
         self._budget.on_grant(grant)
 
-    @workflow.query
+    @workflow.query(name=PROGRESS_QUERY)
     def progress(self) -> AcquisitionProgress:
         return self._progress
 
-    @workflow.update
+    @named_update(PAUSE_UPDATE)
     async def pause(self, inp: OperatorInput) -> ControlAck:
         self._paused = True
         self._progress.paused_by = inp.operator
@@ -189,7 +211,7 @@ class AcquisitionWorkflow:
     def _validate_pause(self, inp: OperatorInput) -> None:
         self._require_running("pause")
 
-    @workflow.update
+    @named_update(RESUME_UPDATE)
     async def resume(self, inp: OperatorInput) -> ControlAck:
         self._paused = False
         self._progress.paused_by = ""
@@ -202,7 +224,7 @@ class AcquisitionWorkflow:
         if not self._paused:
             raise ApplicationError("not paused", type="InvalidState")
 
-    @workflow.update
+    @named_update(CANCEL_UPDATE)
     async def cancel(self, inp: OperatorInput) -> ControlAck:
         if self._cancel is not None:
             # Idempotent: a second cancel (a retried CLI call, a second operator) is told
@@ -213,6 +235,9 @@ class AcquisitionWorkflow:
             )
         self._cancel = inp
         self._paused = False
+        if workflow.patched(PATCH_CANCEL_DELETES_AT_ONCE):
+            # The deletes run beside the launches; the run waits for them before it ends.
+            self._sweep = asyncio.ensure_future(self._delete_landed())
         if workflow.patched(PATCH_CANCEL_AT_ONCE):
             # Cancelling from the moment it is accepted: progress never says running again.
             await self._set_state(AcquisitionState.CANCELLING)
@@ -229,7 +254,7 @@ class AcquisitionWorkflow:
                 f"acquisition is {self._progress.state.value}", type="InvalidState"
             )
 
-    @workflow.update
+    @named_update(APPROVE_FALLBACK_UPDATE)
     async def approve_fallback(self, inp: ApprovalInput) -> ControlAck:
         self._approval = inp
         verdict = "approved" if inp.approve else "declined"
@@ -270,8 +295,14 @@ class AcquisitionWorkflow:
             # the acquisition fails, but never with instances it created left running.
             # Only a failing run asks for the patch, so histories that did not fail replay
             # unchanged.
+            if self._sweep is not None:
+                # A cancel's deletes end first: compensation deletes what they leave.
+                with contextlib.suppress(FailureError):
+                    await self._sweep
             if workflow.patched(PATCH_COMPENSATE):
                 await self._compensate(exc)
+            if workflow.patched(PATCH_FAILED_WAITS_HANDLERS):
+                await workflow.wait_condition(workflow.all_handlers_finished)
             raise
 
     async def _run(self, inp: AcquisitionInput) -> AcquisitionResult:
@@ -291,6 +322,8 @@ class AcquisitionWorkflow:
         if inp.fallback is not None and self._cancel is None:
             await self._fallback()
         if self._cancel is not None:
+            if self._sweep is not None:
+                await self._sweep
             await self._cancel_created()
             final = AcquisitionState.CANCELLED
         elif not inp.items and self._progress.fallback is FallbackState.DECLINED:
@@ -371,13 +404,16 @@ class AcquisitionWorkflow:
             reservation_id=slot.reservation_id,
             user_data=_user_data(slot, inp.kubelet_user_data),
         )
-        attempt, tried = 0, False
+        attempt, tried, answered = 0, False, False
         started = workflow.now()
         give_up = timedelta(seconds=inp.build_timeout_seconds)
         while True:
             await workflow.wait_condition(lambda: not self._paused or self._cancel is not None)
-            # Once a create went out it is seen through (to learn what to delete).
-            if self._cancel is not None and not tried:
+            # Once a create went out it is seen through (to learn what to delete), unless
+            # the provider answered that it made nothing: then it is not tried again.
+            if self._cancel is not None and (
+                not tried or (answered and workflow.patched(PATCH_CANCEL_DELETES_AT_ONCE))
+            ):
                 await self._fail(slot, "cancelled before create", shortfall=False)
                 return
             await self._budget.take(inp.region, 1)
@@ -401,33 +437,50 @@ class AcquisitionWorkflow:
                 # A lost create may have made the instance: retried until it answers (the
                 # same name finds it), up to the build bound; past it the slot is given up
                 # and the region's reconciler deletes whatever the create left.
-                if lost(exc):
-                    if workflow.now() - started >= give_up and workflow.patched(
-                        PATCH_BOUNDED_CREATE
-                    ):
-                        await self._fail(
-                            slot, f"create: no answer in {give_up.total_seconds():.0f} s"
-                        )
-                        return
-                    await workflow.sleep(timedelta(seconds=min(30, 2 ** min(attempt, 5))))
-                    continue
-                attempt += 1
                 kind = error_type(exc)
-                if kind in RETRIED_BY_US and attempt < inp.max_create_attempts:
-                    await workflow.sleep(timedelta(seconds=min(30, 2**attempt)))
-                    continue
-                if kind == "InsufficientCapacity":
-                    self._capacity_error(slot)
-                await self._fail(slot, f"create: {kind or 'error'}: {exc.cause or exc}")
-                return
+                step = create_retry(
+                    lost=lost(exc),
+                    error_type=kind,
+                    attempt=attempt,
+                    max_attempts=inp.max_create_attempts,
+                    elapsed=workflow.now() - started,
+                    give_up=give_up,
+                    retried=RETRIED_BY_US,
+                )
+                attempt = step.attempt
+                answered = step.next in (CreateNext.RETRY, CreateNext.FAIL)
+                if step.next is CreateNext.GIVE_UP_LOST and workflow.patched(PATCH_BOUNDED_CREATE):
+                    await self._fail(slot, f"create: no answer in {give_up.total_seconds():.0f} s")
+                    return
+                if step.next is CreateNext.FAIL:
+                    if step.capacity:
+                        self._capacity_error(slot)
+                    await self._fail(slot, f"create: {kind or 'error'}: {exc.cause or exc}")
+                    return
+                await workflow.sleep(timedelta(seconds=step.backoff_s))
+                continue
         slot.provider_id = created.provider_id
         self._created.append(slot)
         self._progress.launched += 1
+        slot.busy = True
         try:
-            await workflow.execute_activity_method(
+            await self._boot(slot, created.provider_id, started, give_up)
+        finally:
+            slot.busy = False
+
+    async def _boot(
+        self, slot: _Slot, provider_id: str, started: datetime, give_up: timedelta
+    ) -> None:
+        """A created instance to ACTIVE and READY; deleted instead once cancelled."""
+        inp = self._inp
+        if self._cancelled_now():
+            await self._delete_cancelled(slot)
+            return
+        try:
+            slot.waiting = workflow.start_activity_method(
                 ProviderActivities.wait_active,
                 WaitActiveInput(
-                    provider_id=created.provider_id,
+                    provider_id=provider_id,
                     poll_seconds=inp.poll_seconds,
                     build_deadline=started + give_up,
                 ),
@@ -437,14 +490,21 @@ class AcquisitionWorkflow:
                 heartbeat_timeout=timedelta(seconds=30),
                 retry_policy=RetryPolicy(non_retryable_error_types=NOT_RETRIED),
             )
+            await slot.waiting
         except ActivityError as exc:
+            if self._cancelled_now():
+                # Its boot was cancelled (see _delete_landed), or failed after the cancel.
+                await self._delete_cancelled(slot)
+                return
             kind = error_type(exc)
             if kind == "InsufficientCapacity":
                 self._capacity_error(slot)
             # An instance that never became ACTIVE still holds its name and maybe a host.
             await self._delete(slot, fail=True, reason=f"boot: {kind or 'error'}")
             return
-        await self._record(slot, EventKind.READY, provider_id=created.provider_id)
+        finally:
+            slot.waiting = None
+        await self._record(slot, EventKind.READY, provider_id=provider_id)
         self._active.add(slot.instance_id)
         self._progress.active += 1
         count(
@@ -455,6 +515,33 @@ class AcquisitionWorkflow:
             capacity_type=slot.capacity_type.value,
         )
         workflow.upsert_search_attributes([sa.ACQUIRED.value_set(self._progress.active)])
+        if self._cancelled_now():
+            await self._delete_cancelled(slot)
+
+    def _cancelled_now(self) -> bool:
+        """Cancelled, and a cancel deletes at once (asks for the patch only once cancelled,
+        so runs that were never cancelled replay unchanged)."""
+        return self._cancel is not None and workflow.patched(PATCH_CANCEL_DELETES_AT_ONCE)
+
+    async def _delete_landed(self) -> None:
+        """A cancel's deletes, beside the launches: boots waited on are cancelled (their
+        launches delete them), instances whose launch has ended are deleted now. Launches
+        still at work delete theirs when they see the cancel."""
+        for slot in self._created:
+            if slot.waiting is not None:
+                slot.waiting.cancel()
+        for slot in list(self._created):
+            if not slot.busy and slot.provider_id is not None:
+                await self._delete_cancelled(slot)
+
+    async def _delete_cancelled(self, slot: _Slot) -> None:
+        assert self._cancel is not None
+        why = f"cancelled by {self._cancel.operator}: {self._cancel.reason}".rstrip(": ")
+        await self._delete(slot, fail=False, reason=why)
+        if slot.instance_id in self._active:
+            self._active.discard(slot.instance_id)
+            self._progress.active -= 1
+            workflow.upsert_search_attributes([sa.ACQUIRED.value_set(self._progress.active)])
 
     def _capacity_error(self, slot: _Slot) -> None:
         count(
@@ -565,49 +652,31 @@ class AcquisitionWorkflow:
                 )
             if self._cancel is not None:
                 return
-            approval = self._approval
-            if approval is None or not approval.approve:
-                self._progress.fallback = FallbackState.DECLINED
-                self._progress.shortfall_units += plan.units
-                self._progress.decided_by = approval.approver if approval else "deadline"
-                self._progress.decision_reason = (
-                    approval.reason
-                    if approval
-                    else f"no approval within {self._inp.approval_timeout_seconds:.0f} s"
-                )
-                await self._decide(
-                    DecisionKind.FALLBACK,
-                    "declined",
-                    reason=self._progress.decision_reason,
-                    actor=self._progress.decided_by,
-                    identity=approval.identity if approval else "",
-                    amount=plan.cost_per_hour,
-                    units=plan.units,
-                )
-                await self._set_state(self._running_state())
-                return
-            self._progress.fallback = FallbackState.APPROVED
-            self._progress.decided_by = approval.approver
-            self._progress.decision_reason = approval.reason
-            await self._decide(
-                DecisionKind.FALLBACK,
-                "approved",
-                reason=approval.reason,
-                actor=approval.approver,
-                identity=approval.identity,
-                amount=plan.cost_per_hour,
-                units=plan.units,
-            )
+        verdict = fallback_verdict(
+            needs_approval=plan.needs_approval,
+            approval=self._approval,
+            approval_timeout_s=self._inp.approval_timeout_seconds,
+            plan_reason=plan.reason,
+        )
+        self._progress.fallback = verdict.state
+        if not verdict.launch:
+            self._progress.shortfall_units += plan.units
+        if verdict.decided:
+            self._progress.decided_by = verdict.actor
+            self._progress.decision_reason = verdict.reason
+        await self._decide(
+            DecisionKind.FALLBACK,
+            verdict.outcome,
+            reason=verdict.reason,
+            actor=verdict.actor,
+            identity=verdict.identity,
+            amount=plan.cost_per_hour,
+            units=plan.units,
+        )
+        if plan.needs_approval:
             await self._set_state(self._running_state())
-        else:
-            self._progress.fallback = FallbackState.PROCEEDING
-            await self._decide(
-                DecisionKind.FALLBACK,
-                "proceed",
-                reason=plan.reason,
-                amount=plan.cost_per_hour,
-                units=plan.units,
-            )
+        if not verdict.launch:
+            return
         items = [
             LaunchItem(
                 pool_id=i.pool_id,

@@ -6,6 +6,11 @@ from datetime import datetime
 
 from pydantic import BaseModel
 
+#: Handler names, used by the workflow's decorators and by every client. Running
+#: workflows answer to these strings: never rename one.
+DEMAND_CHANGED_SIGNAL = "demand_changed"
+STATUS_QUERY = "status"
+
 
 def controller_workflow_id(region: str, partition: int) -> str:
     return f"controller-{region}-p{partition}"

@@ -19,7 +19,7 @@ from temporalio.exceptions import ActivityError
 from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
-    from activities.budget import TokenGrant
+    from activities.budget import TOKENS_GRANTED_SIGNAL, TokenGrant
     from activities.control.activities import ControlActivities
     from activities.control.exact_plan import ExactPlanInput, ExactPlanResult
     from activities.control.models import (
@@ -31,12 +31,14 @@ with workflow.unsafe.imports_passed_through():
         SnapshotInput,
     )
     from activities.fleet.control_state import AcquisitionRecord
-    from planning.planner import Plan, plan
+    from planning.planner import Plan, PlanInput, plan
     from workflows import search_attributes as sa
     from workflows.acquisition.models import AcquisitionInput, AcquisitionState
     from workflows.acquisition.workflow import AcquisitionWorkflow
     from workflows.budget.client import BudgetClient
     from workflows.controller.models import (
+        DEMAND_CHANGED_SIGNAL,
+        STATUS_QUERY,
         ControllerInput,
         ControllerStatus,
         DemandChanged,
@@ -46,6 +48,10 @@ with workflow.unsafe.imports_passed_through():
     from workflows.metrics import count
     from workflows.provider_calls import delete_instance, record_release
     from workflows.tracing import following_signal
+
+#: Ticks plan in a local activity (control.greedy_plan), not in the workflow task. Runs
+#: started before it keep planning in the workflow until their continue-as-new.
+PLAN_OFF_THREAD_PATCH = "plan-off-thread"
 
 _RETRY = RetryPolicy(maximum_attempts=10, maximum_interval=timedelta(seconds=30))
 
@@ -76,18 +82,18 @@ class RegionControllerWorkflow:
             released=inp.released,
         )
 
-    @workflow.signal
+    @workflow.signal(name=DEMAND_CHANGED_SIGNAL)
     def demand_changed(self, inp: DemandChanged) -> None:
         self._dirty = True
 
-    @workflow.signal(name="tokens_granted")
+    @workflow.signal(name=TOKENS_GRANTED_SIGNAL)
     def tokens_granted(self, grant: TokenGrant) -> None:
         self._budget.on_grant(grant)
 
-    @workflow.query
+    @workflow.query(name=STATUS_QUERY)
     def status(self) -> ControllerStatus:
-        self._status.pending_signal = self._dirty
-        return self._status
+        # Read-only (tests/workflows/test_queries_read_only.py): a copy, never a write.
+        return self._status.model_copy(update={"pending_signal": self._dirty}, deep=True)
 
     @workflow.run
     async def run(self, inp: ControllerInput) -> None:
@@ -103,7 +109,7 @@ class RegionControllerWorkflow:
                 )
             self._dirty = False
             # After a demand change, the tick belongs to that change's trace.
-            with following_signal("demand_changed", "ControllerTick"):
+            with following_signal(DEMAND_CHANGED_SIGNAL, "ControllerTick"):
                 await self._tick()
             if workflow.info().is_continue_as_new_suggested():
                 break
@@ -144,8 +150,18 @@ class RegionControllerWorkflow:
                 "controller %s/p%d: %s", inp.region, inp.partition, snap.problem
             )
             return
-        if workflow.patched("exact-plan"):
-            result = reconcile(snap, cfg, now, planned=await self._plan(snap))
+        if workflow.patched(PLAN_OFF_THREAD_PATCH):
+            planned = None
+            if snap.contracts:  # else nothing to plan, no activity call
+                planned = await self._plan_off_thread(snap)
+                if planned is None:
+                    summary.problem = "planning failed: the tick plans nothing"
+                    return
+            result = reconcile(snap, cfg, now, planned=planned)
+        elif workflow.patched("exact-plan"):
+            # Runs that began before plan-off-thread: the greedy plan in the workflow task.
+            problem = plan_input(snap, cfg)
+            result = reconcile(snap, cfg, now, planned=await self._improve(problem, plan(problem)))
         else:
             result = reconcile(snap, cfg, now)
         count(
@@ -208,13 +224,29 @@ class RegionControllerWorkflow:
         await self._release(snap, result.surplus, summary)
         summary.surplus = len(result.surplus)
 
-    async def _plan(self, snap: ControllerSnapshot) -> Plan:
+    async def _plan_off_thread(self, snap: ControllerSnapshot) -> Plan | None:
+        """The greedy plan from a local activity (the planner's CPU time is spent on the
+        worker's activity threads, never in a workflow task; the history records the plan),
+        then improved as in :meth:`_improve`. None when planning failed: a planner error is
+        deterministic, so the tick plans nothing rather than retrying forever."""
+        problem = plan_input(snap, self._inp.config)
+        try:
+            greedy: Plan = await workflow.execute_local_activity_method(
+                ControlActivities.greedy_plan,
+                problem,
+                start_to_close_timeout=timedelta(seconds=30),
+                retry_policy=RetryPolicy(maximum_attempts=2),
+            )
+        except ActivityError as exc:
+            workflow.logger.warning("greedy plan failed, nothing planned this tick: %s", exc)
+            return None
+        return await self._improve(problem, greedy)
+
+    async def _improve(self, problem: PlanInput, greedy: Plan) -> Plan:
         """The greedy plan, replaced by the exact one (an activity under a time budget) when
         that finds a better one in time. A tick with nothing to launch and no shortfall has
         nothing to improve and makes no activity call (the history stays short)."""
         cfg = self._inp.config
-        problem = plan_input(snap, cfg)
-        greedy = plan(problem)
         if cfg.exact_plan_seconds <= 0 or not (
             greedy.allocations or any(o.shortfall_units for o in greedy.outcomes)
         ):

@@ -5,14 +5,21 @@ New fields always get defaults, so histories recorded before them still decode.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from pydantic import AwareDatetime, BaseModel, Field
 
 from activities.exclusion.models import PoolState
+from contracts.pool_id import PoolId
+from planning.exclusion_cycle import CycleRules
 
 WORKFLOW_TYPE = "PoolExclusionWorkflow"
+#: Handler names, used by the workflow's decorators and by every client. Running
+#: workflows answer to these strings: never rename one.
 RECLAIM_NOTICED_SIGNAL = "reclaim_noticed"
+STATUS_QUERY = "status"
+EXCLUDE_UPDATE = "exclude"
+READMIT_UPDATE = "readmit"
 #: Child ids of probes; the region controller counts only `acq-` acquisitions.
 PROBE_PREFIX = "probe-"
 
@@ -49,6 +56,19 @@ class ExclusionConfig(BaseModel):
     probe_burst: int = Field(default=1, ge=1)
     continue_after_events: int = Field(default=500, ge=2)
     """Signals and loop turns after which the workflow continues-as-new."""
+
+    def cycle_rules(self) -> CycleRules:
+        """The settings the cycle's state machine decides by (planning.exclusion_cycle)."""
+        return CycleRules(
+            window=timedelta(seconds=self.window_seconds),
+            threshold=self.threshold,
+            burst_merge=timedelta(seconds=self.burst_merge_seconds),
+            base_cooldown=timedelta(seconds=self.base_cooldown_seconds),
+            max_cooldown=timedelta(seconds=self.max_cooldown_seconds),
+            jitter=self.jitter,
+            probe=timedelta(seconds=self.probe_seconds),
+            strike_reset=timedelta(seconds=self.strike_reset_seconds),
+        )
 
 
 class Transition(BaseModel):
@@ -92,22 +112,14 @@ class ExclusionInput(BaseModel):
     carry: ExclusionCarry | None = None
 
 
-def parse_pool_id(pool_id: str) -> tuple[str, str, str, str]:
-    """(region, hall, sku, size) of `r1.A.gp.l`; ValueError when it is not one."""
-    parts = pool_id.split(".")
-    if len(parts) != 4 or not all(parts):
-        raise ValueError(f"not a pool id (region.hall.sku.size): {pool_id!r}")
-    region, hall, sku, size = parts
-    return region, hall, sku, size
-
-
 def exclusion_input(pool_id: str, config: ExclusionConfig | None = None) -> ExclusionInput:
-    region, hall, sku, size = parse_pool_id(pool_id)
+    """The input of the pool's exclusion workflow; ValueError when it is not a pool id."""
+    pid = PoolId.parse(pool_id)
     return ExclusionInput(
-        pool_id=pool_id,
-        region=region,
-        hall=hall,
-        flavor=f"{sku}.{size}",
+        pool_id=str(pid),
+        region=pid.region,
+        hall=pid.hall,
+        flavor=pid.flavor,
         config=config or ExclusionConfig(),
     )
 

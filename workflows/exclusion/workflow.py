@@ -4,6 +4,10 @@
     PROBING --canary ACTIVE, no notice for probe_seconds--> ADMITTED
     PROBING --capacity error or a notice during the probe--> EXCLUDED (strikes + 1)
 
+Every decision (what a notice does, the threshold, the cool-down, the probe's verdict, an
+override, forgiving strikes) is the state machine's in planning.exclusion_cycle, which the
+estate simulator runs too; this workflow waits, writes and probes as its decisions say.
+
 Notices arrive as `reclaim_noticed` signals (signal-with-start, from whoever records a
 NOTICE: `activities.exclusion.activities.notify_reclaim`), deduplicated by instance id; a safety net
 counts the pool's NOTICE events in fleet state every `check_seconds`, in case a signal was
@@ -34,7 +38,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from temporalio import workflow
@@ -42,7 +45,7 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
 
 with workflow.unsafe.imports_passed_through():
-    from activities.budget import SetRateInput, TokenGrant
+    from activities.budget import TOKENS_GRANTED_SIGNAL, SetRateInput, TokenGrant
     from activities.control.activities import ControlActivities
     from activities.decisions import Decision, DecisionKind
     from activities.events import EventKind
@@ -56,12 +59,17 @@ with workflow.unsafe.imports_passed_through():
     )
     from activities.fleet.activities import FleetActivities, RecordEventInput
     from planning import exclusion_policy as policy
+    from planning.exclusion_cycle import CYCLE_ACTOR, ExclusionCycle, Forgive, Move, ProbeWatch
     from workflows import search_attributes as sa
     from workflows.acquisition.models import AcquisitionInput, LaunchItem
     from workflows.acquisition.workflow import AcquisitionWorkflow
     from workflows.budget.client import BudgetClient
     from workflows.exclusion.models import (
+        EXCLUDE_UPDATE,
         PROBE_PREFIX,
+        READMIT_UPDATE,
+        RECLAIM_NOTICED_SIGNAL,
+        STATUS_QUERY,
         ExclusionAck,
         ExclusionCarry,
         ExclusionInput,
@@ -75,6 +83,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.metrics import count
     from workflows.provider_calls import delete_instance
+    from workflows.updates import named_update
 
 __all__ = ["PoolExclusionWorkflow", "exclusion_workflow_id"]
 
@@ -92,6 +101,9 @@ class PoolExclusionWorkflow:
         self._inp = inp
         self._cfg = inp.config
         self._s = inp.carry.model_copy(deep=True) if inp.carry else ExclusionCarry()
+        # Every decision of the cycle is the state machine's; this workflow waits, writes
+        # and probes as its decisions say.
+        self._cycle = ExclusionCycle(self._cfg.cycle_rules())
         self._budget = BudgetClient(
             start_counter=self._s.budget_counter,
             rates={
@@ -105,22 +117,21 @@ class PoolExclusionWorkflow:
         self._wake = False  # a new notice came in
         self._events = 0
         self._next_check: datetime | None = None  # None: check at the first turn
-        self._probe_since: datetime | None = None
-        self._probe_dirty = ""
+        self._watch: ProbeWatch | None = None  # the running probe
         self._probe_id = ""
 
     # -- messages ------------------------------------------------------------------------
 
-    @workflow.signal(name="reclaim_noticed")
+    @workflow.signal(name=RECLAIM_NOTICED_SIGNAL)
     def reclaim_noticed(self, inp: ReclaimNoticed) -> None:
         self._events += 1
         self._note(inp.instance_id, inp.at)
 
-    @workflow.signal(name="tokens_granted")
+    @workflow.signal(name=TOKENS_GRANTED_SIGNAL)
     def tokens_granted(self, grant: TokenGrant) -> None:
         self._budget.on_grant(grant)
 
-    @workflow.query
+    @workflow.query(name=STATUS_QUERY)
     def status(self) -> ExclusionStatus:
         s = self._s
         return ExclusionStatus(
@@ -138,14 +149,11 @@ class PoolExclusionWorkflow:
             history=list(s.history),
         )
 
-    @workflow.update
+    @named_update(EXCLUDE_UPDATE)
     async def exclude(self, inp: OperatorExclude) -> ExclusionAck:
         until = workflow.now() + timedelta(hours=inp.hours) if inp.hours is not None else None
         await self._transition(
-            PoolState.EXCLUDED,
-            actor=inp.operator,
-            reason=inp.reason,
-            until=until,
+            self._cycle.on_operator_exclude(inp.operator, inp.reason, until),
             identity=inp.identity,
         )
         when = f"until {until:%Y-%m-%d %H:%M} UTC, then probed" if until else "until re-admitted"
@@ -157,16 +165,11 @@ class PoolExclusionWorkflow:
         if inp.hours is not None and not inp.hours > 0:
             raise ApplicationError(f"hours must be > 0, got {inp.hours}", type="InvalidInput")
 
-    @workflow.update
+    @named_update(READMIT_UPDATE)
     async def readmit(self, inp: OperatorReadmit) -> ExclusionAck:
+        # Two re-admissions accepted at once: the second finds it done.
         done = await self._transition(
-            PoolState.ADMITTED,
-            actor=inp.operator,
-            reason=inp.reason,
-            identity=inp.identity,
-            strikes=0,
-            # Two re-admissions accepted at once: the second finds it done.
-            unless=lambda: self._s.state is PoolState.ADMITTED,
+            self._cycle.on_operator_readmit(inp.operator, inp.reason), identity=inp.identity
         )
         return self._ack(f"re-admitted by {inp.operator}" if done else "already admitted")
 
@@ -201,7 +204,7 @@ class PoolExclusionWorkflow:
         now = workflow.now()
         carry = self._s.model_copy(
             update={
-                "notices": policy.prune(self._s.notices, now, self._window),
+                "notices": policy.prune(self._s.notices, now, self._cycle.rules.window),
                 "budget_counter": self._budget.counter,
             }
         )
@@ -218,24 +221,19 @@ class PoolExclusionWorkflow:
         )
         self._s.adopted = True
         row = out.row
-        if row is None or row.state is PoolState.ADMITTED:
-            if row is not None and row.strikes:
-                # Kept strikes are forgiven a clean period from now.
-                self._s.strikes = row.strikes
-                self._s.admitted_since = workflow.now()
+        if row is None:
             return
-        until = row.excluded_until
-        if until is None and row.set_by == "cycle":
-            until = workflow.now()  # a cycle exclusion always ends in a probe
-        # A probe that was running died with its workflow: the pool is probed again.
-        await self._transition(
-            PoolState.EXCLUDED,
-            actor="sco",
-            set_by=row.set_by,
-            reason=f"adopted: {row.reason}",
+        move = self._cycle.on_adopt(
+            self._s,
+            workflow.now(),
+            state=row.state,
             strikes=row.strikes,
-            until=until,
+            until=row.excluded_until,
+            set_by=row.set_by,
+            reason=row.reason,
         )
+        if move is not None:
+            await self._transition(move)
 
     async def _admitted(self) -> None:
         epoch = self._epoch
@@ -253,29 +251,15 @@ class PoolExclusionWorkflow:
         if self._next_check is None or now >= self._next_check:
             await self._safety_net()
             self._next_check = workflow.now() + timedelta(seconds=self._cfg.check_seconds)
-            s = self._s
-            if policy.strikes_forgiven(
-                s.strikes,
-                s.admitted_since,
-                workflow.now(),
-                timedelta(seconds=self._cfg.strike_reset_seconds),
-            ):
-                await self._forgive(epoch)
+            forgive = self._cycle.on_check(self._s, workflow.now())
+            if forgive is not None:
+                await self._forgive(forgive, epoch)
                 return
-        n, counted = self._reclaim_events()
-        if policy.over_threshold(n, self._cfg.threshold):
-            strikes = self._s.strikes + 1
-            await self._transition(
-                PoolState.EXCLUDED,
-                actor="sco",
-                reason=(
-                    f"{n} {counted} within {self._cfg.window_seconds / 60:.0f} min "
-                    f"(threshold {self._cfg.threshold})"
-                ),
-                strikes=strikes,
-                until=workflow.now() + self._cooldown(strikes),
-                epoch=epoch,
-            )
+        # Histories from before burst counting count every instance (the patch's old branch).
+        burst_counting = workflow.patched(BURST_COUNTING_PATCH)
+        move = self._cycle.on_count(self._s, workflow.now(), _draw, burst_counting=burst_counting)
+        if move is not None:
+            await self._transition(move, epoch=epoch)
 
     async def _excluded(self) -> None:
         epoch = self._epoch
@@ -287,20 +271,16 @@ class PoolExclusionWorkflow:
                     lambda: self._epoch != epoch or self._continue_due(),
                     timeout=until - now if until is not None else None,
                 )
-        if self._epoch != epoch or until is None or workflow.now() < until:
+        if self._epoch != epoch:
             return
-        await self._transition(
-            PoolState.PROBING,
-            actor="sco",
-            reason="cool-down over: probing with a canary",
-            epoch=epoch,
-        )
+        move = self._cycle.on_cooldown_over(self._s, workflow.now())
+        if move is not None:
+            await self._transition(move, epoch=epoch)
 
     async def _probe(self) -> None:
         inp, cfg = self._inp, self._cfg
         epoch = self._epoch
-        self._probe_since = workflow.now()
-        self._probe_dirty = ""
+        probe = self._watch = ProbeWatch(since=workflow.now())
         # Probes of the whole region share one slow budget: no thundering herd of canaries
         # when a hall comes back and all its pools' cool-downs end together.
         await self._budget.take(probe_budget_key(inp.region), 1)
@@ -342,39 +322,26 @@ class PoolExclusionWorkflow:
         if not dirty and self._epoch == epoch:
             with contextlib.suppress(TimeoutError):
                 await workflow.wait_condition(
-                    lambda: bool(self._probe_dirty) or self._epoch != epoch,
+                    lambda: bool(probe.dirty) or self._epoch != epoch,
                     timeout=timedelta(seconds=cfg.probe_seconds),
                 )
-            if not self._probe_dirty and self._epoch == epoch:
+            if not probe.dirty and self._epoch == epoch:
                 await self._safety_net()  # a notice whose signal was lost
-        dirty = dirty or self._probe_dirty
+        dirty = dirty or probe.dirty
         # Whatever happened, and whoever overrode the probe: the canary goes.
         await self._delete_canaries()
         self._probe_id = ""
-        self._probe_since = None
+        self._watch = None
         count(
             "sco_pool_probes",
             "Canary probes of excluded pools, by outcome",
             region=inp.region,
             outcome="dirty" if dirty else "clean",
         )
-        if dirty:
-            strikes = self._s.strikes + 1
-            await self._transition(
-                PoolState.EXCLUDED,
-                actor="sco",
-                reason=f"probe {probe_id}: {dirty}",
-                strikes=strikes,
-                until=workflow.now() + self._cooldown(strikes),
-                epoch=epoch,
-            )
-        else:
-            await self._transition(
-                PoolState.ADMITTED,
-                actor="sco",
-                reason=f"probe {probe_id}: canary clean for {cfg.probe_seconds:.0f} s",
-                epoch=epoch,
-            )
+        await self._transition(
+            self._cycle.on_probe_over(self._s, probe_id, dirty, workflow.now(), _draw),
+            epoch=epoch,
+        )
 
     async def _delete_canaries(self) -> None:
         out = await workflow.execute_activity_method(
@@ -405,41 +372,12 @@ class PoolExclusionWorkflow:
 
     # -- notices -------------------------------------------------------------------------
 
-    @property
-    def _window(self) -> timedelta:
-        return timedelta(seconds=self._cfg.window_seconds)
-
     def _in_window(self) -> int:
-        return policy.count_in_window(
-            self._s.notices, workflow.now(), self._window, self._s.counted_since
-        )
-
-    def _reclaim_events(self) -> tuple[int, str]:
-        """What the threshold is held against, and what it counted. Histories from before
-        burst counting keep counting every instance (the patch's old branch)."""
-        if not workflow.patched(BURST_COUNTING_PATCH):
-            return self._in_window(), "reclaim notices"
-        merge = timedelta(seconds=self._cfg.burst_merge_seconds)
-        n = policy.count_bursts(
-            self._s.notices, workflow.now(), self._window, self._s.counted_since, merge
-        )
-        if not merge:
-            return n, "reclaim notices"
-        return n, f"reclaim events (notices within {merge.total_seconds():.0f} s count once)"
+        return self._cycle.in_window(self._s, workflow.now())
 
     def _note(self, instance_id: str, at: datetime) -> None:
-        now = workflow.now()
-        at = min(at, now)
-        if not policy.add_notice(self._s.notices, instance_id, at, now, self._window):
-            return
-        self._wake = True
-        if (
-            self._s.state is PoolState.PROBING
-            and self._probe_since is not None
-            and at >= self._probe_since
-            and not self._probe_dirty
-        ):
-            self._probe_dirty = f"reclaim notice for {instance_id} during the probe"
+        if self._cycle.on_notice(self._s, instance_id, at, workflow.now(), self._watch):
+            self._wake = True
 
     async def _safety_net(self) -> None:
         out = await workflow.execute_activity_method(
@@ -458,49 +396,24 @@ class PoolExclusionWorkflow:
 
     # -- transitions ---------------------------------------------------------------------
 
-    def _cooldown(self, strikes: int) -> timedelta:
-        cfg = self._cfg
-        return policy.cooldown(
-            strikes,
-            base=timedelta(seconds=cfg.base_cooldown_seconds),
-            cap=timedelta(seconds=cfg.max_cooldown_seconds),
-            jitter=cfg.jitter,
-            draw=workflow.random().random(),
-        )
-
     async def _transition(
-        self,
-        to: PoolState,
-        *,
-        actor: str,
-        reason: str,
-        set_by: str | None = None,
-        strikes: int | None = None,
-        until: datetime | None = None,
-        epoch: int | None = None,
-        unless: Callable[[], bool] | None = None,
-        identity: str = "",
+        self, move: Move, *, epoch: int | None = None, identity: str = ""
     ) -> bool:
-        """Move to `to`, write the row and record the decision; False when it did not
-        happen: the cycle's `epoch` is stale (an operator got there first), or `unless`.
+        """Make the cycle's (or an operator's) move, write the row and record the decision;
+        False when it did not happen: the cycle's `epoch` is stale (an operator got there
+        first), or the move had nothing to do.
 
         State changes synchronously (queries and validators see it at once); the writes
         are serialised by the lock, so the row ends as the last transition left it."""
         async with self._lock:
-            if (epoch is not None and epoch != self._epoch) or (unless and unless()):
+            if epoch is not None and epoch != self._epoch:
                 return False
             s, now = self._s, workflow.now()
             before = s.state
-            s.state = to
-            s.reason = reason
-            s.set_by = set_by or ("cycle" if actor == "sco" else actor)
-            if strikes is not None:
-                s.strikes = strikes
-            s.excluded_until = until if to is PoolState.EXCLUDED else None
-            s.since = now
+            if not self._cycle.apply(s, move, now):
+                return False
+            to, actor, reason = move.to, move.actor, move.reason
             if to is PoolState.ADMITTED:
-                s.admitted_since = now
-                s.counted_since = now  # the clean probe answered every notice before it
                 self._next_check = now + timedelta(seconds=self._cfg.check_seconds)
             self._epoch += 1
             self._history(before, to, actor, reason)
@@ -527,17 +440,13 @@ class PoolExclusionWorkflow:
             await self._write(row, outcome, actor, reason, identity)
             return True
 
-    async def _forgive(self, epoch: int) -> None:
+    async def _forgive(self, forgive: Forgive, epoch: int) -> None:
         async with self._lock:
             if epoch != self._epoch:
                 return
-            s = self._s
-            reason = (
-                f"admitted {self._cfg.strike_reset_seconds / 3600:.0f} h without exclusion: "
-                f"{s.strikes} strike(s) forgiven"
-            )
-            s.strikes = 0
-            self._history(s.state, s.state, "sco", reason)
+            s, reason = self._s, forgive.reason
+            self._cycle.forgive(s, forgive)
+            self._history(s.state, s.state, CYCLE_ACTOR, reason)
             row = SetStateInput(
                 pool_id=self._inp.pool_id,
                 state=s.state,
@@ -545,7 +454,7 @@ class PoolExclusionWorkflow:
                 strikes=0,
                 set_by=s.set_by,
             )
-            await self._write(row, "strikes_reset", "sco", reason)
+            await self._write(row, "strikes_reset", CYCLE_ACTOR, reason)
 
     def _history(self, before: PoolState, to: PoolState, actor: str, reason: str) -> None:
         s = self._s
@@ -601,6 +510,11 @@ class PoolExclusionWorkflow:
         return ExclusionAck(
             state=s.state, strikes=s.strikes, excluded_until=s.excluded_until, message=message
         )
+
+
+def _draw(_strikes: int) -> float:
+    """The cool-down's jitter draw: replayed from the workflow's seeded random."""
+    return workflow.random().random()
 
 
 def _require_text(**fields: str) -> None:

@@ -19,6 +19,12 @@ from activities.provider.leases import lease_name
 #: launches as outstanding reclaimable demand.
 FLOOR_PARTITION = -1
 
+#: Handler names, used by the workflow's decorators and by every client. Running
+#: workflows answer to these strings: never rename one.
+HALL_LOST_SIGNAL = "hall_lost"
+HALL_RESTORED_SIGNAL = "hall_restored"
+STATUS_QUERY = "status"
+
 
 def reservation_name(region: str, contract: str, hall: str, generation: int) -> str:
     """The floor's key of one reservation (`floor-<region>-<contract>-<hall>-<gen>`): the
@@ -91,6 +97,8 @@ class FloorConfig(BaseModel):
     build_timeout_seconds: float = Field(default=900.0, gt=0)
     # Wake-ups (ticks and probes) per run before continue-as-new.
     wakeups_per_run: int = Field(default=500, ge=1)
+    # ... or after this many history events: far below Temporal's 10,240-event warning.
+    max_history_events: int = Field(default=2000, ge=100)
 
 
 class FloorInput(BaseModel):

@@ -33,7 +33,9 @@ snapshot and only if every hall holds its target, it releases the surplus elsewh
 floor's ACTIVE instances never drop below its size; a failed launch keeps the surplus.
 
 Reservations within `renew_before_hours` of their end are extended by `lease_hours`.
-Continue-as-new after `wakeups_per_run` wake-ups or when Temporal suggests it, carrying
+Wake-ups come from the keeper's own timers (a probe timer, a tick timer restarted by every
+round), so what a wake-up does follows from history alone. Continue-as-new after
+`wakeups_per_run` wake-ups, `max_history_events` events or when Temporal suggests it, carrying
 the lost halls, probe streaks, reservation generation and budget counter.
 """
 
@@ -43,6 +45,7 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable
 from datetime import datetime, timedelta
+from functools import partial
 from typing import TypeVar
 
 from temporalio import workflow
@@ -51,7 +54,7 @@ from temporalio.exceptions import ActivityError, ChildWorkflowError
 from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
-    from activities.budget import TokenGrant
+    from activities.budget import TOKENS_GRANTED_SIGNAL, TokenGrant
     from activities.control.activities import ControlActivities
     from activities.decisions import Decision, DecisionKind
     from activities.events import CapacityType, EventKind
@@ -84,6 +87,9 @@ with workflow.unsafe.imports_passed_through():
     from workflows.budget.client import BudgetClient
     from workflows.floor.models import (
         FLOOR_PARTITION,
+        HALL_LOST_SIGNAL,
+        HALL_RESTORED_SIGNAL,
+        STATUS_QUERY,
         FloorInput,
         FloorState,
         FloorStatus,
@@ -106,6 +112,14 @@ with workflow.unsafe.imports_passed_through():
 T = TypeVar("T")
 
 _RETRY = RetryPolicy(maximum_attempts=10, maximum_interval=timedelta(seconds=30))
+
+#: Wake-ups decided by the keeper's own timers instead of the clock (issue 37).
+WAKEUPS_FROM_TIMERS = "floor-wakeups-from-timers"
+
+
+def _timer(seconds: float) -> asyncio.Task[None]:
+    """A durable timer as a task: done when its TimerFired event is in history."""
+    return asyncio.ensure_future(asyncio.sleep(seconds))
 
 
 async def _all(aws: list[Awaitable[T]]) -> list[T]:
@@ -148,7 +162,7 @@ class FloorKeeperWorkflow:
 
     # -- messages ------------------------------------------------------------------------
 
-    @workflow.signal
+    @workflow.signal(name=HALL_LOST_SIGNAL)
     def hall_lost(self, ev: HallEvent) -> None:
         known = self._lost.get(ev.hall)
         if known is not None and not known.detected:
@@ -164,22 +178,28 @@ class FloorKeeperWorkflow:
             )
         )
 
-    @workflow.signal
+    @workflow.signal(name=HALL_RESTORED_SIGNAL)
     def hall_restored(self, ev: HallEvent) -> None:
         if ev.hall not in self._lost:
             return
         self._restore(ev.hall, ev.operator, ev.reason or "declared restored", ev.identity)
 
-    @workflow.signal(name="tokens_granted")
+    @workflow.signal(name=TOKENS_GRANTED_SIGNAL)
     def tokens_granted(self, grant: TokenGrant) -> None:
         self._budget.on_grant(grant)
 
-    @workflow.query
+    @workflow.query(name=STATUS_QUERY)
     def status(self) -> FloorStatus:
-        self._status.pending = self._dirty
-        self._status.lost_halls = sorted(self._lost)
-        self._status.losses = [self._lost[h] for h in sorted(self._lost)]
-        return self._status
+        """Read-only: a copy with the derived fields filled, the keeper's state untouched
+        (a query runs between and during tasks, on any worker, and is not in history)."""
+        return self._status.model_copy(
+            update={
+                "pending": self._dirty,
+                "lost_halls": sorted(self._lost),
+                "losses": [self._lost[h] for h in sorted(self._lost)],
+            },
+            deep=True,
+        )
 
     def _lose(self, loss: HallLoss) -> None:
         self._lost[loss.hall] = loss
@@ -218,7 +238,6 @@ class FloorKeeperWorkflow:
 
     @workflow.run
     async def run(self, inp: FloorInput) -> None:
-        cfg = self._cfg
         workflow.upsert_search_attributes(
             [
                 sa.REGION.value_set(inp.region),
@@ -226,23 +245,10 @@ class FloorKeeperWorkflow:
                 sa.STATE.value_set(self._status.state.value),
             ]
         )
-        now = workflow.now()
-        next_tick, next_probe = now, now + timedelta(seconds=cfg.probe_seconds)
-        for _ in range(cfg.wakeups_per_run):
-            wait = min(next_tick, next_probe) - workflow.now()
-            if not self._dirty and wait > timedelta(0):
-                with contextlib.suppress(TimeoutError):
-                    await workflow.wait_condition(lambda: self._dirty, timeout=wait)
-            now = workflow.now()
-            if now >= next_probe:
-                next_probe = now + timedelta(seconds=cfg.probe_seconds)
-                await self._probe()
-            if self._dirty or now >= next_tick:
-                self._dirty = False
-                next_tick = now + timedelta(seconds=cfg.tick_seconds)
-                await self._round()
-            if workflow.info().is_continue_as_new_suggested():
-                break
+        if workflow.patched(WAKEUPS_FROM_TIMERS):
+            await self._wake_on_timers()
+        else:
+            await self._wake_on_clock()  # a run that started before the patch, unchanged
         await workflow.wait_condition(workflow.all_handlers_finished)
         await self._flush_decisions()
         workflow.continue_as_new(
@@ -262,6 +268,64 @@ class FloorKeeperWorkflow:
                 }
             )
         )
+
+    async def _wake_on_timers(self) -> None:
+        """What each wake-up does is decided by which of its own timers fired (an event in
+        history), never by reading the clock. The old loop compared `workflow.now()` with
+        deadlines computed from it: a worker restarted between a timer firing and the next
+        task decided on a clock that had not moved (it started timer 270 with the 6.932 s
+        of timer 269 again), while replay decided on the task's recorded time (a round's
+        activity): the nondeterminism that wedged floor-r1-llm-train (issue 37)."""
+        cfg = self._cfg
+        probe = _timer(cfg.probe_seconds)
+        tick: asyncio.Task[None] | None = None  # None: a round is due now
+        for _ in range(cfg.wakeups_per_run):
+            await workflow.wait_condition(partial(self._woken, probe, tick))
+            if probe.done():
+                probe = _timer(cfg.probe_seconds)
+                await self._probe()
+            if self._dirty or tick is None or tick.done():
+                self._dirty = False
+                if tick is not None:
+                    tick.cancel()  # every round restarts the tick, as the old loop did
+                tick = _timer(cfg.tick_seconds)
+                await self._round()
+            if self._history_full():
+                break
+
+    def _woken(self, probe: asyncio.Task[None], tick: asyncio.Task[None] | None) -> bool:
+        return self._dirty or probe.done() or tick is None or tick.done()
+
+    def _history_full(self) -> bool:
+        """Continue-as-new well below Temporal's warning level (10,240 events), as the
+        controller does: the wedged keeper was at 3,659 events."""
+        info = workflow.info()
+        return (
+            info.is_continue_as_new_suggested()
+            or info.get_current_history_length() >= self._cfg.max_history_events
+        )
+
+    async def _wake_on_clock(self) -> None:
+        """The loop before WAKEUPS_FROM_TIMERS, kept verbatim so that runs which started
+        under it replay as they ran."""
+        cfg = self._cfg
+        now = workflow.now()
+        next_tick, next_probe = now, now + timedelta(seconds=cfg.probe_seconds)
+        for _ in range(cfg.wakeups_per_run):
+            wait = min(next_tick, next_probe) - workflow.now()
+            if not self._dirty and wait > timedelta(0):
+                with contextlib.suppress(TimeoutError):
+                    await workflow.wait_condition(lambda: self._dirty, timeout=wait)
+            now = workflow.now()
+            if now >= next_probe:
+                next_probe = now + timedelta(seconds=cfg.probe_seconds)
+                await self._probe()
+            if self._dirty or now >= next_tick:
+                self._dirty = False
+                next_tick = now + timedelta(seconds=cfg.tick_seconds)
+                await self._round()
+            if workflow.info().is_continue_as_new_suggested():
+                break
 
     async def _probe(self) -> None:
         if not self._pools:

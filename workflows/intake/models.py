@@ -11,6 +11,11 @@ from pydantic import BaseModel, Field
 
 from activities.demand.intake import SourceReport
 
+#: Handler names, used by the workflow's decorators and by every client. Running
+#: workflows answer to these strings: never rename one.
+COLLECT_NOW_SIGNAL = "collect_now"
+STATUS_QUERY = "status"
+
 
 def intake_workflow_id(region: str) -> str:
     """The region's one intake workflow."""

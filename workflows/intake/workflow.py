@@ -19,8 +19,19 @@ from temporalio.exceptions import ActivityError
 with workflow.unsafe.imports_passed_through():
     from activities.control.models import partition_of
     from activities.demand.intake import CollectInput, CollectResult, DemandIntakeActivities
-    from workflows.controller.models import DemandChanged, controller_workflow_id
-    from workflows.intake.models import CollectNow, IntakeInput, IntakeRound, IntakeStatus
+    from workflows.controller.models import (
+        DEMAND_CHANGED_SIGNAL,
+        DemandChanged,
+        controller_workflow_id,
+    )
+    from workflows.intake.models import (
+        COLLECT_NOW_SIGNAL,
+        STATUS_QUERY,
+        CollectNow,
+        IntakeInput,
+        IntakeRound,
+        IntakeStatus,
+    )
     from workflows.metrics import count
 
 
@@ -34,11 +45,11 @@ class DemandIntakeWorkflow:
             region=inp.region, rounds=inp.rounds, failing_since=dict(inp.failing_since)
         )
 
-    @workflow.signal
+    @workflow.signal(name=COLLECT_NOW_SIGNAL)
     def collect_now(self, inp: CollectNow) -> None:
         self._now = True
 
-    @workflow.query
+    @workflow.query(name=STATUS_QUERY)
     def status(self) -> IntakeStatus:
         return self._status
 
@@ -114,7 +125,7 @@ class DemandIntakeWorkflow:
             wid = controller_workflow_id(self._inp.region, partition)
             try:
                 await workflow.get_external_workflow_handle(wid).signal(
-                    "demand_changed", DemandChanged(contracts=contracts, source="intake")
+                    DEMAND_CHANGED_SIGNAL, DemandChanged(contracts=contracts, source="intake")
                 )
                 summary.signalled.append(wid)
             except Exception as exc:  # not running: it plans when it starts anyway

@@ -9,6 +9,10 @@ from datetime import datetime
 
 from pydantic import BaseModel, Field
 
+#: Handler names, used by the workflow's decorators and by every client. Running
+#: workflows answer to these strings: never rename one.
+LAST_REPORT_QUERY = "last_report"
+
 
 def reconciler_workflow_id(region: str) -> str:
     return f"reconciler-{region}"

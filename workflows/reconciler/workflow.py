@@ -22,7 +22,7 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
-    from activities.budget import TokenGrant
+    from activities.budget import TOKENS_GRANTED_SIGNAL, TokenGrant
     from activities.control.activities import ControlActivities
     from activities.decisions import Decision, DecisionKind
     from activities.provider.activities import ExtendReservationInput, ProviderActivities
@@ -37,7 +37,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.metrics import count
     from workflows.provider_calls import STATE_RETRY, delete_instance, delete_lease
     from workflows.reconciler.compare import ReconcilePlan, plan_reconcile
-    from workflows.reconciler.models import ReconcileReport, ReconcilerInput
+    from workflows.reconciler.models import LAST_REPORT_QUERY, ReconcileReport, ReconcilerInput
 
 _RETRY = RetryPolicy(maximum_attempts=5, maximum_interval=timedelta(seconds=30))
 
@@ -50,11 +50,11 @@ class ReconcilerWorkflow:
         self._budget = BudgetClient(start_counter=inp.budget_counter)
         self._report = ReconcileReport(region=inp.region, dry_run=inp.dry_run)
 
-    @workflow.signal(name="tokens_granted")
+    @workflow.signal(name=TOKENS_GRANTED_SIGNAL)
     def tokens_granted(self, grant: TokenGrant) -> None:
         self._budget.on_grant(grant)
 
-    @workflow.query
+    @workflow.query(name=LAST_REPORT_QUERY)
     def last_report(self) -> ReconcileReport:
         return self._report
 

@@ -9,6 +9,10 @@ import enum
 
 from pydantic import BaseModel, Field
 
+#: Handler names, used by the workflow's decorators and by every client. Running
+#: workflows answer to these strings: never rename one.
+PROGRESS_QUERY = "progress"
+
 
 class ReleaseReason(enum.StrEnum):
     SUSPEND = "suspend"  # SuspendProgram: Slurm powers the idle node down

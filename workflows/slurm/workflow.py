@@ -14,11 +14,12 @@ import asyncio
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from activities.budget import TokenGrant
+    from activities.budget import TOKENS_GRANTED_SIGNAL, TokenGrant
     from workflows.budget.client import BudgetClient
     from workflows.metrics import count
     from workflows.provider_calls import delete_instance, record_release
     from workflows.slurm.models import (
+        PROGRESS_QUERY,
         NodeInstance,
         ReleaseReason,
         SlurmReleaseInput,
@@ -38,11 +39,11 @@ class SlurmReleaseWorkflow:
         self._budget = BudgetClient()
         self._result = SlurmReleaseResult()
 
-    @workflow.signal(name="tokens_granted")
+    @workflow.signal(name=TOKENS_GRANTED_SIGNAL)
     def tokens_granted(self, grant: TokenGrant) -> None:
         self._budget.on_grant(grant)
 
-    @workflow.query
+    @workflow.query(name=PROGRESS_QUERY)
     def progress(self) -> SlurmReleaseResult:
         return self._result
 

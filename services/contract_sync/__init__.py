@@ -1,0 +1,1 @@
+"""The contract sync: contracts from git, signature checked, compiled, signed, published."""

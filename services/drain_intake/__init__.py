@@ -1,0 +1,1 @@
+"""The drain intake: node agents' drain reports from NATS into the ledger."""

@@ -1,0 +1,1 @@
+"""The ledger consumer: lifecycle and decision events from Kafka into ClickHouse."""

@@ -1,0 +1,1 @@
+"""The outbox relay: committed lifecycle events from fleet state to Kafka."""

@@ -1,0 +1,61 @@
+"""Settings → the configs the region's long-lived workflows start with: the one place that
+copies `Settings` fields into workflow inputs (the worker's starters, `sco reconcile`, and
+any test or bench that wants the configured values use it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from workers.settings import Settings
+from workflows.controller.models import ControllerConfig
+from workflows.intake.models import IntakeConfig
+from workflows.reconciler.models import ReconcilerConfig
+
+
+@dataclass(frozen=True)
+class WorkflowConfigs:
+    controller: ControllerConfig
+    reconciler: ReconcilerConfig
+    intake: IntakeConfig
+
+
+def controller_config(settings: Settings) -> ControllerConfig:
+    c = settings.control
+    return ControllerConfig(
+        tick_seconds=c.tick_seconds,
+        release_idle_seconds=c.release_idle_seconds,
+        approval_timeout_seconds=c.approval_timeout_seconds,
+        fallback_lease_hours=c.fallback_lease_hours,
+        build_timeout_seconds=c.build_timeout_seconds,
+        spread_max_pool_fraction=c.spread_max_pool_fraction,
+        max_instances_per_acquisition=c.max_instances_per_acquisition,
+        reclaim_window_hours=c.reclaim_window_hours,
+        partitions=c.partitions,
+        kubernetes_user_data=settings.kubernetes.node_user_data or None,
+    )
+
+
+def reconciler_config(settings: Settings) -> ReconcilerConfig:
+    c = settings.control
+    return ReconcilerConfig(
+        interval_seconds=c.reconcile_interval_seconds,
+        grace_seconds=c.reconcile_grace_seconds,
+        lease_hours=c.fallback_lease_hours,
+    )
+
+
+def intake_config(settings: Settings) -> IntakeConfig:
+    return IntakeConfig(
+        interval_seconds=settings.intake.interval_seconds,
+        stale_after_seconds=settings.intake.stale_after_seconds,
+        partitions=settings.control.partitions,
+    )
+
+
+def configs_from(settings: Settings) -> WorkflowConfigs:
+    """Every workflow config the settings determine."""
+    return WorkflowConfigs(
+        controller=controller_config(settings),
+        reconciler=reconciler_config(settings),
+        intake=intake_config(settings),
+    )

@@ -1,0 +1,1 @@
+"""The simulated cloud of one region, served over NATS."""

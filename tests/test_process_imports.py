@@ -1,0 +1,112 @@
+"""Each long-running process imports only what it uses.
+
+Every process is loaded in a fresh interpreter the way its command loads it (`sco <cmd>`:
+the CLI's guard, the command's module, then the service's `run` from the registry;
+`sco-agent`: its `main`, up to parsing arguments) and the top-level packages it then holds
+are compared with what it must not hold: scipy and numpy (the exact planner's, loaded by
+the region worker when a plan is improved), openstacksdk (loaded with the OpenStack
+provider only), aiohttp (nats-py's WebSocket transport: contracts/lean_imports.py), and
+per process the clients of services it never talks to. A heavy import that creeps in
+fails here, naming the process and the package.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.support.paths import REPO
+
+#: Never in a long-running process at start: loaded when configured or first used.
+NOWHERE = frozenset(
+    {"scipy", "numpy", "openstack", "keystoneauth1", "aiohttp", "torch", "pandas", "pyarrow"}
+)
+
+#: process -> (the CLI module its `sco` command lives in, what else it must not import)
+SERVICES: dict[str, tuple[str, frozenset[str]]] = {
+    # Temporal only with the first notice to tell (exclusion hooks, controller wakes).
+    "notice-relay": (
+        "workers.cli.notices",
+        frozenset({"temporalio", "clickhouse_connect", "chdb", "confluent_kafka"}),
+    ),
+    # psycopg: refused reports are dead letters in the fleet DB (decision 0015).
+    "drain-intake": ("workers.cli.ledger", frozenset({"temporalio", "confluent_kafka"})),
+    "outbox-relay": ("workers.cli.fleet", frozenset({"temporalio", "nats", "clickhouse_connect"})),
+    "simulator": (
+        "workers.cli.simulator",
+        frozenset({"temporalio", "clickhouse_connect", "confluent_kafka"}),
+    ),
+    "ledger-consumer": ("workers.cli.ledger", frozenset({"temporalio", "nats"})),
+    "worker": ("workers.cli.control", frozenset({"confluent_kafka"})),
+    "contract-sync": ("workers.cli.contracts", frozenset({"temporalio", "confluent_kafka"})),
+}
+
+#: The node agent: nothing of the control plane, no control-plane clients.
+AGENT_FORBIDDEN = frozenset(
+    {
+        "workflows",
+        "activities",
+        "workers",
+        "services",
+        "planning",
+        "temporalio",
+        "psycopg",
+        "psycopg_pool",
+        "clickhouse_connect",
+        "confluent_kafka",
+        "typer",
+    }
+)
+
+_PRINT_MODULES = (
+    "import atexit, json, sys\n"
+    "atexit.register(lambda: print(json.dumps(sorted({m.split('.')[0] for m, v in "
+    "sys.modules.items() if v is not None}))))\n"
+)
+
+
+def _top_level_modules(code: str) -> set[str]:
+    """Top-level packages a fresh interpreter holds after running `code`."""
+    out = subprocess.run(
+        [sys.executable, "-c", _PRINT_MODULES + code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    lines = [x for x in out.stdout.splitlines() if x.startswith("[")]
+    assert lines, f"no module list (exit {out.returncode}): {out.stderr[-2000:]}"
+    return set(json.loads(lines[-1]))
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("name", sorted(SERVICES))
+def test_a_service_process_imports_only_what_it_uses(name: str) -> None:
+    cli_module, forbidden = SERVICES[name]
+    loaded = _top_level_modules(
+        "from contracts.lean_imports import no_websockets_for_nats\n"
+        "no_websockets_for_nats()\n"  # what `sco`'s main does first
+        f"import {cli_module}\n"
+        "from services.registry import service\n"
+        f"service({name!r}).load()\n"
+    )
+    assert sorted(loaded & (NOWHERE | forbidden)) == [], f"{name} imports them at start"
+
+
+@pytest.mark.timeout(150)
+def test_the_node_agent_imports_only_what_it_uses() -> None:
+    # `sco-agent --help`: main() installs the guard, imports the daemon, parses, exits.
+    loaded = _top_level_modules(
+        "sys.argv = ['sco-agent', '--help']\nfrom agent.cli import main\nmain()\n"
+    )
+    assert "nats" in loaded and "agent" in loaded  # the probe saw the daemon load
+    assert sorted(loaded & (NOWHERE | AGENT_FORBIDDEN)) == []
+
+
+@pytest.mark.timeout(150)
+def test_the_probe_sees_a_heavy_import() -> None:
+    """Without the guard, importing nats brings aiohttp: the check above can fail."""
+    assert "aiohttp" in _top_level_modules("import nats\n")

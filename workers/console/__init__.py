@@ -1,0 +1,1 @@
+"""The operator console (`sco console`): read-only, server-rendered pages of the estate."""
