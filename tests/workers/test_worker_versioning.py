@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from temporalio.api.enums.v1 import EventType
+from temporalio.api.enums.v1 import EventType, RoutingConfigUpdateState
 from temporalio.api.enums.v1 import VersioningBehavior as ApiVersioningBehavior
 from temporalio.api.workflowservice.v1 import (
     DescribeWorkerDeploymentRequest,
@@ -298,15 +298,36 @@ async def test_rollout_auto_upgrades_entities_and_keeps_pinned_runs_on_their_bui
                 routing = described.worker_deployment_info.routing_config
                 assert routing.current_deployment_version.build_id == build_b
 
-                # The auto-upgrade entity moves to B at its next workflow task.
-                await budget_handle.signal(
-                    TokenBudgetWorkflow.set_rate, SetRateInput(rate_per_second=40.0, burst=40)
-                )
+                # The server answers "current" before the new routing reaches every task
+                # queue partition (routing_config_update_state IN_PROGRESS): a task
+                # dispatched in that window still goes to A. Wait for the propagation.
+                async def routing_propagated() -> bool:
+                    info = (
+                        await client.workflow_service.describe_worker_deployment(
+                            DescribeWorkerDeploymentRequest(
+                                namespace=ns, deployment_name=deployment
+                            )
+                        )
+                    ).worker_deployment_info
+                    return info.routing_config_update_state in (
+                        RoutingConfigUpdateState.ROUTING_CONFIG_UPDATE_STATE_UNSPECIFIED,
+                        RoutingConfigUpdateState.ROUTING_CONFIG_UPDATE_STATE_COMPLETED,
+                    )
 
+                await poll_until(routing_propagated, within=60, what="routing propagated")
+
+                # The auto-upgrade entity moves to B at its next workflow task. A signal
+                # gives it one; another signal while its last task still ran on A (a
+                # partition that had not yet seen the routing) gives it the next.
                 async def budget_on_b() -> bool:
-                    return (await task_builds(budget_handle))[-1:] == [build_b]
+                    if (await task_builds(budget_handle))[-1:] == [build_b]:
+                        return True
+                    await budget_handle.signal(
+                        TokenBudgetWorkflow.set_rate, SetRateInput(rate_per_second=40.0, burst=40)
+                    )
+                    return False
 
-                await poll_until(budget_on_b)
+                await eventually_async(budget_on_b, timeout=60, what="budget on B", every=1.0)
 
                 # The pinned acquisition resumes and finishes on A, B being current.
                 await acq.execute_update(
