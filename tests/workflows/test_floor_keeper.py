@@ -139,6 +139,29 @@ def test_release_waits_for_every_target_and_keeps_the_floor() -> None:
     assert [i.instance_id for i in to_release(plan, held, ())] == ["i20"]  # newest first
 
 
+def test_surplus_goes_from_the_newest_reservation_past_generation_nine() -> None:
+    """Generation 12 is newer than 3: released first, so its reservation empties out and
+    goes, instead of leaving two half-empty reservations in the hall (the testcloud floor
+    test saw C holding 3 leased slots for 2 servers once retries pushed generations past 9)."""
+
+    def inst(i: int, hall: str, gen: int) -> FloorInstance:
+        return FloorInstance(
+            instance_id=f"i{i}",
+            hall=hall,
+            pool_id=f"r1.{hall}.gpu-a.l",
+            state=InstanceState.ACTIVE,
+            acquisition_id=f"floor-r1-llm-train-{hall}-{gen}-abc",
+        )
+
+    held = [inst(i, h, 1) for i, h in enumerate("AAABBBDD")]
+    held += [inst(10, "C", 3), inst(11, "C", 3), inst(12, "C", 12)]
+    plan = plan_floor(_snap().model_copy(update={"instances": held}), lost=())
+    assert plan.surplus == {"C": 1}
+    assert [i.instance_id for i in to_release(plan, held, ())] == ["i12"]
+    # The old order (histories recorded before the patch replay with it) took generation 3.
+    assert [i.instance_id for i in to_release(plan, held, (), by_generation=False)] == ["i11"]
+
+
 def test_detection_needs_two_bad_probes_and_three_clean_ones() -> None:
     cfg = FloorConfig()
     bad = ProbeResult(halls={"B": HallProbe(instances=3, unhealthy=2), "A": HallProbe(instances=3)})

@@ -122,13 +122,31 @@ def plan_floor(snap: FloorSnapshot, lost: Iterable[str]) -> FloorPlan:
     )
 
 
+def newest_first(inst: FloorInstance) -> tuple[int, str, str]:
+    """Sort key (reversed) for the newest reservation's instances: by the reservation's
+    generation as a number. By the acquisition id's text alone generation 10 sorted
+    before 9, so past nine reservations a release took an instance from an old
+    reservation and left two half-empty ones holding committed slots nobody used."""
+    _, _, gen = reservation_of(inst.acquisition_id).rpartition("-")
+    return (int(gen) if gen.isdigit() else -1, inst.acquisition_id, inst.instance_id)
+
+
+def _by_text(inst: FloorInstance) -> tuple[str, str]:
+    return (inst.acquisition_id, inst.instance_id)
+
+
 def to_release(
-    plan: FloorPlan, instances: Iterable[FloorInstance], lost: Iterable[str]
+    plan: FloorPlan,
+    instances: Iterable[FloorInstance],
+    lost: Iterable[str],
+    *,
+    by_generation: bool = True,
 ) -> list[FloorInstance]:
     """What to release once the launches of a round are done (make-before-break): only
     when every healthy hall holds its target, the surplus above the targets (newest
     reservations first, so whole reservations empty out) and the instances in lost halls.
-    The floor's ACTIVE instances never drop below its size."""
+    The floor's ACTIVE instances never drop below its size. `by_generation=False` is the
+    old textual order, kept for keepers whose history was recorded with it (replay)."""
     if not plan.whole:
         return []
     lost = set(lost)
@@ -142,7 +160,7 @@ def to_release(
     for hall, extra in sorted(plan.surplus.items()):
         mine = sorted(
             (i for i in instances if i.hall == hall and i.state is InstanceState.ACTIVE),
-            key=lambda i: (i.acquisition_id, i.instance_id),
+            key=newest_first if by_generation else _by_text,
             reverse=True,
         )
         for inst in mine[:extra]:

@@ -115,6 +115,8 @@ _RETRY = RetryPolicy(maximum_attempts=10, maximum_interval=timedelta(seconds=30)
 
 #: Wake-ups decided by the keeper's own timers instead of the clock (issue 37).
 WAKEUPS_FROM_TIMERS = "floor-wakeups-from-timers"
+#: Surplus released newest reservation first by its generation as a number, not as text.
+RELEASE_BY_GENERATION = "floor-release-by-generation"
 
 
 def _timer(seconds: float) -> asyncio.Task[None]:
@@ -558,7 +560,9 @@ class FloorKeeperWorkflow:
 
     async def _release(self, plan: FloorPlan, snap: FloorSnapshot, lost: set[str]) -> int:
         """Make-before-break: called after the round's launches, on a fresh snapshot."""
-        gone = to_release(plan, snap.instances, lost)
+        gone = to_release(
+            plan, snap.instances, lost, by_generation=workflow.patched(RELEASE_BY_GENERATION)
+        )
         done = await _all([self._release_one(i, lost) for i in gone])
         released = {i.instance_id for i, ok in zip(gone, done, strict=True) if ok}
         for inst in gone:
