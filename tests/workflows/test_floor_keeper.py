@@ -120,21 +120,23 @@ def test_shape_is_the_cheapest_per_unit_then_the_smallest() -> None:
     assert plan.instances == 15 and plan.targets == {"A": 4, "B": 4, "C": 4, "D": 3}
 
 
-def test_release_waits_for_every_target_and_keeps_the_floor() -> None:
-    def inst(i: int, hall: str, gen: int) -> FloorInstance:
-        return FloorInstance(
-            instance_id=f"i{i}",
-            hall=hall,
-            pool_id=f"r1.{hall}.gpu-a.l",
-            state=InstanceState.ACTIVE,
-            acquisition_id=f"floor-r1-llm-train-{hall}-{gen}-abc",
-        )
+def _held(i: int, hall: str, gen: int) -> FloorInstance:
+    """An ACTIVE floor instance booted into the hall's reservation of generation `gen`."""
+    return FloorInstance(
+        instance_id=f"i{i}",
+        hall=hall,
+        pool_id=f"r1.{hall}.gpu-a.l",
+        state=InstanceState.ACTIVE,
+        acquisition_id=f"floor-r1-llm-train-{hall}-{gen}-abc",
+    )
 
-    held = [inst(i, h, 1) for i, h in enumerate("AAABBCCDD")] + [inst(20, "A", 2)]
+
+def test_release_waits_for_every_target_and_keeps_the_floor() -> None:
+    held = [_held(i, h, 1) for i, h in enumerate("AAABBCCDD")] + [_held(20, "A", 2)]
     snap = _snap().model_copy(update={"instances": held})
     plan = plan_floor(snap, lost=())
     assert plan.launch == {"B": 1} and to_release(plan, held, ()) == []  # B not there yet
-    held.append(inst(21, "B", 3))
+    held.append(_held(21, "B", 3))
     plan = plan_floor(snap.model_copy(update={"instances": held}), lost=())
     assert [i.instance_id for i in to_release(plan, held, ())] == ["i20"]  # newest first
 
@@ -144,17 +146,8 @@ def test_surplus_goes_from_the_newest_reservation_past_generation_nine() -> None
     goes, instead of leaving two half-empty reservations in the hall (the testcloud floor
     test saw C holding 3 leased slots for 2 servers once retries pushed generations past 9)."""
 
-    def inst(i: int, hall: str, gen: int) -> FloorInstance:
-        return FloorInstance(
-            instance_id=f"i{i}",
-            hall=hall,
-            pool_id=f"r1.{hall}.gpu-a.l",
-            state=InstanceState.ACTIVE,
-            acquisition_id=f"floor-r1-llm-train-{hall}-{gen}-abc",
-        )
-
-    held = [inst(i, h, 1) for i, h in enumerate("AAABBBDD")]
-    held += [inst(10, "C", 3), inst(11, "C", 3), inst(12, "C", 12)]
+    held = [_held(i, h, 1) for i, h in enumerate("AAABBBDD")]
+    held += [_held(10, "C", 3), _held(11, "C", 3), _held(12, "C", 12)]
     plan = plan_floor(_snap().model_copy(update={"instances": held}), lost=())
     assert plan.surplus == {"C": 1}
     assert [i.instance_id for i in to_release(plan, held, ())] == ["i12"]
