@@ -137,19 +137,26 @@ def cli_box(
             worker.wait()
         log.close()
         services.drop_database(dsn)
-        SUMMARY.parent.mkdir(parents=True, exist_ok=True)
-        SUMMARY.write_text(
-            json.dumps(
-                {
-                    "commands": len(_ran),
-                    "cases": sum(_ran.values()),
-                    "seed": SEED,
-                    "examples_per_command": EXAMPLES,
-                    "per_command": _ran,
-                },
-                indent=2,
-            )
+        # Only a worker that ran the fuzz writes: xdist may run this module's other tests
+        # on another worker, whose fixture ran no case and would write zeros over it.
+        if _ran:
+            _write_summary()
+
+
+def _write_summary() -> None:
+    SUMMARY.parent.mkdir(parents=True, exist_ok=True)
+    SUMMARY.write_text(
+        json.dumps(
+            {
+                "commands": len(_ran),
+                "cases": sum(_ran.values()),
+                "seed": SEED,
+                "examples_per_command": EXAMPLES,
+                "per_command": _ran,
+            },
+            indent=2,
         )
+    )
 
 
 def _ready(port: int) -> bool:
