@@ -53,9 +53,10 @@ from tests.support.paths import BASE_DSN, REGIONS_DIR
 from tests.support.testcloud import (
     TestCloudMissing,
     connect_provider,
-    delete_lease,
     install_bundle,
+    leave_as_found,
     sco_leases,
+    sco_servers,
 )
 from workers.temporal_bootstrap import ensure_search_attributes
 from workflows.floor.models import FloorConfig, FloorInput, FloorState, HallEvent
@@ -106,6 +107,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     pool = open_pool(dsn, max_size=8)
     fleet = FleetRepository(pool)
     fleet.sync_pools(region)
+    servers_before = set(sco_servers(provider.connection))
     leases_before = {x["id"] for x in sco_leases(provider.connection)}
     handle: WorkflowHandle[FloorKeeperWorkflow, None] | None = None
     try:
@@ -177,12 +179,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             with contextlib.suppress(Exception):
                 await handle.terminate("bench failed")
         # Leave the cloud as found: the floor's servers and leases go.
-        for row in fleet.list_instances("r1", [InstanceState.REQUESTED, InstanceState.ACTIVE]):
-            if row.provider_id:
-                await provider.delete(row.provider_id)
-        for lease in sco_leases(provider.connection):
-            if lease["id"] not in leases_before:
-                await delete_lease(provider, lease["id"])
+        await leave_as_found(provider, servers_before, leases_before)
         pool.close()
         services.drop_database(dsn)
         await env.shutdown()

@@ -4,6 +4,7 @@ counted with openstacksdk directly (not through SCO's provider)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import shutil
@@ -121,3 +122,23 @@ async def delete_lease(provider: OpenStackProvider, lease_id: str, within: float
     await eventually_async(
         deleted, timeout=within, what=f"lease {lease_id} deleted", every=2, retrying=(Transient,)
     )
+
+
+async def leave_as_found(
+    provider: OpenStackProvider, servers_before: set[str], leases_before: set[str]
+) -> None:
+    """Delete every SCO server and lease made since `*_before`, all of them concurrently:
+    one lease Blazar is slow to let go (a loaded machine) no longer stops the rest being
+    deleted, which left leases a later test's floor keeper adopted. Raises at the end,
+    naming what did not go."""
+    conn = provider.connection
+    servers = set(await asyncio.to_thread(sco_servers, conn)) - servers_before
+    leases = [x["id"] for x in await asyncio.to_thread(sco_leases, conn)]
+    done = await asyncio.gather(
+        *(provider.delete(sid) for sid in sorted(servers)),
+        *(delete_lease(provider, lid) for lid in leases if lid not in leases_before),
+        return_exceptions=True,
+    )
+    failed = [repr(x) for x in done if isinstance(x, BaseException)]
+    if failed:
+        raise AssertionError(f"the test cloud was not left as found: {failed}")

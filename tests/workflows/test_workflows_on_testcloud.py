@@ -51,8 +51,8 @@ from tests.support import services
 from tests.support.control_harness import poll_until, provider_worker
 from tests.support.paths import BASE_DSN, REGIONS_DIR
 from tests.support.testcloud import (
-    delete_lease,
     install_bundle,
+    leave_as_found,
     provider_or_skip,
     sco_leases,
     sco_servers,
@@ -162,11 +162,7 @@ async def tc(
 
 async def _clean(cloud: Cloud) -> None:
     """Leave the cloud as the module found it: what it made goes."""
-    for sid in set(await asyncio.to_thread(sco_servers, cloud.conn)) - cloud.servers_before:
-        await cloud.provider.delete(sid)
-    for lease in await asyncio.to_thread(sco_leases, cloud.conn):
-        if lease["id"] not in cloud.leases_before:
-            await delete_lease(cloud.provider, lease["id"])
+    await leave_as_found(cloud.provider, cloud.servers_before, cloud.leases_before)
 
 
 async def _until(check: Callable[[], Awaitable[bool]], within: float, what: str) -> None:
