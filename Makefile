@@ -90,12 +90,13 @@ test: deps
 ## running service (not marked `services` by tests/support/parallel.py). The tests run in a
 ## network namespace of their own when unshare allows (root, or user namespaces): there no
 ## PostgreSQL, NATS or broker answers, so a test that needs one fails here instead of
-## passing by luck on a developer's machine.
+## passing by luck on a developer's machine. SCO_FAST_TIER=1: the costly property tests
+## draw a quarter of their examples (tests/support/fuzz.py); the suite draws them all.
 CHECK_WORKERS ?= 2
 NO_NETWORK := $(shell unshare -n true 2>/dev/null && echo "unshare -n" || (unshare -rn true 2>/dev/null && echo "unshare -rn"))
 check: deps
 	$(MAKE) --no-print-directory lint
-	$(NO_NETWORK) $(if $(NO_NETWORK),bash -c 'ip link set lo up 2>/dev/null; exec "$$0" "$$@"') \
+	SCO_FAST_TIER=1 $(NO_NETWORK) $(if $(NO_NETWORK),bash -c 'ip link set lo up 2>/dev/null; exec "$$0" "$$@"') \
 	    $(BIN)/pytest -q -p no:cacheprovider -n $(CHECK_WORKERS) --durations=15 -m "not services"
 
 ## The suite twice in a row beside CPU hogs (CI's machine may be busy): run it before you

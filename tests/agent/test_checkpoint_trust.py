@@ -48,6 +48,7 @@ from tests.support.checkpoint_users import (
     stop_role,
     unit_directives,
 )
+from tests.support.fuzz import examples
 from tests.support.wait import eventually
 
 pytestmark = pytest.mark.timeout(90)
@@ -456,7 +457,7 @@ _replies = st.one_of(
 @given(reply=_replies)
 @settings(
     derandomize=True,
-    max_examples=120,
+    max_examples=examples(120),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

@@ -28,6 +28,7 @@ from contracts.keys import TrustStore
 from contracts.notice import NoticePolicy, ReclaimNotice
 from contracts.notice_signing import DOMAIN, Accepted, NodeIdentity, Refusal, check, sign
 from contracts.source import read_contracts
+from tests.support.fuzz import examples
 from tests.support.paths import EXAMPLES
 
 pytestmark = pytest.mark.timeout(120)
@@ -35,7 +36,7 @@ pytestmark = pytest.mark.timeout(120)
 FUZZ = settings(
     derandomize=True,
     database=None,
-    max_examples=250,
+    max_examples=examples(250),
     deadline=timedelta(seconds=2),
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )

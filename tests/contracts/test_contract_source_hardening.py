@@ -22,6 +22,7 @@ from contracts import keys, strict_yaml
 from contracts.compiler import CompileResult, compile_and_sign
 from contracts.source import read_contract
 from tests.support.contract_fixtures import EXAMPLES
+from tests.support.fuzz import examples
 from tests.support.paths import REGIONS_DIR, REPO
 from tests.support.services import run_sco
 
@@ -249,7 +250,7 @@ def _check_bounded(tmp_path: Path, content: bytes) -> CompileResult:
 
 
 FUZZ = settings(
-    max_examples=200,
+    max_examples=examples(200),
     deadline=None,  # the budget is asserted per example above
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

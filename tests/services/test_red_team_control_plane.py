@@ -67,6 +67,7 @@ from services.notice_relay.relay import NoticeRelay
 from services.notice_relay.reply import ReclaimReply
 from services.notice_relay.service import _request_handler
 from tests.support.agent_fakes import signed_bundle
+from tests.support.fuzz import examples
 from tests.support.nats_sync import server_has_seen
 from tests.support.paths import REGIONS_DIR, REPO
 from tests.support.sco_process import Process, process_db, processes  # noqa: F401 - fixtures
@@ -662,7 +663,7 @@ def fuzz_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LedgerStore
 
 @settings(
     derandomize=True,
-    max_examples=300,
+    max_examples=examples(300),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )

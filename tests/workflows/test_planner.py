@@ -34,6 +34,7 @@ from planning.planner import (
     risk_cost,
     units_per_instance,
 )
+from tests.support.fuzz import examples
 from tests.support.paths import REPO
 from tests.support.planner_reference import (
     KINDS,
@@ -111,7 +112,7 @@ def plan_inputs(draw: st.DrawFn) -> PlanInput:
 
 # PLANNER_EXAMPLES=3000 for a longer hunt than the suite's.
 PROPERTY_SETTINGS = settings(
-    max_examples=int(os.environ.get("PLANNER_EXAMPLES", "150")),
+    max_examples=int(os.environ.get("PLANNER_EXAMPLES", str(examples(150)))),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
