@@ -1,0 +1,50 @@
+"""The xdist groups hold: tests of one `xdist_group` run on one worker under `make test`'s
+`--dist loadgroup` (tests/support/parallel.py). With pytest 9.2 and pytest-xdist 3.8 they
+silently did not: the test cloud's modules ran on several workers at once and each one's
+clean-up deleted the servers and leases of another's acquisition."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.timeout(120)
+
+GROUPED = """
+import os, json, pathlib, pytest
+
+@pytest.mark.xdist_group("together")
+@pytest.mark.parametrize("i", range(8))
+def test_grouped(i):
+    out = pathlib.Path(os.environ["GROUPS_OUT"]) / f"{i}.json"
+    out.write_text(json.dumps(os.environ["PYTEST_XDIST_WORKER"]))
+
+@pytest.mark.parametrize("i", range(8))
+def test_free(i):
+    pass
+"""
+
+
+def test_one_group_runs_on_one_worker(tmp_path: Path) -> None:
+    (tmp_path / "test_grouped.py").write_text(GROUPED)
+    out = tmp_path / "out"
+    out.mkdir()
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"),
+            *("-n", "2", "--dist", "loadgroup", str(tmp_path / "test_grouped.py")),
+        ],
+        cwd=tmp_path,
+        env={**os.environ, "GROUPS_OUT": str(out)},
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    workers = {json.loads(p.read_text()) for p in out.glob("*.json")}
+    assert len(list(out.glob("*.json"))) == 8
+    assert len(workers) == 1, f"one xdist_group ran on {sorted(workers)}"
