@@ -52,6 +52,10 @@ def main() -> int:
                 "-q",
                 "-p",
                 "no:cacheprovider",
+                # Its own basetemp: a pytest that makes /tmp/pytest-of-<user> resets it to
+                # 0700, and the suite beside it has services running as other users there.
+                "--basetemp",
+                str(Path(tmp) / "basetemp"),
                 "--timeout",
                 str(max(120, 15 * examples)),
                 "tests/workers/test_cli_fuzz.py",

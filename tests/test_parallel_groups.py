@@ -38,6 +38,9 @@ def test_one_group_runs_on_one_worker(tmp_path: Path) -> None:
         [
             *(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"),
             *("-n", "2", "--dist", "loadgroup", str(tmp_path / "test_grouped.py")),
+            # Not /tmp/pytest-of-<user>: a new pytest resets it to 0700 while the suite's
+            # services that run as other users (postgres) need to pass through it.
+            *("--basetemp", str(tmp_path / "basetemp")),
         ],
         cwd=tmp_path,
         env={**os.environ, "GROUPS_OUT": str(out)},

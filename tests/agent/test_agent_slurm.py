@@ -25,7 +25,7 @@ from tests.support import tools
 from tests.support.agent_fakes import agent_config, notice_key, signed_bundle
 from tests.support.agent_slurm_cluster import NODE, agent_slurm_cluster, node_state
 from tests.support.slurm_cluster import SlurmCluster
-from tests.support.wait import WaitTimeout, checked, eventually_async
+from tests.support.wait import WaitTimeout, checked, eventually, eventually_async
 from tests.support.worker_nats import NATS_URL
 
 pytestmark = pytest.mark.timeout(55)
@@ -114,6 +114,12 @@ async def test_a_notice_drains_the_node_and_requeues_the_job(
     assert lost is not None and 0 < lost < time.monotonic() - queued + 2, lost
     assert node_state(slurm).startswith("drain")
     assert job_field(slurm, job, "Restarts") == "1"
-    assert job_field(slurm, job, "JobState") in ("PENDING", "REQUEUED")
+    # slurmctld lists the requeued job COMPLETING until the node's slurmd reports its step
+    # gone (seconds on a loaded machine), then PENDING: waited for, not looked at once.
+    eventually(
+        lambda: job_field(slurm, job, "JobState") in ("PENDING", "REQUEUED"),
+        timeout=60,
+        what=f"job {job} pending again after its requeue",
+    )
     reason = slurm.run("sinfo", "-h", "-R", "-n", NODE, "-o", "%E").stdout
     assert notice.notice_id in reason
