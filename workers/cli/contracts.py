@@ -7,7 +7,7 @@ import asyncio
 import os
 import re
 import socket
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Coroutine
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
@@ -30,6 +30,7 @@ from workers.cli.ledger import parse_window
 from workers.client_security import (
     nats_options,
 )
+from workers.settings import Settings
 
 T = TypeVar("T")
 JsonOpt = typer.Option(False, "--json", help="The answer as JSON (its schema: docs/reference.md).")
@@ -455,6 +456,41 @@ def _published_serial(raw: bytes | None, trust_dir: Path) -> tuple[int | None, s
         return None, "(not a bundle)"
 
 
+def _publish_recorded(
+    s: Settings,
+    region: str,
+    upload: Coroutine[Any, Any, Published],
+    *,
+    what: str,
+    subject: str,
+    by: str,
+    why: str | None,
+) -> tuple[Published, str]:
+    """`upload` (a put into `region`'s bucket) within the CLI's NATS deadline (`what` did
+    not answer), recorded in the ledger as the operator's decision; the object's
+    `bucket/name` with it. A failure is a one-line error."""
+    try:
+        info = asyncio.run(_within(upload, what))
+    except typer.Exit:
+        raise
+    except Exception as exc:  # nats raises several unrelated types
+        fail(f"publishing to {mask_credentials(s.nats_url)} for {region}: {exc}")
+    where = f"{info.bucket}/{info.name}"
+    audit.record(
+        s,
+        audit.operator_decision(
+            s,
+            region=region,
+            kind=DecisionKind.CONTRACTS,
+            subject=subject,
+            outcome="published",
+            by=by,
+            reason=f"to {where}" + (f"; {why}" if why else ""),
+        ),
+    )
+    return info, where
+
+
 @app.command()
 def publish(
     bundle_path: Path = typer.Argument(..., metavar="BUNDLE", parser=path_value),
@@ -483,24 +519,14 @@ def publish(
 
     published = []
     for r in regions:
-        try:
-            info = asyncio.run(_within(put_limited(r), mask_credentials(s.nats_url)))
-        except typer.Exit:
-            raise
-        except Exception as exc:  # nats raises several unrelated types
-            fail(f"publishing to {mask_credentials(s.nats_url)} for {r}: {exc}")
-        where = f"{info.bucket}/{info.name}"
-        audit.record(
+        info, where = _publish_recorded(
             s,
-            audit.operator_decision(
-                s,
-                region=r,
-                kind=DecisionKind.CONTRACTS,
-                subject=f"bundle serial {b.serial}",
-                outcome="published",
-                by=operator,
-                reason=f"to {where}" + (f"; {why}" if why else ""),
-            ),
+            r,
+            put_limited(r),
+            what=mask_credentials(s.nats_url),
+            subject=f"bundle serial {b.serial}",
+            by=operator,
+            why=why,
         )
         published.append({"region": r, "serial": b.serial, "object": where, "bytes": info.size})
         if not json_out:
@@ -566,29 +592,14 @@ def reset_serial(
     kid = keys.key_id(signing.verify_key)
     where = ""
     if s is not None:
-        try:
-            info = asyncio.run(
-                _within(
-                    put(s.nats_url, region, raw, nats_options(s), name=serial_reset.OBJECT_NAME),
-                    f"NATS at {mask_credentials(s.nats_url)}",
-                )
-            )
-        except typer.Exit:
-            raise
-        except Exception as exc:  # nats raises several unrelated types
-            fail(f"publishing to {mask_credentials(s.nats_url)} for {region}: {exc}")
-        where = f"{info.bucket}/{info.name}"
-        audit.record(
+        _, where = _publish_recorded(
             s,
-            audit.operator_decision(
-                s,
-                region=region,
-                kind=DecisionKind.CONTRACTS,
-                subject=f"serial reset to {to}",
-                outcome="published",
-                by=who,
-                reason=f"to {where}" + (f"; {reason}" if reason else ""),
-            ),
+            region,
+            put(s.nats_url, region, raw, nats_options(s), name=serial_reset.OBJECT_NAME),
+            what=f"NATS at {mask_credentials(s.nats_url)}",
+            subject=f"serial reset to {to}",
+            by=who,
+            why=reason,
         )
     if json_out:
         print_json(
