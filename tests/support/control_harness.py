@@ -80,27 +80,21 @@ class Harness:
     async def start_acquisition(
         self, name: str, *, instances: int, max_parallel: int
     ) -> WorkflowHandle[AcquisitionWorkflow, AcquisitionResult]:
-        """Contract `name`'s acquisition of `instances` gp.l instances in r1's hall A (tier
-        2, polling every 0.1 s) on this worker, as workflow `acquisition_id(name)`."""
-        inp = AcquisitionInput(
-            region="r1",
-            contract=name,
-            tier=2,
-            items=[
-                LaunchItem(
-                    pool_id="r1.A.gp.l",
-                    hall="A",
-                    flavor="gp.l",
-                    instances=instances,
-                    units=instances,
-                )
-            ],
-            max_parallel=max_parallel,
-            poll_seconds=0.1,
-        )
+        """`gp_acquisition(name, instances)` polling every 0.1 s, on this worker, as
+        workflow `acquisition_id(name)`."""
+        inp = gp_acquisition(name, instances, max_parallel=max_parallel, poll_seconds=0.1)
         return await self.client.start_workflow(
             AcquisitionWorkflow.run, inp, id=acquisition_id(name), task_queue=self.queue
         )
+
+
+def gp_acquisition(name: str, instances: int, **options: Any) -> AcquisitionInput:
+    """Contract `name`'s acquisition of `instances` gp.l instances in r1's hall A, tier 2;
+    `options`: more of its fields."""
+    item = LaunchItem(
+        pool_id="r1.A.gp.l", hall="A", flavor="gp.l", instances=instances, units=instances
+    )
+    return AcquisitionInput(region="r1", contract=name, tier=2, items=[item], **options)
 
 
 def acquisition_id(name: str) -> str:
