@@ -84,6 +84,21 @@ def canonical_json(value: Any) -> bytes:
     ).encode("utf-8")
 
 
+def signed_envelope(
+    field: str, body: dict[str, Any], key: SigningKey, *, domain: bytes = b""
+) -> bytes:
+    """`{field: body, "key_id", "signature"}` as canonical JSON, the signature over `domain`
+    and the body's canonical JSON (what a verifier checks before it parses anything)."""
+    signature = key.sign(domain + canonical_json(body)).signature
+    return canonical_json(
+        {
+            field: body,
+            "key_id": key_id(key.verify_key),
+            "signature": HexEncoder.encode(signature).decode(),
+        }
+    )
+
+
 def build(
     contracts: Sequence[Contract],
     *,
@@ -107,14 +122,7 @@ def build(
         del content_json["notice_policies"]
     if content.source is None:
         del content_json["source"]  # likewise for bundles not compiled from git
-    signature = key.sign(canonical_json(content_json)).signature
-    return canonical_json(
-        {
-            "content": content_json,
-            "key_id": key_id(key.verify_key),
-            "signature": HexEncoder.encode(signature).decode(),
-        }
-    )
+    return signed_envelope("content", content_json, key)
 
 
 @dataclass(frozen=True)

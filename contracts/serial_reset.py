@@ -20,13 +20,12 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime, timedelta
 
-from nacl.encoding import HexEncoder
 from nacl.signing import SigningKey
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
 from contracts.bounded import InputRejected, loads
-from contracts.bundle import MAX_SERIAL, BundleRejected, canonical_json
-from contracts.keys import SignatureRefused, TrustStore, key_id
+from contracts.bundle import MAX_SERIAL, BundleRejected, signed_envelope
+from contracts.keys import SignatureRefused, TrustStore
 
 DOMAIN = b"sco-serial-reset-v1\n"
 OBJECT_NAME = "serial-reset.json"
@@ -52,15 +51,7 @@ class SerialReset(BaseModel):
 
 
 def sign(reset: SerialReset, key: SigningKey) -> bytes:
-    body = reset.model_dump(mode="json")
-    signature = key.sign(DOMAIN + canonical_json(body)).signature
-    return canonical_json(
-        {
-            "key_id": key_id(key.verify_key),
-            "reset": body,
-            "signature": HexEncoder.encode(signature).decode(),
-        }
-    )
+    return signed_envelope("reset", reset.model_dump(mode="json"), key, domain=DOMAIN)
 
 
 def verify(
