@@ -283,13 +283,9 @@ def pull(
 
         asyncio.run(forever())
         return
-    try:
-        reset = asyncio.run(_within(source.fetch_reset(), f"NATS at {s.nats_url}"))
-        raw = asyncio.run(_within(source.fetch(), f"NATS at {s.nats_url}"))
-    except typer.Exit:
-        raise
-    except Exception as exc:  # nats raises several unrelated types
-        fail(f"pulling from {s.nats_url} for {s.region}: {exc}")
+    pulling = f"pulling from {s.nats_url} for {s.region}"
+    reset = _on_nats(source.fetch_reset(), f"NATS at {s.nats_url}", pulling)
+    raw = _on_nats(source.fetch(), f"NATS at {s.nats_url}", pulling)
     if reset is not None:
         applied = cache.apply_reset(reset, s.region)
         if applied.changed or not applied.accepted:
@@ -343,12 +339,9 @@ def status(
         serials = [h.serial for h in holdings] + [_raw_serial(raw) if raw else None]
         return raw, holdings, await store.commits([x for x in serials if x is not None])
 
-    try:
-        raw, holdings, commits = asyncio.run(_within(read(), f"NATS at {s.nats_url}"))
-    except typer.Exit:
-        raise
-    except Exception as exc:  # nats raises several unrelated types
-        fail(f"reading {s.nats_url} for {s.region}: {exc}")
+    raw, holdings, commits = _on_nats(
+        read(), f"NATS at {s.nats_url}", f"reading {s.nats_url} for {s.region}"
+    )
     published, how = _published_serial(raw, s.trust_dir)
     from_git = commits.get(published) if published is not None else None
     now = datetime.now(UTC)
@@ -435,6 +428,17 @@ async def _within(coro: Awaitable[T], what: str) -> T:
         fail(f"{what} did not answer within {bounds.NATS_REQUEST_SECONDS:g} s")
 
 
+def _on_nats(coro: Coroutine[Any, Any, T], what: str, failing: str) -> T:
+    """CORO run within the CLI's NATS deadline: a timeout is a one-line error naming `what`
+    that did not answer, any other failure one saying what was `failing` and why."""
+    try:
+        return asyncio.run(_within(coro, what))
+    except typer.Exit:
+        raise
+    except Exception as exc:  # nats raises several unrelated types
+        fail(f"{failing}: {exc}")
+
+
 def _published_serial(raw: bytes | None, trust_dir: Path) -> tuple[int | None, str]:
     """The published bundle's serial, verified when this host has the trust keys."""
     if raw is None:
@@ -469,12 +473,7 @@ def _publish_recorded(
     """`upload` (a put into `region`'s bucket) within the CLI's NATS deadline (`what` did
     not answer), recorded in the ledger as the operator's decision; the object's
     `bucket/name` with it. A failure is a one-line error."""
-    try:
-        info = asyncio.run(_within(upload, what))
-    except typer.Exit:
-        raise
-    except Exception as exc:  # nats raises several unrelated types
-        fail(f"publishing to {mask_credentials(s.nats_url)} for {region}: {exc}")
+    info = _on_nats(upload, what, f"publishing to {mask_credentials(s.nats_url)} for {region}")
     where = f"{info.bucket}/{info.name}"
     audit.record(
         s,
@@ -725,12 +724,11 @@ def approve_rewrite(
     r = _sync_region(s, region)
     operator, why = audit.who(by), audit.why(reason)
     store = NatsSyncStore(s.nats_url, r, s.trust_dir, nats_options(s))
-    try:
-        asyncio.run(_within(store.approve_rewrite(commit, operator, why), f"NATS at {s.nats_url}"))
-    except typer.Exit:
-        raise
-    except Exception as exc:  # nats raises several unrelated types
-        fail(f"recording the approval in {s.nats_url} for {r}: {exc}")
+    _on_nats(
+        store.approve_rewrite(commit, operator, why),
+        f"NATS at {s.nats_url}",
+        f"recording the approval in {s.nats_url} for {r}",
+    )
     console.print(f"{r}: the sync may publish {commit} (history rewrite approved)")
 
 
