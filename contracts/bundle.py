@@ -22,12 +22,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from nacl.encoding import HexEncoder
-from nacl.exceptions import BadSignatureError
 from nacl.signing import SigningKey
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
 from contracts.bounded import MAX_BUNDLE_BYTES, InputRejected, loads
-from contracts.keys import TrustStore, key_id
+from contracts.keys import SignatureRefused, TrustStore, key_id
 from contracts.model import Contract
 from contracts.notice import NoticePolicy
 
@@ -85,6 +84,21 @@ def canonical_json(value: Any) -> bytes:
     ).encode("utf-8")
 
 
+def signed_envelope(
+    field: str, body: dict[str, Any], key: SigningKey, *, domain: bytes = b""
+) -> bytes:
+    """`{field: body, "key_id", "signature"}` as canonical JSON, the signature over `domain`
+    and the body's canonical JSON (what a verifier checks before it parses anything)."""
+    signature = key.sign(domain + canonical_json(body)).signature
+    return canonical_json(
+        {
+            field: body,
+            "key_id": key_id(key.verify_key),
+            "signature": HexEncoder.encode(signature).decode(),
+        }
+    )
+
+
 def build(
     contracts: Sequence[Contract],
     *,
@@ -108,14 +122,7 @@ def build(
         del content_json["notice_policies"]
     if content.source is None:
         del content_json["source"]  # likewise for bundles not compiled from git
-    signature = key.sign(canonical_json(content_json)).signature
-    return canonical_json(
-        {
-            "content": content_json,
-            "key_id": key_id(key.verify_key),
-            "signature": HexEncoder.encode(signature).decode(),
-        }
-    )
+    return signed_envelope("content", content_json, key)
 
 
 @dataclass(frozen=True)
@@ -150,16 +157,11 @@ def verify(
             "not a bundle: expected canonical JSON with content, key_id and signature"
         )
     kid = envelope["kid"].decode()
-    if kid in trust.revoked:
-        raise BundleRejected(f"signed with revoked key {kid}")
-    verify_key = trust.keys.get(kid)
-    if verify_key is None:
-        raise BundleRejected(f"signed with unknown key {kid}")
     signed = envelope["content"]
     try:
-        verify_key.verify(signed, bytes.fromhex(envelope["sig"].decode()))
-    except (BadSignatureError, ValueError) as exc:
-        raise BundleRejected(f"bad signature for key {kid}") from exc
+        trust.check(kid, signed, envelope["sig"].decode())
+    except SignatureRefused as exc:
+        raise BundleRejected(str(exc)) from exc
     try:
         # Signed, yet still bounded: a leaked key must not crash every node either.
         doc = loads(signed, what="signed content", max_bytes=MAX_BUNDLE_BYTES)

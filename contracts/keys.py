@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nacl.encoding import HexEncoder
+from nacl.exceptions import BadSignatureError
 from nacl.signing import SigningKey, VerifyKey
 
 REVOKED_FILE = "revoked.txt"
@@ -20,6 +21,10 @@ REVOKED_FILE = "revoked.txt"
 
 class KeyFileError(ValueError):
     """A key file, or the trust directory, is missing or malformed."""
+
+
+class SignatureRefused(ValueError):
+    """A signature the trust directory does not accept; str() names the key and why."""
 
 
 def key_id(verify_key: VerifyKey) -> str:
@@ -74,3 +79,16 @@ class TrustStore:
                 if entry:
                     revoked.add(entry)
         return cls(keys, frozenset(revoked))
+
+    def check(self, kid: str, signed: bytes, signature_hex: str) -> None:
+        """`signature_hex` is `kid`'s signature over `signed`, and `kid` a trusted key not
+        revoked; SignatureRefused otherwise."""
+        if kid in self.revoked:
+            raise SignatureRefused(f"signed with revoked key {kid}")
+        verify_key = self.keys.get(kid)
+        if verify_key is None:
+            raise SignatureRefused(f"signed with unknown key {kid}")
+        try:
+            verify_key.verify(signed, bytes.fromhex(signature_hex))
+        except (BadSignatureError, ValueError) as exc:
+            raise SignatureRefused(f"bad signature for key {kid}") from exc

@@ -31,8 +31,7 @@ from nacl.signing import SigningKey, VerifyKey
 from pydantic import ValidationError
 
 from contracts.bounded import MAX_NOTICE_BYTES, InputRejected, loads
-from contracts.bundle import BundleContent, canonical_json
-from contracts.keys import key_id
+from contracts.bundle import BundleContent, canonical_json, signed_envelope
 from contracts.notice import NoticePolicy, ReclaimNotice
 
 DOMAIN = b"sco-reclaim-notice-v1\n"
@@ -79,15 +78,7 @@ class Accepted:
 
 
 def sign(notice: ReclaimNotice, key: SigningKey) -> bytes:
-    body = notice.model_dump(mode="json")
-    signature = key.sign(DOMAIN + canonical_json(body)).signature
-    return canonical_json(
-        {
-            "key_id": key_id(key.verify_key),
-            "notice": body,
-            "signature": HexEncoder.encode(signature).decode(),
-        }
-    )
+    return signed_envelope("notice", notice.model_dump(mode="json"), key, domain=DOMAIN)
 
 
 @dataclass(frozen=True)

@@ -20,14 +20,12 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime, timedelta
 
-from nacl.encoding import HexEncoder
-from nacl.exceptions import BadSignatureError
 from nacl.signing import SigningKey
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
 from contracts.bounded import InputRejected, loads
-from contracts.bundle import MAX_SERIAL, BundleRejected, canonical_json
-from contracts.keys import TrustStore, key_id
+from contracts.bundle import MAX_SERIAL, BundleRejected, signed_envelope
+from contracts.keys import SignatureRefused, TrustStore
 
 DOMAIN = b"sco-serial-reset-v1\n"
 OBJECT_NAME = "serial-reset.json"
@@ -53,15 +51,7 @@ class SerialReset(BaseModel):
 
 
 def sign(reset: SerialReset, key: SigningKey) -> bytes:
-    body = reset.model_dump(mode="json")
-    signature = key.sign(DOMAIN + canonical_json(body)).signature
-    return canonical_json(
-        {
-            "key_id": key_id(key.verify_key),
-            "reset": body,
-            "signature": HexEncoder.encode(signature).decode(),
-        }
-    )
+    return signed_envelope("reset", reset.model_dump(mode="json"), key, domain=DOMAIN)
 
 
 def verify(
@@ -75,15 +65,10 @@ def verify(
     if envelope is None:
         raise BundleRejected("serial reset: not canonical JSON with key_id, reset and signature")
     kid = envelope["kid"].decode()
-    if kid in trust.revoked:
-        raise BundleRejected(f"serial reset: signed with revoked key {kid}")
-    verify_key = trust.keys.get(kid)
-    if verify_key is None:
-        raise BundleRejected(f"serial reset: signed with unknown key {kid}")
     try:
-        verify_key.verify(DOMAIN + envelope["body"], bytes.fromhex(envelope["sig"].decode()))
-    except (BadSignatureError, ValueError) as exc:
-        raise BundleRejected(f"serial reset: bad signature for key {kid}") from exc
+        trust.check(kid, DOMAIN + envelope["body"], envelope["sig"].decode())
+    except SignatureRefused as exc:
+        raise BundleRejected(f"serial reset: {exc}") from exc
     try:
         reset = SerialReset.model_validate(
             loads(envelope["body"], what="serial reset", max_bytes=MAX_RESET_BYTES)

@@ -62,3 +62,10 @@ async def test_checked_lets_the_loop_run_between_plain_checks() -> None:
     done = asyncio.Event()
     asyncio.get_running_loop().call_later(0.05, done.set)
     assert await eventually_async(checked(done.is_set), timeout=5, what="the timer") is True
+
+
+async def test_eventually_blocks_inside_a_running_event_loop_without_using_it() -> None:
+    """The blocking poll runs to its end on its own, even where a loop is running."""
+    calls = itertools.count()
+    assert eventually(lambda: next(calls) >= 2, timeout=5, what="three calls") is True
+    assert next(calls) == 3

@@ -8,7 +8,8 @@ a ReplacingMergeTree read with FINAL, as the lifecycle table) and no node's repo
 replace another node's row.
 
 A report crosses a trust boundary (a node, and the workloads on it, write it), so it is
-bounded before it is parsed (`check_raw`: size, nesting depth) and validated after
+bounded before it is parsed (`check_raw`: size, and nesting depth by contracts/bounded.py,
+the one depth check of everything that crosses a boundary) and validated after
 (`DrainReportIn`: types, lengths, counts non-negative, finite and below maxima that fit
 the Int64/Float64 columns, a time ClickHouse can store). Whatever fails is a
 `DrainEventError` naming why, never another exception.
@@ -18,16 +19,15 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import uuid
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
-from itertools import accumulate
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from activities.ledger.store import LedgerStore, as_utc
+from contracts.bounded import InputRejected, check_depth
 
 LOST_WORK_TABLE = "lost_work"
 _NAMESPACE = uuid.UUID("5b0c3f3e-8c55-4a86-9d6b-3c1f0d0e2a17")
@@ -92,8 +92,6 @@ MAX_AHEAD = timedelta(days=1)
 _Name = Annotated[str, StringConstraints(min_length=1, max_length=256)]
 _Short = Annotated[str, StringConstraints(max_length=64)]
 _Time = Annotated[str, StringConstraints(max_length=64)]
-_STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"')
-_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 
 
 class WorkloadLoss(BaseModel):
@@ -144,12 +142,10 @@ def check_raw(data: bytes) -> None:
     """Size and nesting depth, before anything parses `data` (DrainEventError)."""
     if len(data) > MAX_REPORT_BYTES:
         raise DrainEventError(f"oversized: {len(data)} bytes > {MAX_REPORT_BYTES}", "oversized")
-    # Depth counted on the brackets outside strings, with C-speed steps only.
-    brackets = _STRINGS.sub(b"", data).translate(None, _NOT_BRACKETS)
-    steps = (1 if b in b"[{" else -1 for b in brackets)
-    depth = max(accumulate(steps, initial=0))
-    if depth > MAX_DEPTH:
-        raise DrainEventError(f"nested {depth} deep > {MAX_DEPTH}", "too_deep")
+    try:
+        check_depth(data, MAX_DEPTH)
+    except InputRejected as exc:
+        raise DrainEventError(str(exc), "too_deep") from None
 
 
 def _no_constant(name: str) -> float:

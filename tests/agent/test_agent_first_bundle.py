@@ -13,48 +13,28 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import nats
 import pytest
 
 from agent.daemon import Agent
 from agent.notices import Notice
 from agent.scheduler import Workload
-from contracts.distribution import bucket_for, publish
+from contracts.distribution import publish
 from tests.support.agent_fakes import RecordingScheduler, agent_config, signed_bundle
 from tests.support.paths import REPO
 from tests.support.wait import checked, eventually_async
-from tests.support.worker_nats import NATS_URL
+from tests.support.worker_nats import NATS_URL, drop_bundle_bucket, nats_answers
 
 pytestmark = pytest.mark.timeout(60)
-
-
-async def _drop_bucket(region: str) -> None:
-    nc = await nats.connect(NATS_URL, connect_timeout=2, max_reconnect_attempts=0)
-    try:
-        await nc.jetstream().delete_object_store(bucket_for(region))
-    except Exception:  # never published: nothing to drop
-        pass
-    finally:
-        await nc.close()
-
-
-async def _reachable() -> bool:
-    try:
-        nc = await nats.connect(NATS_URL, connect_timeout=2, max_reconnect_attempts=0)
-    except Exception:
-        return False
-    await nc.close()
-    return True
 
 
 @pytest.fixture
 def region() -> Iterator[str]:
     """A region of our own, its bundle bucket dropped after."""
-    if not asyncio.run(_reachable()):
+    if not asyncio.run(nats_answers()):
         pytest.skip(f"no NATS at {NATS_URL}")
     name = f"t{uuid.uuid4().hex[:8]}"
     yield name
-    asyncio.run(_drop_bucket(name))
+    asyncio.run(drop_bundle_bucket(name))
 
 
 def _config_file(tmp: Path, region: str, trust: Path, nats_urls: str) -> Path:

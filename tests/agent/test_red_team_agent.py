@@ -22,7 +22,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import nats
 import pytest
 from nacl.encoding import HexEncoder
 from nacl.signing import SigningKey
@@ -36,7 +35,7 @@ from agent.sources.metadata import MetadataFileSource
 from contracts import bundle, keys
 from contracts.bundle import BundleRejected
 from contracts.cache import BundleCache
-from contracts.distribution import bucket_for, publish
+from contracts.distribution import publish
 from contracts.keys import TrustStore
 from contracts.notice import NoticePolicy, ReclaimNotice
 from contracts.notice_signing import NodeIdentity, Refusal, RefusalReason, check, sign
@@ -49,7 +48,7 @@ from tests.support.agent_fakes import (
 )
 from tests.support.paths import EXAMPLES, REGIONS_DIR, REPO
 from tests.support.wait import checked, eventually_async
-from tests.support.worker_nats import NATS_URL
+from tests.support.worker_nats import NATS_URL, drop_bundle_bucket, nats_answers
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -61,29 +60,14 @@ DEEP = b"[" * 100_000 + b"]" * 100_000
 # --- helpers -------------------------------------------------------------------------
 
 
-async def _nats_up() -> bool:
-    try:
-        nc = await nats.connect(NATS_URL, connect_timeout=2, max_reconnect_attempts=0)
-    except Exception:
-        return False
-    await nc.close()
-    return True
-
-
 @pytest.fixture
 async def region() -> AsyncIterator[str]:
     """A region of our own on the test NATS: its bundle bucket dropped after."""
-    if not await _nats_up():
+    if not await nats_answers():
         pytest.skip(f"no NATS at {NATS_URL}")
     name = f"t{uuid.uuid4().hex[:8]}"
     yield name
-    nc = await nats.connect(NATS_URL, connect_timeout=2, max_reconnect_attempts=0)
-    try:
-        await nc.jetstream().delete_object_store(bucket_for(name))
-    except Exception:  # never published: nothing to drop
-        pass
-    finally:
-        await nc.close()
+    await drop_bundle_bucket(name)
 
 
 def _contracts() -> list[object]:

@@ -410,6 +410,24 @@ def _counted(outcome: str, region: str, before: float) -> None:
     )
 
 
+def _operator_sync_refused(rig: Rig) -> str:
+    """`sco contracts sync --once` as an operator runs it (a mirror of its own): it exits 1
+    for a refused commit; its output on one line."""
+    env = {
+        "SCO_NATS_URL": rig.settings.nats_url,
+        "SCO_DATA_DIR": str(rig.tmp / "operator"),
+        "SCO_REGIONS_DIR": str(rig.settings.regions_dir),
+        "SCO_CONTRACTS__TRUST_DIR": str(rig.settings.trust_dir),
+        "SCO_CONTRACTS__REPO_URL": rig.primary.url("contracts.git"),
+        "SCO_CONTRACTS__SIGNING_KEY_FILE": str(rig.settings.contracts.signing_key_file),
+        "COLUMNS": "400",
+    }
+    args = ["contracts", "sync", "--once", "--region", rig.region]
+    res = CliRunner().invoke(app, args, env=env)
+    assert res.exit_code == 1, res.output
+    return " ".join(res.output.split())
+
+
 class RunningSync:
     """The sync process's loop (`service.run`) on an event loop of its own thread."""
 
@@ -535,18 +553,7 @@ def _story(rig: Rig) -> None:
     held = rig.bundle()
     assert held is not None and held["source"]["commit"] == c3
     # What an operator runs: one step of its own (its own mirror), the reasons printed.
-    env = {
-        "SCO_NATS_URL": rig.settings.nats_url,
-        "SCO_DATA_DIR": str(rig.tmp / "operator"),
-        "SCO_REGIONS_DIR": str(rig.settings.regions_dir),
-        "SCO_CONTRACTS__TRUST_DIR": str(rig.settings.trust_dir),
-        "SCO_CONTRACTS__REPO_URL": rig.primary.url("contracts.git"),
-        "SCO_CONTRACTS__SIGNING_KEY_FILE": str(rig.settings.contracts.signing_key_file),
-        "COLUMNS": "400",
-    }
-    res = CliRunner().invoke(app, ["contracts", "sync", "--once", "--region", region], env=env)
-    assert res.exit_code == 1, res.output
-    said = " ".join(res.output.split())
+    said = _operator_sync_refused(rig)
     assert f"{c4[:12]}: REFUSED: commit {c4[:12]} refused: unsigned" in said
     assert f"unknown signer (key {eve_fp})" in said
     bad_line = good_text.splitlines().index("tier: 1") + 1
@@ -677,18 +684,7 @@ def test_tampered_signatures_refused_as_bad_and_last_good_kept(rig: Rig) -> None
         assert held["contracts"] == b1["contracts"]
 
         # What an operator runs: both named as bad signatures (not unsigned, not unknown).
-        env = {
-            "SCO_NATS_URL": rig.settings.nats_url,
-            "SCO_DATA_DIR": str(rig.tmp / "operator"),
-            "SCO_REGIONS_DIR": str(rig.settings.regions_dir),
-            "SCO_CONTRACTS__TRUST_DIR": str(rig.settings.trust_dir),
-            "SCO_CONTRACTS__REPO_URL": rig.primary.url("contracts.git"),
-            "SCO_CONTRACTS__SIGNING_KEY_FILE": str(rig.settings.contracts.signing_key_file),
-            "COLUMNS": "400",
-        }
-        res = CliRunner().invoke(app, ["contracts", "sync", "--once", "--region", region], env=env)
-        assert res.exit_code == 1, res.output
-        said = " ".join(res.output.split())
+        said = _operator_sync_refused(rig)
         for t in (t1, t2):
             assert (
                 f"{t[:12]}: REFUSED: commit {t[:12]} refused: bad signature: "

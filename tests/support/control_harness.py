@@ -16,7 +16,7 @@ from typing import Any
 
 from psycopg_pool import ConnectionPool
 from temporalio.api.testservice.v1 import SleepRequest
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowHandle
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
@@ -39,6 +39,7 @@ from planning.arbiter import FallbackItem, FallbackPlan
 from tests.support import services
 from tests.support.paths import BASE_DSN, REGIONS_DIR, REPO
 from tests.support.wait import eventually_async
+from workflows.acquisition.models import AcquisitionInput, AcquisitionResult, LaunchItem
 from workflows.acquisition.workflow import AcquisitionWorkflow
 from workflows.budget.workflow import TokenBudgetWorkflow
 from workflows.controller.workflow import RegionControllerWorkflow
@@ -75,6 +76,30 @@ class Harness:
     cloud: SimulatedCloud
     fleet: FleetRepository
     control: ControlRepository
+
+    async def start_acquisition(
+        self, name: str, *, instances: int, max_parallel: int
+    ) -> WorkflowHandle[AcquisitionWorkflow, AcquisitionResult]:
+        """`gp_acquisition(name, instances)` polling every 0.1 s, on this worker, as
+        workflow `acquisition_id(name)`."""
+        inp = gp_acquisition(name, instances, max_parallel=max_parallel, poll_seconds=0.1)
+        return await self.client.start_workflow(
+            AcquisitionWorkflow.run, inp, id=acquisition_id(name), task_queue=self.queue
+        )
+
+
+def gp_acquisition(name: str, instances: int, **options: Any) -> AcquisitionInput:
+    """Contract `name`'s acquisition of `instances` gp.l instances in r1's hall A, tier 2;
+    `options`: more of its fields."""
+    item = LaunchItem(
+        pool_id="r1.A.gp.l", hall="A", flavor="gp.l", instances=instances, units=instances
+    )
+    return AcquisitionInput(region="r1", contract=name, tier=2, items=[item], **options)
+
+
+def acquisition_id(name: str) -> str:
+    """The workflow id of contract `name`'s acquisition in r1 (`Harness.start_acquisition`)."""
+    return f"acq-r1-{name}"
 
 
 def install_example_bundle(base: Path) -> tuple[Path, Path]:

@@ -3,16 +3,35 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import socket
 import sys
 import uuid
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
+
+
+@contextmanager
+def environment(values: Mapping[str, str]) -> Iterator[None]:
+    """`os.environ` with `values` set while the block runs (a box's settings: its processes
+    and `Settings()` read them); each variable as it was, or unset, after."""
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def free_port() -> int:

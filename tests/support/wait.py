@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -37,6 +37,48 @@ def _give_up(what: str, timeout: float, last: object, error: BaseException | Non
     return WaitTimeout(f"waited {timeout:g} s for {what}; {detail}")
 
 
+async def _poll(
+    attempt: Callable[[], Awaitable[T | None]],
+    pause: Callable[[float], Awaitable[object]],
+    *,
+    timeout: float,  # noqa: ASYNC109 - the deadline of the poll itself
+    what: str,
+    every: float,
+    first: float,
+    retrying: Retrying,
+) -> T:
+    """The one poll loop: `attempt` until it gives a truthy value, `pause` between tries."""
+    deadline = time.monotonic() + timeout
+    delay = first
+    last: T | None = None
+    error: BaseException | None = None
+    while True:
+        try:
+            last = await attempt()
+            error = None
+        except retrying as exc:  # not yet: a dependency still coming up, a row not there
+            error = exc
+        else:
+            if last:
+                return last
+        if time.monotonic() >= deadline:
+            raise _give_up(what, timeout, last, error)
+        await pause(min(delay, max(0.0, deadline - time.monotonic())))
+        delay = min(delay * 2, every)
+
+
+def _to_the_end(poll: Coroutine[object, None, T]) -> T:
+    """Run a coroutine that never suspends (each of its awaits is done at once) to its end,
+    without an event loop: `eventually` is the poll loop, blocking."""
+    try:
+        poll.send(None)
+    except StopIteration as end:
+        value: T = end.value
+        return value
+    poll.close()
+    raise RuntimeError("a blocking poll suspended")  # never: it awaits only plain calls
+
+
 def eventually(
     condition: Callable[[], T | None],
     *,
@@ -47,24 +89,23 @@ def eventually(
     retrying: Retrying = Exception,
 ) -> T:
     """Call `condition` until it returns a truthy value; return that value."""
-    deadline = time.monotonic() + timeout
-    delay = first
-    last: T | None = None
-    error: BaseException | None = None
-    while True:
-        try:
-            last = condition()
-            error = None
-        except retrying as exc:  # not yet: a dependency still coming up, a row not there
-            error = exc
-        else:
-            if last:
-                return last
-        if time.monotonic() >= deadline:
-            raise _give_up(what, timeout, last, error)
-        # sleep is the behaviour under test: the poll's own interval, the one home of it
-        time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
-        delay = min(delay * 2, every)
+
+    async def pause(seconds: float) -> None:
+        # sleep is the behaviour under test: the poll's own interval, the one home of it.
+        # Blocking on purpose: `_to_the_end` runs this coroutine, never an event loop.
+        time.sleep(seconds)  # noqa: ASYNC251
+
+    return _to_the_end(
+        _poll(
+            checked(condition),
+            pause,
+            timeout=timeout,
+            what=what,
+            every=every,
+            first=first,
+            retrying=retrying,
+        )
+    )
 
 
 async def eventually_async(
@@ -77,24 +118,15 @@ async def eventually_async(
     retrying: Retrying = Exception,
 ) -> T:
     """`eventually` for a coroutine condition, waiting on the event loop."""
-    deadline = time.monotonic() + timeout
-    delay = first
-    last: T | None = None
-    error: BaseException | None = None
-    while True:
-        try:
-            last = await condition()
-            error = None
-        except retrying as exc:  # not yet, as in `eventually`
-            error = exc
-        else:
-            if last:
-                return last
-        if time.monotonic() >= deadline:
-            raise _give_up(what, timeout, last, error)
-        # sleep is the behaviour under test: the poll's own interval, as in `eventually`
-        await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
-        delay = min(delay * 2, every)
+    return await _poll(
+        condition,
+        asyncio.sleep,  # the poll's own interval, as in `eventually`
+        timeout=timeout,
+        what=what,
+        every=every,
+        first=first,
+        retrying=retrying,
+    )
 
 
 def checked(condition: Callable[[], T | None]) -> Callable[[], Awaitable[T | None]]:

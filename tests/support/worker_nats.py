@@ -10,6 +10,9 @@ too, so settings built from the environment (processes the tests start) use it.
 
 A run that sets `SCO_TEST_NATS_URL` uses that server instead (e.g. the machine's own
 `nats://127.0.0.1:4222`, to reproduce something against it).
+
+`nats_answers` and `drop_bundle_bucket` are the tests' probe of it and their clean-up of a
+test region's bundle bucket.
 """
 
 from __future__ import annotations
@@ -23,6 +26,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+import nats
+
+from contracts.distribution import bucket_for
 from tests.support.services import free_port
 from tests.support.wait import WaitTimeout, eventually
 
@@ -77,3 +83,24 @@ def _start() -> str:
 
 NATS_URL = os.environ.get("SCO_TEST_NATS_URL") or _start()
 os.environ["SCO_NATS_URL"] = NATS_URL
+
+
+async def nats_answers(url: str = NATS_URL) -> bool:
+    """Whether a NATS server answers at `url` (a test's clear skip when none does)."""
+    try:
+        nc = await nats.connect(url, connect_timeout=2, max_reconnect_attempts=0)
+    except Exception:
+        return False
+    await nc.close()
+    return True
+
+
+async def drop_bundle_bucket(region: str, url: str = NATS_URL) -> None:
+    """Drop `region`'s bundle bucket, a test region's clean-up (none published: a no-op)."""
+    nc = await nats.connect(url, connect_timeout=2, max_reconnect_attempts=0)
+    try:
+        await nc.jetstream().delete_object_store(bucket_for(region))
+    except Exception:  # never published: nothing to drop
+        pass
+    finally:
+        await nc.close()

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-import os
 import time
 import urllib.error
 import urllib.parse
@@ -86,19 +85,13 @@ def box(tmp_path: Path) -> Iterator[Settings]:
         "SCO_PROMETHEUS__EVALUATION_SECONDS": "1",
         "SCO_WORKER__COLLECT_SECONDS": "1",
     }
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        Box(Settings(), with_workers=True).up()
-        yield Settings()
-    finally:
-        Box(Settings()).down()
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        services.drop_database(dsn)
+    with services.environment(env):
+        try:
+            Box(Settings(), with_workers=True).up()
+            yield Settings()
+        finally:
+            Box(Settings()).down()
+            services.drop_database(dsn)
 
 
 def _api(s: Settings, path: str, **params: str) -> Any:

@@ -91,20 +91,14 @@ def estate_box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
         "SCO_PROMETHEUS__EVALUATION_SECONDS": "1",
         "SCO_WORKER__COLLECT_SECONDS": "1",
     }
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        Box(Settings(), with_workers=True, regions=REGIONS).up()
-        yield Settings()
-    finally:
-        Box(Settings()).down()
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        services.drop_database(dsn)
-        shutil.rmtree(tmp, ignore_errors=True)
+    with services.environment(env):
+        try:
+            Box(Settings(), with_workers=True, regions=REGIONS).up()
+            yield Settings()
+        finally:
+            Box(Settings()).down()
+            services.drop_database(dsn)
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _sco(*args: str, timeout: float = 60) -> str:

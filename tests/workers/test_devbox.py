@@ -41,15 +41,9 @@ def box_env(tmp_path: Path) -> Iterator[dict[str, str]]:
         "SCO_PROMETHEUS__PORT": str(services.free_port()),
         "SCO_PROMETHEUS__BOX_PORTS_FROM": str(services.free_port_range(16)),
     }
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    yield env
-    Box(Settings()).down()  # whatever a failed test left behind
-    for k, v in old.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    with services.environment(env):
+        yield env
+        Box(Settings()).down()  # whatever a failed test left behind
     services.drop_database(dsn)
 
 

@@ -53,16 +53,14 @@ from activities.provider.activities import ProviderActivities, all_activities
 from activities.provider.simulator import Latency, SimulatedCloud
 from contracts.region import Region
 from services.region_worker.service import WORKFLOWS
-from tests.support.control_harness import poll_until
+from tests.support.control_harness import gp_acquisition, poll_until
 from tests.support.paths import REGIONS_DIR
 from tests.support.wait import eventually_async
 from workers.settings import Settings
 from workers.temporal_bootstrap import bootstrap_namespace
 from workflows.acquisition.models import (
-    AcquisitionInput,
     AcquisitionResult,
     AcquisitionState,
-    LaunchItem,
     OperatorInput,
 )
 from workflows.acquisition.workflow import AcquisitionWorkflow
@@ -242,20 +240,7 @@ async def test_rollout_auto_upgrades_entities_and_keeps_pinned_runs_on_their_bui
                     OperatorInput(operator="test", reason="hold across the rollout"),
                     start_workflow_operation=WithStartWorkflowOperation(
                         AcquisitionWorkflow.run,
-                        AcquisitionInput(
-                            region="r1",
-                            contract=name,
-                            tier=2,
-                            items=[
-                                LaunchItem(
-                                    pool_id="r1.A.gp.l",
-                                    hall="A",
-                                    flavor="gp.l",
-                                    instances=2,
-                                    units=2,
-                                )
-                            ],
-                        ),
+                        gp_acquisition(name, 2),
                         id=acq_id,
                         task_queue=queue,
                         id_conflict_policy=WorkflowIDConflictPolicy.FAIL,

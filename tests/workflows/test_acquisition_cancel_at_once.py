@@ -20,11 +20,9 @@ from activities.provider.interface import CreateRequest, ProviderInstance
 from activities.provider.simulator import Latency, SimulatedCloud
 from contracts.region import Region
 from tests.support import histories
-from tests.support.control_harness import Harness, poll_until, region_worker
+from tests.support.control_harness import Harness, acquisition_id, poll_until, region_worker
 from workflows.acquisition.models import (
-    AcquisitionInput,
     AcquisitionState,
-    LaunchItem,
     OperatorInput,
 )
 from workflows.acquisition.workflow import AcquisitionWorkflow
@@ -80,20 +78,10 @@ async def test_cancel_deletes_booting_instances_at_once_and_creates_in_flight_as
     cloud = harness.cloud
     assert isinstance(cloud, HeldCreateCloud)
     name = f"cancel-{uuid.uuid4().hex[:8]}"
-    workflow_id = f"acq-r1-{name}"
+    workflow_id = acquisition_id(name)
     cloud.held = f"{workflow_id}-0002"  # the third slot's create stays in flight
-    inp = AcquisitionInput(
-        region="r1",
-        contract=name,
-        tier=2,
-        # Four slots, three at a time: the fourth is never launched.
-        items=[LaunchItem(pool_id="r1.A.gp.l", hall="A", flavor="gp.l", instances=4, units=4)],
-        max_parallel=3,
-        poll_seconds=0.1,
-    )
-    handle = await harness.client.start_workflow(
-        AcquisitionWorkflow.run, inp, id=workflow_id, task_queue=harness.queue
-    )
+    # Four slots, three at a time: the fourth is never launched.
+    handle = await harness.start_acquisition(name, instances=4, max_parallel=3)
 
     async def mine() -> list[ProviderInstance]:
         return [i for i in await cloud.list_owned("r1") if i.name.startswith(workflow_id)]

@@ -23,7 +23,7 @@ from contracts.region import Region
 from tests.support import histories
 from tests.support.control_harness import Harness, instant_boot_worker
 from tests.support.paths import REGIONS_DIR
-from workflows.acquisition.models import AcquisitionInput, AcquisitionState, LaunchItem
+from workflows.acquisition.models import AcquisitionState
 from workflows.acquisition.workflow import AcquisitionWorkflow
 from workflows.provider_calls import STATE_RETRY
 
@@ -64,17 +64,7 @@ async def test_state_writes_out_of_retries_delete_the_created_instances(
     harness: Harness, fleet_repo: FleetRepository
 ) -> None:
     name = f"comp-{uuid.uuid4().hex[:8]}"
-    inp = AcquisitionInput(
-        region="r1",
-        contract=name,
-        tier=2,
-        items=[LaunchItem(pool_id="r1.A.gp.l", hall="A", flavor="gp.l", instances=4, units=4)],
-        max_parallel=2,
-        poll_seconds=0.1,
-    )
-    handle = await harness.client.start_workflow(
-        AcquisitionWorkflow.run, inp, id=f"acq-r1-{name}", task_queue=harness.queue
-    )
+    handle = await harness.start_acquisition(name, instances=4, max_parallel=2)
     ReadyWritesFail.calls = 0
     with pytest.raises(WorkflowFailureError):
         await asyncio.wait_for(handle.result(), timeout=240)

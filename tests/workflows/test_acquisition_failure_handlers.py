@@ -39,10 +39,8 @@ from tests.support import histories
 from tests.support.control_harness import Harness, poll_until, region_worker
 from tests.support.paths import REGIONS_DIR
 from workflows.acquisition.models import (
-    AcquisitionInput,
     AcquisitionResult,
     AcquisitionState,
-    LaunchItem,
     OperatorInput,
 )
 from workflows.acquisition.workflow import AcquisitionWorkflow
@@ -144,17 +142,7 @@ async def test_a_pause_in_flight_while_the_run_fails_gets_its_answer(
     harness: Harness, gates: Gates
 ) -> None:
     name = f"fails-{uuid.uuid4().hex[:8]}"
-    inp = AcquisitionInput(
-        region="r1",
-        contract=name,
-        tier=2,
-        items=[LaunchItem(pool_id="r1.A.gp.l", hall="A", flavor="gp.l", instances=2, units=2)],
-        max_parallel=2,
-        poll_seconds=0.1,
-    )
-    handle = await harness.client.start_workflow(
-        AcquisitionWorkflow.run, inp, id=f"acq-r1-{name}", task_queue=harness.queue
-    )
+    handle = await harness.start_acquisition(name, instances=2, max_parallel=2)
 
     async def both_created() -> bool:
         return harness.cloud.calls["create"] >= 2

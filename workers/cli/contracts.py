@@ -7,7 +7,7 @@ import asyncio
 import os
 import re
 import socket
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Coroutine
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
@@ -30,6 +30,7 @@ from workers.cli.ledger import parse_window
 from workers.client_security import (
     nats_options,
 )
+from workers.settings import Settings
 
 T = TypeVar("T")
 JsonOpt = typer.Option(False, "--json", help="The answer as JSON (its schema: docs/reference.md).")
@@ -282,13 +283,9 @@ def pull(
 
         asyncio.run(forever())
         return
-    try:
-        reset = asyncio.run(_within(source.fetch_reset(), f"NATS at {s.nats_url}"))
-        raw = asyncio.run(_within(source.fetch(), f"NATS at {s.nats_url}"))
-    except typer.Exit:
-        raise
-    except Exception as exc:  # nats raises several unrelated types
-        fail(f"pulling from {s.nats_url} for {s.region}: {exc}")
+    pulling = f"pulling from {s.nats_url} for {s.region}"
+    reset = _on_nats(source.fetch_reset(), f"NATS at {s.nats_url}", pulling)
+    raw = _on_nats(source.fetch(), f"NATS at {s.nats_url}", pulling)
     if reset is not None:
         applied = cache.apply_reset(reset, s.region)
         if applied.changed or not applied.accepted:
@@ -342,12 +339,9 @@ def status(
         serials = [h.serial for h in holdings] + [_raw_serial(raw) if raw else None]
         return raw, holdings, await store.commits([x for x in serials if x is not None])
 
-    try:
-        raw, holdings, commits = asyncio.run(_within(read(), f"NATS at {s.nats_url}"))
-    except typer.Exit:
-        raise
-    except Exception as exc:  # nats raises several unrelated types
-        fail(f"reading {s.nats_url} for {s.region}: {exc}")
+    raw, holdings, commits = _on_nats(
+        read(), f"NATS at {s.nats_url}", f"reading {s.nats_url} for {s.region}"
+    )
     published, how = _published_serial(raw, s.trust_dir)
     from_git = commits.get(published) if published is not None else None
     now = datetime.now(UTC)
@@ -434,6 +428,17 @@ async def _within(coro: Awaitable[T], what: str) -> T:
         fail(f"{what} did not answer within {bounds.NATS_REQUEST_SECONDS:g} s")
 
 
+def _on_nats(coro: Coroutine[Any, Any, T], what: str, failing: str) -> T:
+    """CORO run within the CLI's NATS deadline: a timeout is a one-line error naming `what`
+    that did not answer, any other failure one saying what was `failing` and why."""
+    try:
+        return asyncio.run(_within(coro, what))
+    except typer.Exit:
+        raise
+    except Exception as exc:  # nats raises several unrelated types
+        fail(f"{failing}: {exc}")
+
+
 def _published_serial(raw: bytes | None, trust_dir: Path) -> tuple[int | None, str]:
     """The published bundle's serial, verified when this host has the trust keys."""
     if raw is None:
@@ -453,6 +458,36 @@ def _published_serial(raw: bytes | None, trust_dir: Path) -> tuple[int | None, s
         return int(doc["content"]["serial"]), f"(unverified: no trust in {trust_dir})"
     except (ValueError, KeyError, TypeError):
         return None, "(not a bundle)"
+
+
+def _publish_recorded(
+    s: Settings,
+    region: str,
+    upload: Coroutine[Any, Any, Published],
+    *,
+    what: str,
+    subject: str,
+    by: str,
+    why: str | None,
+) -> tuple[Published, str]:
+    """`upload` (a put into `region`'s bucket) within the CLI's NATS deadline (`what` did
+    not answer), recorded in the ledger as the operator's decision; the object's
+    `bucket/name` with it. A failure is a one-line error."""
+    info = _on_nats(upload, what, f"publishing to {mask_credentials(s.nats_url)} for {region}")
+    where = f"{info.bucket}/{info.name}"
+    audit.record(
+        s,
+        audit.operator_decision(
+            s,
+            region=region,
+            kind=DecisionKind.CONTRACTS,
+            subject=subject,
+            outcome="published",
+            by=by,
+            reason=f"to {where}" + (f"; {why}" if why else ""),
+        ),
+    )
+    return info, where
 
 
 @app.command()
@@ -483,24 +518,14 @@ def publish(
 
     published = []
     for r in regions:
-        try:
-            info = asyncio.run(_within(put_limited(r), mask_credentials(s.nats_url)))
-        except typer.Exit:
-            raise
-        except Exception as exc:  # nats raises several unrelated types
-            fail(f"publishing to {mask_credentials(s.nats_url)} for {r}: {exc}")
-        where = f"{info.bucket}/{info.name}"
-        audit.record(
+        info, where = _publish_recorded(
             s,
-            audit.operator_decision(
-                s,
-                region=r,
-                kind=DecisionKind.CONTRACTS,
-                subject=f"bundle serial {b.serial}",
-                outcome="published",
-                by=operator,
-                reason=f"to {where}" + (f"; {why}" if why else ""),
-            ),
+            r,
+            put_limited(r),
+            what=mask_credentials(s.nats_url),
+            subject=f"bundle serial {b.serial}",
+            by=operator,
+            why=why,
         )
         published.append({"region": r, "serial": b.serial, "object": where, "bytes": info.size})
         if not json_out:
@@ -566,29 +591,14 @@ def reset_serial(
     kid = keys.key_id(signing.verify_key)
     where = ""
     if s is not None:
-        try:
-            info = asyncio.run(
-                _within(
-                    put(s.nats_url, region, raw, nats_options(s), name=serial_reset.OBJECT_NAME),
-                    f"NATS at {mask_credentials(s.nats_url)}",
-                )
-            )
-        except typer.Exit:
-            raise
-        except Exception as exc:  # nats raises several unrelated types
-            fail(f"publishing to {mask_credentials(s.nats_url)} for {region}: {exc}")
-        where = f"{info.bucket}/{info.name}"
-        audit.record(
+        _, where = _publish_recorded(
             s,
-            audit.operator_decision(
-                s,
-                region=region,
-                kind=DecisionKind.CONTRACTS,
-                subject=f"serial reset to {to}",
-                outcome="published",
-                by=who,
-                reason=f"to {where}" + (f"; {reason}" if reason else ""),
-            ),
+            region,
+            put(s.nats_url, region, raw, nats_options(s), name=serial_reset.OBJECT_NAME),
+            what=f"NATS at {mask_credentials(s.nats_url)}",
+            subject=f"serial reset to {to}",
+            by=who,
+            why=reason,
         )
     if json_out:
         print_json(
@@ -714,12 +724,11 @@ def approve_rewrite(
     r = _sync_region(s, region)
     operator, why = audit.who(by), audit.why(reason)
     store = NatsSyncStore(s.nats_url, r, s.trust_dir, nats_options(s))
-    try:
-        asyncio.run(_within(store.approve_rewrite(commit, operator, why), f"NATS at {s.nats_url}"))
-    except typer.Exit:
-        raise
-    except Exception as exc:  # nats raises several unrelated types
-        fail(f"recording the approval in {s.nats_url} for {r}: {exc}")
+    _on_nats(
+        store.approve_rewrite(commit, operator, why),
+        f"NATS at {s.nats_url}",
+        f"recording the approval in {s.nats_url} for {r}",
+    )
     console.print(f"{r}: the sync may publish {commit} (history rewrite approved)")
 
 

@@ -557,18 +557,11 @@ def infrastructure(settings: Settings, regions: list[str] | None = None) -> list
     ]
 
 
-class PrometheusService(Service):
-    """A region's Prometheus in the box, scraping the region's processes (only with them)."""
+class _BoxPrometheus(Service):
+    """A Prometheus of the box's own: always our process, its liveness the recorded pid."""
 
-    name = "prometheus"
     managed_only = True
-
-    def __init__(
-        self, settings: Settings, targets: list[Target], *, name: str = "prometheus"
-    ) -> None:
-        super().__init__(settings)
-        self.name = name
-        self._prom = PrometheusProcess(settings, targets)
+    _prom: PrometheusProcess
 
     @property
     def url(self) -> str:
@@ -585,27 +578,29 @@ class PrometheusService(Service):
         return self._prom.start(self._log())
 
 
-class GlobalPrometheusService(Service):
+class PrometheusService(_BoxPrometheus):
+    """A region's Prometheus in the box, scraping the region's processes (only with them)."""
+
+    name = "prometheus"
+
+    def __init__(
+        self, settings: Settings, targets: list[Target], *, name: str = "prometheus"
+    ) -> None:
+        super().__init__(settings)
+        self.name = name
+        self._prom = PrometheusProcess(settings, targets)
+
+
+class GlobalPrometheusService(_BoxPrometheus):
     """The estate's global query: a Prometheus federating each region's recording rules
     and alerts, evaluating the estate-wide rules of deploy/prometheus/global/. It reads
     the regions' Prometheus servers and nothing reads it on a control path."""
 
     name = "prometheus-global"
-    managed_only = True
 
     def __init__(self, settings: Settings, regions: dict[str, str]) -> None:
         super().__init__(settings)
         self._prom = GlobalPrometheusProcess(settings, regions)
-
-    @property
-    def address(self) -> str:
-        return self._prom.url
-
-    def probe(self) -> Health:
-        return Health(False, "not running")  # liveness comes from the recorded pid
-
-    def start(self) -> ProcessRecord:
-        return self._prom.start(self._log())
 
 
 class _Ports:
