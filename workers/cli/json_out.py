@@ -97,6 +97,11 @@ SCHEMAS: dict[str, JsonOutput] = {
         "object", extra=("serial", "changed", "reason", "cache_dir")
     ),
     "sco contracts keygen": JsonOutput("object", extra=("key_id", "private", "public")),
+    "sco keys relay-list": JsonOutput("object", extra=("region", "keys", "problems")),
+    "sco keys relay-new": JsonOutput(
+        "object", extra=("key_id", "region", "hall", "private", "public", "still_signing")
+    ),
+    "sco keys relay-retire": JsonOutput("object", extra=("key_id", "region", "not_after")),
     "sco contracts pull": JsonOutput("object", extra=("serial", "changed", "reason")),
     "sco contracts render-admission": JsonOutput("object", extra=("serial", "written")),
     "sco contracts publish": JsonOutput("list", extra=("region", "serial", "object", "bytes")),
