@@ -27,7 +27,7 @@ def install(path: Path, key: SigningKey) -> None:
 
 
 def reloads(result: str, hall: str) -> float:
-    return KEY_RELOADS.labels("r1", hall, result)._value.get()
+    return float(KEY_RELOADS.labels("r1", hall, result)._value.get())
 
 
 def test_a_replaced_key_file_signs_from_the_next_notice(tmp_path: Path) -> None:
