@@ -127,6 +127,14 @@ async def run(
                 on_planned=wakes.submit,
             )
             await nc.subscribe(reclaim_subject(region.id, hall), cb=_request_handler(relay, hooks))
+            if isinstance(signing_key, KeyFileSigner):
+                log.info(
+                    "notice relay %s/%s signs with key %s from %s (re-read on change or SIGHUP)",
+                    region.id,
+                    hall,
+                    signing_key.key_id,
+                    signing_key.path,
+                )
             backoff = CappedBackoff(initial=0.5, cap=settings.notice_relay.max_backoff_seconds)
             stream_ready = recovered = False
             degraded = DEGRADED.labels(region=region.id, hall=hall)
