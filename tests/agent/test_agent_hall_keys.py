@@ -232,3 +232,19 @@ async def test_relay_to_agent_on_real_nats_wrong_halls_key_refused_then_rotated_
             with contextlib.suppress(Exception):
                 await js.delete_consumer(notice_stream("r1"), f"sco-agent-{node}")
         await nc.close()
+
+
+def test_the_check_says_when_no_key_signs_for_this_nodes_hall(tmp_path: Path) -> None:
+    """`sco-agent --check` on a hall-scoped bundle counts only the keys of the node's hall."""
+    from agent.check import _notice_keys
+
+    agent = make_agent(tmp_path / "c", 1, {HALL_C: KeyScope(halls=["C"])})
+    line = _notice_keys(agent.config, agent.bundles.current())
+    assert not line.ok
+    assert "none for r1/D" in line.detail and "hall-scoped: 0 sign for hall D" in line.detail
+    assert "sco keys relay-new" in line.detail
+    agent = make_agent(
+        tmp_path / "d", 1, {HALL_D: KeyScope(halls=["D"]), HALL_C: KeyScope(halls=["C"])}
+    )
+    line = _notice_keys(agent.config, agent.bundles.current())
+    assert line.ok and "1 key(s)" in line.detail and "1 sign for hall D" in line.detail
