@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import yaml
 from pydantic import ValidationError
@@ -71,7 +70,18 @@ def read_scopes(
     findings: list[Finding] = []
     for kid, entry in data.items():
         at = (str(kid),)
-        if not isinstance(kid, str) or kid not in key_ids:
+        if not isinstance(kid, str):
+            findings.append(
+                Finding(
+                    shown,
+                    line_of(lines, at),
+                    str(kid),
+                    "a key id is a string of 16 hex digits: quote it (YAML read it as "
+                    f"{type(kid).__name__})",
+                )
+            )
+            continue
+        if kid not in key_ids:
             findings.append(
                 Finding(
                     shown,
@@ -116,23 +126,32 @@ def read_scopes(
     return scopes, findings
 
 
-def _load_plain(path: Path) -> dict[str, Any]:
-    """The file as data for rewriting (the CLI's own writes); {} when it does not exist."""
+def _load_plain(path: Path) -> dict[str, KeyScope]:
+    """The file's entries for rewriting (the CLI's own writes); {} when it does not exist.
+    ValueError (one line, naming the file) when it is not a mapping of valid scopes."""
     if not path.exists():
         return {}
-    _, data = strict_yaml.load(path.read_text(encoding="utf-8"))
+    try:
+        _, data = strict_yaml.load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: not readable YAML: {exc}") from exc
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise ValueError(f"{path}: a mapping of key id -> scope expected")
-    return data
+    out: dict[str, KeyScope] = {}
+    for kid, entry in data.items():
+        try:
+            out[str(kid)] = KeyScope.model_validate(entry, strict=False)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in (kid, *first["loc"]))
+            raise ValueError(f"{path}: {where}: {first['msg']}") from None
+    return out
 
 
-def _write(path: Path, data: dict[str, Any]) -> None:
-    doc = {
-        kid: KeyScope.model_validate(entry, strict=False).model_dump(mode="json")
-        for kid, entry in sorted(data.items())
-    }
+def _write(path: Path, scopes: dict[str, KeyScope]) -> None:
+    doc = {kid: scope.model_dump(mode="json") for kid, scope in sorted(scopes.items())}
     text = _HEADER + yaml.safe_dump(doc, sort_keys=True, default_flow_style=None)
     write_atomic(path, text.encode("utf-8"))
 
@@ -140,33 +159,26 @@ def _write(path: Path, data: dict[str, Any]) -> None:
 def add_key(region_dir: Path, kid: str, halls: list[str]) -> None:
     """Let `kid` sign for `halls` (replacing what it had)."""
     path = region_dir / SCOPES_FILE
-    data = _load_plain(path)
-    data[kid] = {"halls": halls}
-    _write(path, data)
+    scopes = _load_plain(path)
+    scopes[kid] = KeyScope(halls=halls)
+    _write(path, scopes)
 
 
 def retire_key(region_dir: Path, kid: str, not_after: datetime) -> None:
     """Nodes stop accepting `kid` after `not_after` (its halls stay as they were)."""
     path = region_dir / SCOPES_FILE
-    data = _load_plain(path)
-    if kid not in data:
+    scopes = _load_plain(path)
+    if kid not in scopes:
         raise ValueError(f"{path}: key {kid} has no entry to retire")
-    entry = dict(data[kid])
-    entry["not_after"] = not_after.isoformat()
-    data[kid] = entry
-    _write(path, data)
+    scopes[kid] = scopes[kid].model_copy(update={"not_after": not_after})
+    _write(path, scopes)
 
 
 def hall_keys(region_dir: Path, hall: str) -> list[str]:
-    """The key ids `scopes.yaml` lets sign for `hall` and not yet given a `not_after`."""
-    data = _load_plain(region_dir / SCOPES_FILE)
-    return sorted(
-        kid
-        for kid, entry in data.items()
-        if isinstance(entry, dict)
-        and hall in (entry.get("halls") or [])
-        and entry.get("not_after") is None
-    )
+    """The key ids `scopes.yaml` lets sign for `hall` and not yet given a `not_after`
+    (ValueError when the file is not valid: checked before anything is written)."""
+    scopes = _load_plain(region_dir / SCOPES_FILE)
+    return sorted(k for k, s in scopes.items() if hall in s.halls and s.not_after is None)
 
 
 def retirement_time(now: datetime, lead_seconds: int, margin: timedelta) -> datetime:

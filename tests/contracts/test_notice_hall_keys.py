@@ -309,3 +309,12 @@ def test_rotation_the_retired_key_is_carried_with_not_after_then_left_out(
     warned = [line for line in lines if old["A"] in line]
     assert warned and "left out of the bundle" in warned[0] and "[warning]" in warned[0]
     assert Severity.WARNING.value in warned[0]
+
+
+def test_a_key_id_yaml_reads_as_a_number_is_asked_to_be_quoted(tmp_path: Path) -> None:
+    region_dir = tmp_path / "notice-keys" / "r1"
+    keys.generate(region_dir)
+    (region_dir / SCOPES_FILE).write_text("1234567890123456: {halls: [A]}\n")
+    lines, c = compile_with(tmp_path)
+    assert c is None
+    assert any(":1: 1234567890123456: a key id is a string" in line for line in lines), lines

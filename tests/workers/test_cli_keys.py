@@ -131,3 +131,13 @@ def test_retiring_a_key_the_scopes_do_not_name_is_refused(tmp_path: Path) -> Non
     code, _, err = sco(tmp_path, "keys", "relay-retire", "--key", "0123456789abcdef")
     assert code == 1 and "key 0123456789abcdef has no entry to retire" in err, err
     assert (tmp_path / "notice-keys" / "r1" / "scopes.yaml").read_text() == scopes
+
+
+def test_a_broken_scopes_file_is_named_and_no_key_is_made(tmp_path: Path) -> None:
+    region_dir = tmp_path / "notice-keys" / "r1"
+    region_dir.mkdir(parents=True)
+    (region_dir / "scopes.yaml").write_text("0123456789abcdef: {halls: [A], when: soon}\n")
+    code, _, err = sco(tmp_path, "keys", "relay-new", "--hall", "A", "--out", str(tmp_path / "s"))
+    assert code == 1 and "scopes.yaml: 0123456789abcdef.when: Extra inputs" in err, err
+    assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "s").exists() and not list(region_dir.glob("*.pub"))

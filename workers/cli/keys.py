@@ -73,14 +73,14 @@ def relay_new(
     bounds.out_dir("--notice-keys", keys_dir)
     bounds.out_dir("--out", out)
     region_dir = keys_dir / region_model.id
-    region_dir.mkdir(parents=True, exist_ok=True)
     try:
+        others = hall_keys(region_dir, hall)  # reads scopes.yaml: refused before any write
+        region_dir.mkdir(parents=True, exist_ok=True)
         kid, private, public = keys.generate(out)
         shutil.copyfile(public, region_dir / public.name)
         add_key(region_dir, kid, [hall])
     except (OSError, ValueError) as exc:
-        fail(f"{region_dir}: {exc}")
-    others = [k for k in hall_keys(region_dir, hall) if k != kid]
+        fail(str(exc))
     if json_out:
         print_json(
             {
