@@ -16,7 +16,7 @@ from agent.pinned import load_pinned
 from contracts.bundle import VerifiedBundle
 from contracts.cache import BundleCache
 from contracts.keys import KeyFileError, TrustStore
-from contracts.notice_signing import notice_keys
+from contracts.notice_signing import notice_trust
 
 
 @dataclass(frozen=True)
@@ -122,7 +122,11 @@ def _notice_keys(config: AgentConfig, bundle: VerifiedBundle | None) -> Line:
         hours=config.bundle_max_age_hours
     )
     content = bundle.content if bundle is not None and not too_old else None
-    keys, lead = notice_keys(content, pinned, config.region)
+    trust = notice_trust(content, pinned, config.region)
+    lead = trust.lead
+    now = datetime.now(UTC)
+    # Keys that verify this node's hall now (a hall-scoped bundle: its hall's, unretired).
+    keys = [k for k in trust.keys if trust.scope_refusal(k, config.hall, now) is None]
     in_bundle = content.notice_policy(config.region) if content is not None else None
     where = (
         f"{len(in_bundle.keys) if in_bundle else 0} in the bundle"
@@ -130,6 +134,8 @@ def _notice_keys(config: AgentConfig, bundle: VerifiedBundle | None) -> Line:
         + f", {len(pinned.keys) if pinned else 0} pinned in the install"
         + (f" ({problem})" if problem else "")
     )
+    if trust.hall_scoped:
+        where += f"; hall-scoped: {len(keys)} sign for hall {config.hall}"
     if not keys and bundle is None:
         return Line(
             True,
@@ -142,8 +148,13 @@ def _notice_keys(config: AgentConfig, bundle: VerifiedBundle | None) -> Line:
         return Line(
             False,
             "notice keys",
-            f"none for {config.region} ({where}): every relay notice would be refused; "
-            "set notice_keys_dir to the relays' public keys",
+            f"none for {config.region}/{config.hall} ({where}): every relay notice would be "
+            "refused; "
+            + (
+                f"publish a bundle with a key for hall {config.hall} (`sco keys relay-new`)"
+                if trust.hall_scoped
+                else "set notice_keys_dir to the relays' public keys"
+            ),
         )
     return Line(True, "notice keys", f"{len(keys)} key(s): {where}; lead {lead} s")
 

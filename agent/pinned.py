@@ -3,7 +3,9 @@
 A node must verify a genuine notice from first boot: before its first bundle, and when a
 bundle lists no notice keys for its region. The install ships the region's relay public
 keys (`<key id>.pub`, with `revoked.txt` like any trust directory); they are read again at
-every bundle refresh, so a revocation there takes effect without a restart.
+every bundle refresh, so a revocation there takes effect without a restart. Pinned keys
+are region-wide until the node holds a bundle whose policy scopes keys to halls: from then
+on a pinned key signs only for the halls that bundle gives it (none if it names it not).
 """
 
 from __future__ import annotations

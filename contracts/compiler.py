@@ -13,10 +13,11 @@ from contracts import bundle
 from contracts.atomic import write_atomic
 from contracts.bounded import MAX_BUNDLE_BYTES, loads
 from contracts.feasibility import check_all
-from contracts.findings import Finding, errors
+from contracts.findings import Finding, Severity, errors
 from contracts.keys import KeyFileError, TrustStore
 from contracts.model import Contract
 from contracts.notice import NoticePolicy
+from contracts.notice_scopes import SCOPES_FILE, read_scopes
 from contracts.region import Region, RegionFileError, load_regions
 from contracts.source import read_contracts
 
@@ -55,10 +56,12 @@ def next_serial(previous_bundle: Path) -> int:
 
 
 def notice_policies(
-    keys_dir: Path, regions: dict[str, Region]
+    keys_dir: Path, regions: dict[str, Region], now: datetime | None = None
 ) -> tuple[list[NoticePolicy], list[Finding]]:
     """`<keys_dir>/<region>/<key id>.pub`: the keys that may sign that region's notices
-    (ids in its `revoked.txt` left out), with the region's notice lead."""
+    (ids in its `revoked.txt` left out), with the region's notice lead; with
+    `<keys_dir>/<region>/scopes.yaml` (contracts/notice_scopes.py) the halls each signs
+    for. A key retired by `now` (its `not_after` passed) is left out of the bundle."""
     if not keys_dir.is_dir():
         return [], [Finding(str(keys_dir), 1, "(notice keys)", "directory does not exist")]
     policies, findings = [], []
@@ -77,9 +80,42 @@ def notice_policies(
             for kid, vk in trust.keys.items()
             if kid not in trust.revoked
         }
+        scopes, found = read_scopes(sub, region, set(keys))
+        findings += found
+        if scopes is not None and now is not None:
+            for kid, scope in list(scopes.items()):
+                if scope.not_after is not None and scope.not_after <= now:
+                    del scopes[kid], keys[kid]
+                    findings.append(
+                        Finding(
+                            str(sub / SCOPES_FILE),
+                            1,
+                            kid,
+                            f"retired at {scope.not_after.isoformat()}: left out of the "
+                            "bundle (remove its .pub and entry when convenient)",
+                            Severity.WARNING,
+                        )
+                    )
+        if scopes is not None and not scopes and keys:
+            # A policy without scopes reads as region-wide: refuse rather than widen.
+            findings.append(
+                Finding(
+                    str(sub / SCOPES_FILE),
+                    1,
+                    "(document)",
+                    "names no live key of the directory: every key would sign for no hall "
+                    f"(give one halls: `sco keys relay-new --region {region.id} --hall H`)",
+                )
+            )
+            continue
         if keys:
             policies.append(
-                NoticePolicy(region=region.id, lead_seconds=region.notice_lead_seconds, keys=keys)
+                NoticePolicy(
+                    region=region.id,
+                    lead_seconds=region.notice_lead_seconds,
+                    keys=keys,
+                    scopes=scopes or {},
+                )
             )
     return policies, findings
 
@@ -100,6 +136,19 @@ def _regions_without_notice_keys(
         )
         for region in covered
         if region in regions and regions[region].halls and region not in keyed
+    ] + [
+        Finding(
+            "(notice keys)",
+            1,
+            f"{p.region}/{hall}",
+            f"region {p.region} scopes its notice keys to halls and none signs for hall "
+            f"{hall} (its nodes would refuse its relay's genuine notices): "
+            f"`sco keys relay-new --region {p.region} --hall {hall}`",
+        )
+        for p in policies
+        if p.region in covered and p.region in regions and p.hall_scoped
+        for hall in regions[p.region].halls
+        if not any(hall in scope.halls for scope in p.scopes.values())
     ]
 
 
@@ -123,11 +172,13 @@ def compile_and_sign(
     if findings:
         return CompileResult([], findings), None
     policies: list[NoticePolicy] = []
+    key_findings: list[Finding] = []
     if notice_keys_dir is not None:
-        policies, findings = notice_policies(notice_keys_dir, regions)
-        if findings:
-            return CompileResult([], findings), None
+        policies, key_findings = notice_policies(notice_keys_dir, regions, created_at)
+        if errors(key_findings):
+            return CompileResult([], key_findings), None
     result = compile_dir(src_dir, regions)
+    result.findings = sorted([*key_findings, *result.findings])
     if not result.ok:
         return result, None
     if require_notice_keys:

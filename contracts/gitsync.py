@@ -14,6 +14,10 @@ walks the commits after the last published one (first-parent, oldest first):
 - when the last published commit is not in the new head's history (a force-push rewrote
   it), nothing is published until an operator approves that head
   (`sco contracts approve-rewrite COMMIT`).
+- when the notice keys (`notice_keys_dir`: a relay key added by `sco keys relay-new`, one
+  retired, or one past its `not_after`) no longer match the published bundle's, the
+  published commit is compiled again and published with the next serial: a key rotation
+  needs no contracts commit, and a retired key leaves the bundle once its time has come.
 
 State lives beside the bundle, in the region's NATS (`SyncStore`): the published bundle says
 its serial and commit; the commits bucket maps serials to commits for `sco contracts status`
@@ -45,11 +49,12 @@ from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NoKeysError
 
 from contracts import bundle
 from contracts.bundle import BundleRejected, BundleSource
-from contracts.compiler import compile_and_sign
+from contracts.compiler import compile_and_sign, load_region_dir, notice_policies
 from contracts.distribution import NatsBundleSource, publish
 from contracts.findings import Finding, errors
 from contracts.gitrepo import ALLOWED_SIGNERS_FILE, Fetched, GitError, GitMirror, Signature
 from contracts.keys import TrustStore
+from contracts.notice import NoticePolicy
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +76,8 @@ class Held:
     serial: int
     commit: str | None  # None: compiled from a directory, not from git
     signer: str = ""
+    # The published bundle's notice keys: the sync republishes when the directory differs.
+    notice_policies: tuple[NoticePolicy, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -126,7 +133,8 @@ class CommitResult:
     def describe(self) -> str:
         short = self.commit[:12]
         if self.outcome is Outcome.PUBLISHED:
-            return f"{short}: published serial {self.serial} (signed by {self.signer})"
+            why = f": {self.reason}" if self.reason else ""
+            return f"{short}: published serial {self.serial} (signed by {self.signer}){why}"
         if self.outcome is Outcome.ADOPTED:
             return f"{short}: adopted as serial {self.serial} (imported, not republished)"
         if self.outcome is Outcome.COMPILE_ERROR:
@@ -174,6 +182,8 @@ class ContractSync:
         self._now = now
         #: Verdicts already reported, so a refused commit is counted once, not every step.
         self.seen: dict[str, CommitResult] = {}
+        #: The notice keys' errors already reported (a broken scopes.yaml: once, not every step).
+        self._rekey_failed: tuple[str, ...] = ()
 
     @property
     def allowed_signers(self) -> Path:
@@ -191,6 +201,11 @@ class ContractSync:
         head = fetched.head
         if last_commit == head:
             report.held = held
+            rekeyed = await self._rekey(head, held, fetched) if held is not None else None
+            if rekeyed is not None:
+                report.results.append(rekeyed)
+                if rekeyed.outcome is Outcome.PUBLISHED and rekeyed.serial is not None:
+                    report.held = Held(rekeyed.serial, head, rekeyed.signer)
             return report
         if last_commit is not None and await asyncio.to_thread(
             self.git.is_ancestor, head, last_commit
@@ -263,6 +278,46 @@ class ContractSync:
             CommitRecord(serial, commit, sig.signer, fetched.remote, self._stamp())
         )
         return CommitResult(commit, Outcome.PUBLISHED, serial, sig.signer, sig.key)
+
+    async def _rekey(self, head: str, held: Held, fetched: Fetched) -> CommitResult | None:
+        """The published commit again, with the next serial, when the notice keys no longer
+        match the published bundle's; None when they do (or there is nothing to do)."""
+        cfg = self.config
+        if cfg.notice_keys_dir is None or held.commit != head:
+            return None
+        regions, problems = load_region_dir(cfg.regions_dir)
+        if problems:
+            return None  # the next commit's compile reports them
+        now = self._now()
+        policies, findings = await asyncio.to_thread(
+            notice_policies, cfg.notice_keys_dir, regions, now
+        )
+        failing = tuple(str(f) for f in errors(findings))
+        if failing:
+            if failing == self._rekey_failed:
+                return None
+            self._rekey_failed = failing
+            return CommitResult(
+                head, Outcome.COMPILE_ERROR, signer=held.signer, findings=tuple(errors(findings))
+            )
+        self._rekey_failed = ()
+        if sorted(policies, key=lambda p: p.region) == list(held.notice_policies):
+            return None
+        sig: Signature = await asyncio.to_thread(self.git.verify, head, self.allowed_signers)
+        if not sig.good:
+            return None  # published when it verified; a new allowed_signers is a commit's matter
+        raw, failed = await asyncio.to_thread(self._compile, head, sig, held.serial + 1, fetched)
+        if raw is None:
+            return failed
+        await self.store.publish(raw)
+        serial = held.serial + 1
+        await self.store.record(
+            CommitRecord(serial, head, sig.signer, fetched.remote, self._stamp())
+        )
+        log.info("notice keys changed: commit %s republished as serial %d", head[:12], serial)
+        return CommitResult(
+            head, Outcome.PUBLISHED, serial, sig.signer, sig.key, reason="notice keys changed"
+        )
 
     def _compile(
         self, commit: str, sig: Signature, serial: int, fetched: Fetched
@@ -351,7 +406,12 @@ class NatsSyncStore:
             # Not ours to replace silently: a bundle nodes would refuse is an operator matter.
             raise RuntimeError(f"the published bundle does not verify: {exc}") from exc
         src = b.content.source
-        return Held(b.serial, src.commit if src else None, src.signer if src else "")
+        return Held(
+            b.serial,
+            src.commit if src else None,
+            src.signer if src else "",
+            tuple(b.content.notice_policies),
+        )
 
     async def publish(self, raw: bytes) -> None:
         await publish(self._url, self._region, raw, self._options)

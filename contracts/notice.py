@@ -16,12 +16,15 @@ from datetime import datetime
 from enum import StrEnum
 
 from pydantic import (
+    AwareDatetime,
     BaseModel,
     ConfigDict,
     Field,
     SerializationInfo,
     SerializerFunctionWrapHandler,
+    field_validator,
     model_serializer,
+    model_validator,
 )
 
 _TOKEN = re.compile(r"^[A-Za-z0-9_-]+$")
@@ -140,13 +143,71 @@ class ReclaimRequest(BaseModel):
         return out
 
 
+class KeyScope(BaseModel):
+    """Which halls' notices one notice key may sign, and until when nodes accept it.
+
+    `not_after`: the key is retired; a node refuses what it signed once its (corrected)
+    clock is past this time. A rotation sets it to the time the new key took over plus
+    the region's notice lead (and the clock skew margin): the old key's last notices are
+    republished until their deadline, so they must verify until then."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    halls: list[str] = Field(min_length=1)
+    not_after: AwareDatetime | None = None
+
+    @field_validator("halls")
+    @classmethod
+    def _hall_tokens(cls, halls: list[str]) -> list[str]:
+        for hall in halls:
+            _token(hall, "hall")
+        if len(set(halls)) != len(halls):
+            raise ValueError(f"halls {halls}: listed twice")
+        return sorted(halls)
+
+    @model_serializer(mode="wrap")
+    def _without_empty(
+        self, handler: SerializerFunctionWrapHandler, info: SerializationInfo
+    ) -> dict[str, object]:
+        out: dict[str, object] = handler(self)
+        if self.not_after is None:
+            out.pop("not_after", None)
+        return out
+
+
 class NoticePolicy(BaseModel):
     """What a node of one region needs to check a notice, carried in the signed bundle:
     the public keys (key id -> hex Ed25519) that may sign its notices and its notice lead
-    (a deadline further away than lead + margin is refused)."""
+    (a deadline further away than lead + margin is refused).
+
+    `scopes` (key id -> KeyScope) makes the policy hall-scoped: a key signs only for the
+    halls its scope lists, and a key without a scope signs for no hall. Without scopes (a
+    bundle from before them, or a region whose keys name no halls) every key signs for
+    every hall of the region, as before; the bytes are then those of such a bundle."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     region: str
     lead_seconds: int = Field(gt=0)
     keys: dict[str, str] = {}
+    scopes: dict[str, KeyScope] = {}
+
+    @model_validator(mode="after")
+    def _scopes_name_keys(self) -> NoticePolicy:
+        stray = sorted(set(self.scopes) - set(self.keys))
+        if stray:
+            raise ValueError(f"scopes of keys the policy does not list: {', '.join(stray)}")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _without_scopes(
+        self, handler: SerializerFunctionWrapHandler, info: SerializationInfo
+    ) -> dict[str, object]:
+        out: dict[str, object] = handler(self)
+        if not self.scopes:
+            out.pop("scopes", None)
+        return out
+
+    @property
+    def hall_scoped(self) -> bool:
+        return bool(self.scopes)

@@ -10,6 +10,13 @@ node verifies notices with the control plane down; the relays' keys pinned in th
 install (`pinned`) verify them from first boot, before any bundle. Every refusal has a
 typed reason; a refused notice must never cordon or drain.
 
+Per-hall keys: when the region's policy in the bundle is hall-scoped (`NoticePolicy.scopes`),
+a key verifies only the notices of the halls its scope lists (`wrong_hall_key` otherwise),
+and a key without a scope, a pinned one included, verifies none: once any key names halls,
+naming none is never read as "every hall". A scope's `not_after` retires its key on the
+node's clock (`retired_key`). A policy without scopes (older bundles) keeps every key
+region-wide, as do the pinned keys while no bundle vouches for the region.
+
 Verify before parse: the size is checked first, then the signature over the raw bytes of
 the signed body (the wire form is canonical, so those bytes are what the relay signed);
 only a verified body is parsed, and with bounds (contracts/bounded.py). Anything else is
@@ -32,7 +39,7 @@ from pydantic import ValidationError
 
 from contracts.bounded import MAX_NOTICE_BYTES, InputRejected, loads
 from contracts.bundle import BundleContent, canonical_json, signed_envelope
-from contracts.notice import NoticePolicy, ReclaimNotice
+from contracts.notice import KeyScope, NoticePolicy, ReclaimNotice
 
 DOMAIN = b"sco-reclaim-notice-v1\n"
 #: Clock skew allowed between relay and node on top of the region's notice lead.
@@ -61,6 +68,8 @@ class RefusalReason(StrEnum):
     ISSUED_IN_FUTURE = "issued_in_future"  # issued_at later than now + the clock skew bound
     ISSUED_TOO_LONG_AGO = "issued_too_long_ago"  # older than its stage allows (lead + skew)
     REPLAY = "replay"  # a notice already acted on (decided by the agent's dedupe store)
+    WRONG_HALL = "wrong_hall_key"  # signed by a key the bundle scopes to other halls (or none)
+    RETIRED_KEY = "retired_key"  # signed by a key past the `not_after` the bundle gives it
 
 
 @dataclass(frozen=True)
@@ -88,22 +97,78 @@ class NodeIdentity:
     node: str
 
 
-def notice_keys(
+@dataclass(frozen=True)
+class NoticeTrust:
+    """Who may sign one region's notices: key id -> public key (hex), the region's lead
+    (None: none known), and the halls each key may sign for (`hall_scoped`: the bundle's
+    policy names halls, so a key without a scope signs for none)."""
+
+    keys: dict[str, str]
+    lead: int | None
+    scopes: dict[str, KeyScope]
+    hall_scoped: bool
+
+    def halls_of(self, kid: str) -> list[str] | None:
+        """The halls `kid` may sign for; None: every hall of the region."""
+        if not self.hall_scoped:
+            return None
+        scope = self.scopes.get(kid)
+        return scope.halls if scope is not None else []
+
+    def scope_refusal(self, kid: str, hall: str, now: datetime) -> tuple[RefusalReason, str] | None:
+        """Why `kid` may not sign a notice for `hall` at `now`; None: it may."""
+        scope = self.scopes.get(kid)
+        if scope is not None and scope.not_after is not None and now > scope.not_after:
+            return (
+                RefusalReason.RETIRED_KEY,
+                f"key {kid} retired at {scope.not_after.isoformat()} (bundle not_after)",
+            )
+        halls = self.halls_of(kid)
+        if halls is None or hall in halls:
+            return None
+        if not halls:
+            return (
+                RefusalReason.WRONG_HALL,
+                f"key {kid} may sign for no hall: the bundle scopes the region's keys to "
+                "halls and names none for it",
+            )
+        return (
+            RefusalReason.WRONG_HALL,
+            f"key {kid} signs for hall {', '.join(halls)}, not for hall {hall}",
+        )
+
+
+def notice_trust(
     bundle: BundleContent | None, pinned: NoticePolicy | None, region: str
-) -> tuple[dict[str, str], int | None]:
+) -> NoticeTrust:
     """The keys that may sign `region`'s notices (the bundle's and the install's pinned
-    ones) and the region's lead (the bundle's, else the pinned one's); None: no lead known."""
+    ones), the region's lead (the bundle's, else the pinned one's) and, when the bundle's
+    policy is hall-scoped, the halls each may sign for (a pinned key the bundle does not
+    scope then signs for none)."""
     keys: dict[str, str] = {}
     lead: int | None = None
+    scopes: dict[str, KeyScope] = {}
+    hall_scoped = False
     policy = bundle.notice_policy(region) if bundle is not None else None
     if policy is not None:
         keys.update(policy.keys)
         lead = policy.lead_seconds
+        scopes = dict(policy.scopes)
+        hall_scoped = policy.hall_scoped
     if pinned is not None and pinned.region == region:
         for kid, public in pinned.keys.items():
             keys.setdefault(kid, public)
         lead = lead if lead is not None else pinned.lead_seconds
-    return keys, lead
+    return NoticeTrust(keys, lead, scopes, hall_scoped)
+
+
+def notice_keys(
+    bundle: BundleContent | None, pinned: NoticePolicy | None, region: str
+) -> tuple[dict[str, str], int | None]:
+    """The keys that may sign some of `region`'s notices and the region's lead (None: no
+    lead known); `notice_trust` also says for which halls."""
+    trust = notice_trust(bundle, pinned, region)
+    return trust.keys, trust.lead
 
 
 def _label(body_raw: bytes) -> str:
@@ -153,9 +218,11 @@ def check(
     revoked: frozenset[str] = frozenset(),
 ) -> Accepted | Refusal:
     """Accept the notice only if a key of this region's bundle policy (or one pinned in
-    the node's install) signed it, it is for this node, its deadline lies between now and
-    now + lead + margin (an early warning's: between now and now + EARLY_WARNING_HORIZON)
-    and its issued_at is neither later than now + margin nor older than its stage allows.
+    the node's install) signed it, that key may sign for the notice's hall and is not
+    retired (`NoticeTrust.scope_refusal`), it is for this node, its deadline lies between
+    now and now + lead + margin (an early warning's: between now and now +
+    EARLY_WARNING_HORIZON) and its issued_at is neither later than now + margin nor older
+    than its stage allows.
     `margin` is the clock skew the node allows between itself and the relay; `now` is the
     node's clock corrected by its measured offset. `bundle`: None when the node holds none
     it trusts for notices (none yet, or one past its max age)."""
@@ -163,7 +230,8 @@ def check(
         return Refusal(
             RefusalReason.MALFORMED, f"notice: {len(raw)} bytes (at most {MAX_NOTICE_BYTES})"
         )
-    keys, lead = notice_keys(bundle, pinned, me.region)
+    trust = notice_trust(bundle, pinned, me.region)
+    keys, lead = trust.keys, trust.lead
     no_keys = (
         "no notice keys ("
         + (
@@ -222,6 +290,10 @@ def check(
         return Refusal(
             RefusalReason.MALFORMED, "deadline and issued_at need a timezone", notice.notice_id, kid
         )
+    # The hall the notice names: a genuine notice of another hall stays `other_node`.
+    scoped_out = trust.scope_refusal(kid, notice.hall, now)
+    if scoped_out is not None:
+        return Refusal(scoped_out[0], scoped_out[1], notice.notice_id, kid)
     try:
         return _judge(notice, kid, me, now, margin, lead)
     except (OverflowError, ValueError) as exc:  # dates at the ends of the calendar

@@ -37,16 +37,16 @@ def line_of(lines: dict[Loc, int], loc: Loc) -> int:
     return 1
 
 
-def _line_map(node: yaml.Node, loc: Loc = ()) -> dict[Loc, int]:
+def line_map(node: yaml.Node, loc: Loc = ()) -> dict[Loc, int]:
     lines: dict[Loc, int] = {loc: node.start_mark.line + 1}
     if isinstance(node, yaml.MappingNode):
         for key, value in node.value:
             name = key.value if isinstance(key, yaml.ScalarNode) else str(key.start_mark)
-            lines.update(_line_map(value, (*loc, name)))
+            lines.update(line_map(value, (*loc, name)))
             lines[(*loc, name)] = key.start_mark.line + 1
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
-            lines.update(_line_map(item, (*loc, i)))
+            lines.update(line_map(item, (*loc, i)))
     return lines
 
 
@@ -96,7 +96,7 @@ def read_contract(path: Path, shown: str) -> tuple[ContractSource | None, list[F
         return None, [Finding(shown, line, "(document)", f"YAML syntax error: {problem}")]
     except ValueError as exc:  # e.g. an integer past Python's digit limit
         return None, [Finding(shown, 1, "(document)", f"unreadable value: {exc}")]
-    lines: dict[Loc, int] = _line_map(node) if node is not None else {(): 1}
+    lines: dict[Loc, int] = line_map(node) if node is not None else {(): 1}
     if not isinstance(data, dict):
         kind = "empty" if data is None else type(data).__name__
         return None, [Finding(shown, 1, "(document)", f"a contract is a mapping, not {kind}")]

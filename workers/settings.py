@@ -326,7 +326,18 @@ class NoticeSettings(BaseModel):
     # The notice relay's Ed25519 key (<key id>.key, contracts/keys.py): every notice is
     # signed with it, and nodes accept it only when the bundle lists its .pub for the
     # region (`sco contracts compile --notice-keys`). `sco dev up` makes one for the box.
+    # A relay re-reads its key file when it changes (or on SIGHUP): rotation, no restart.
     signing_key_file: Path | None = None
+    # Per-hall relay keys: hall -> its relay's key file, used instead of signing_key_file
+    # by that hall's relay (`sco keys relay-new`; the bundle's scopes.yaml says which hall
+    # each key signs for, and nodes refuse a notice signed by another hall's key).
+    hall_key_files: dict[str, Path] = {}
+
+    def key_file(self, hall: str) -> tuple[Path | None, str]:
+        """The key file `hall`'s relay signs with, and the settings key that names it."""
+        if hall in self.hall_key_files:
+            return self.hall_key_files[hall], f"notices.hall_key_files.{hall}"
+        return self.signing_key_file, "notices.signing_key_file"
 
 
 class ControlSettings(BaseModel):

@@ -7,7 +7,9 @@ restart the relay republishes the notices of its hall's noticed instances (same 
 notice id, so agents act once) and deletes those past their deadline.
 
 Every notice goes out signed with the relay's key (contracts/notice_signing.py); nodes
-accept only keys their signed contract bundle lists for the region.
+accept only keys their signed contract bundle lists for the region and, once the bundle
+scopes keys to halls, for this hall. Given a KeyFileSigner, the key is the one its file
+holds at signing time (services/notice_relay/keyfile.py): rotation without a restart.
 
 Reclaims known ahead (`sco reclaim --at`, a provider decision with a later `at`) are
 planned: a `planned_reclaims` row, then a signed early warning (stage "early", deadline the
@@ -39,6 +41,7 @@ from activities.provider.errors import ProviderError
 from activities.provider.interface import CloudProvider
 from contracts.notice import NoticeStage, ReclaimNotice, ReclaimRequest, notice_stream
 from contracts.notice_signing import sign
+from services.notice_relay.keyfile import KeyFileSigner
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +82,7 @@ class NoticeRelay:
         repo: FleetRepository,
         provider: CloudProvider,
         js: JetStreamContext,
-        signing_key: SigningKey,
+        signing_key: SigningKey | KeyFileSigner,
         on_notice: Callable[[ReclaimNotice], Awaitable[None]] | None = None,
         on_planned: Callable[[ReclaimNotice], Awaitable[None]] | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
@@ -95,6 +98,9 @@ class NoticeRelay:
         # Told after each early warning went out (the controller starts replacements).
         self._on_planned = on_planned
         self._clock = clock
+
+    def _signing_key(self) -> SigningKey:
+        return self._key.current() if isinstance(self._key, KeyFileSigner) else self._key
 
     @property
     def duplicate_window(self) -> float:
@@ -197,7 +203,7 @@ class NoticeRelay:
         # Msg-Id makes JetStream drop a republished notice within its dedupe window.
         await self._js.publish(
             notice.subject,
-            sign(notice, self._key),
+            sign(notice, self._signing_key()),
             headers={"Nats-Msg-Id": notice.notice_id},
         )
         NOTICES_PUBLISHED.labels(self.region, self.hall).inc()

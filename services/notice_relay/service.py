@@ -7,7 +7,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+import signal
+from collections.abc import Awaitable, Callable, Iterator
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
@@ -23,6 +24,7 @@ from activities.fleet.db import open_pool
 from activities.fleet.repository import FleetRepository
 from contracts.notice import ReclaimNotice, ReclaimRequest, reclaim_subject
 from contracts.region import Region
+from services.notice_relay.keyfile import KeyFileSigner
 from services.notice_relay.relay import (
     DEADLINE_DELETES,
     NOTICES_PUBLISHED,
@@ -64,7 +66,7 @@ async def run(
     settings: Settings,
     region: Region,
     hall: str,
-    signing_key: SigningKey,
+    signing_key: SigningKey | KeyFileSigner,
     *,
     sweep_seconds: float = 1.0,
 ) -> None:
@@ -74,7 +76,7 @@ async def run(
     No dependency's outage ends it: a failed step is retried with capped backoff
     (`notice_relay.max_backoff_seconds`), and after any failure the hall's pending
     notices are republished (same ids, so nodes act once) before the loop goes on."""
-    with async_stop_event() as stop:
+    with async_stop_event() as stop, _reload_on_hangup(signing_key):
         async with contextlib.AsyncExitStack() as opened:
             nc = await _connect_nats(settings, stop)
             if nc is None:
@@ -125,6 +127,14 @@ async def run(
                 on_planned=wakes.submit,
             )
             await nc.subscribe(reclaim_subject(region.id, hall), cb=_request_handler(relay, hooks))
+            if isinstance(signing_key, KeyFileSigner):
+                log.info(
+                    "notice relay %s/%s signs with key %s from %s (re-read on change or SIGHUP)",
+                    region.id,
+                    hall,
+                    signing_key.key_id,
+                    signing_key.path,
+                )
             backoff = CappedBackoff(initial=0.5, cap=settings.notice_relay.max_backoff_seconds)
             stream_ready = recovered = False
             degraded = DEGRADED.labels(region=region.id, hall=hall)
@@ -186,6 +196,20 @@ async def run(
             with contextlib.suppress(nats.errors.ConnectionClosedError):
                 await nc.drain()
     log.info("notice relay %s/%s stopped", region.id, hall)
+
+
+@contextlib.contextmanager
+def _reload_on_hangup(signing_key: SigningKey | KeyFileSigner) -> Iterator[None]:
+    """SIGHUP reads the key file again (a change is also noticed before each signature)."""
+    if not isinstance(signing_key, KeyFileSigner):
+        yield
+        return
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGHUP, signing_key.reload)
+    try:
+        yield
+    finally:
+        loop.remove_signal_handler(signal.SIGHUP)
 
 
 async def _temporal(settings: Settings, region: str) -> Client:

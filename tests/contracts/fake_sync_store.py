@@ -25,7 +25,12 @@ class FakeSyncStore:
             self.current, TrustStore.load(self.trust_dir), max_age=timedelta(days=3650)
         )
         src = b.content.source
-        return Held(b.serial, src.commit if src else None, src.signer if src else "")
+        return Held(
+            b.serial,
+            src.commit if src else None,
+            src.signer if src else "",
+            tuple(b.content.notice_policies),
+        )
 
     async def publish(self, raw: bytes) -> None:
         self.published.append(raw)

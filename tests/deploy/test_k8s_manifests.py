@@ -135,7 +135,7 @@ def test_example_secrets_validate_and_are_only_placeholders() -> None:
         "sco-contract-trust",
         "sco-contract-signing-key",
         "sco-notice-public-keys",
-        "sco-notice-key",
+        *(f"sco-notice-key-{h}" for h in "abcd"),
         "sco-slurmrestd",
         "sco-workload-kubeconfig",
     }

@@ -34,6 +34,7 @@ from activities.provider.simulator import SimulatedCloud
 from contracts import keys
 from contracts.compiler import compile_and_sign
 from contracts.distribution import publish
+from contracts.notice_scopes import add_key
 from contracts.region import Region
 from tests.deploy.test_k8s_manifests import render
 from tests.support import services
@@ -293,7 +294,10 @@ def region_inputs(root: Path, box: Box, image: str) -> tuple[PlayInputs, bytes, 
     pub = next(signing.glob("*.pub"))
     shutil.copy(pub, trust / pub.name)
     notice_keys = root / "notice-keys"
-    _, notice_secret, _ = keys.generate(notice_keys / "r1")
+    notice_secrets = {}
+    for hall in "ABCD":  # each hall's relay its own key, scoped to its hall in the bundle
+        kid, notice_secrets[hall], _ = keys.generate(notice_keys / "r1")
+        add_key(notice_keys / "r1", kid, [hall])
     out = root / "bundle.json"
     result, serial = compile_and_sign(
         REPO / "contracts" / "examples",
@@ -323,7 +327,10 @@ def region_inputs(root: Path, box: Box, image: str) -> tuple[PlayInputs, bytes, 
             **{f"sco-nats-relay-{h}": {"password": "unused"} for h in "abcd"},
             "sco-clouds": {"clouds.yaml": "clouds: {}\n"},  # unused: the simulated cloud
             "sco-contract-trust": {pub.name: pub.read_text()},
-            "sco-notice-key": {"notice.key": notice_secret.read_text()},
+            **{
+                f"sco-notice-key-{hall.lower()}": {"notice.key": secret.read_text()}
+                for hall, secret in notice_secrets.items()
+            },
             "sco-slurmrestd": {"token": "unused-slurm-intake-is-off"},
             "sco-workload-kubeconfig": {"kubeconfig": "apiVersion: v1\nkind: Config\n"},
         },

@@ -25,7 +25,7 @@ SECRETS = {
     **{f"sco-nats-relay-{h}": {"password": "n"} for h in "abcd"},
     "sco-clouds": {"clouds.yaml": "clouds: {}\n"},
     "sco-contract-trust": {"k1.pub": "ab"},
-    "sco-notice-key": {"notice.key": "cd"},
+    **{f"sco-notice-key-{h}": {"notice.key": "cd"} for h in "abcd"},
     "sco-slurmrestd": {"token": "t"},
     "sco-workload-kubeconfig": {"kubeconfig": "kind: Config\n"},
 }

@@ -77,8 +77,10 @@ def compile_cmd(
     notice_keys: Path = typer.Option(
         None,
         help="Directory of <region>/<key id>.pub: the keys that may sign each region's "
-        "reclaim notices (carried in the bundle; nodes refuse notices signed by others). "
-        "Required for every region of the bundle that has notice relays.",
+        "reclaim notices (carried in the bundle; nodes refuse notices signed by others), and "
+        "optionally <region>/scopes.yaml: the hall(s) each key signs for and when it retires "
+        "(`sco keys relay-new`). Required for every region of the bundle that has notice "
+        "relays.",
         parser=path_value,
     ),
     without_notice_keys: bool = typer.Option(

@@ -157,6 +157,11 @@ SCHEMAS: dict[str, JsonOutput] = {
     "sco instances list": JsonOutput(
         "list", "activities.fleet.repository:InstanceRow", ("drifted", "drift_reason")
     ),
+    "sco keys relay-list": JsonOutput("object", extra=("region", "keys", "problems")),
+    "sco keys relay-new": JsonOutput(
+        "object", extra=("key_id", "region", "hall", "private", "public", "still_signing")
+    ),
+    "sco keys relay-retire": JsonOutput("object", extra=("key_id", "region", "not_after")),
     "sco ledger decisions": JsonOutput("list", "activities.decisions:Decision"),
     "sco ledger record-drains": JsonOutput("object", extra=("drains", "workload_outcomes")),
     "sco ledger lost-work": JsonOutput("list", "activities.ledger.lost_work:LostWorkRow"),

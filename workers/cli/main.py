@@ -54,6 +54,9 @@ COMMANDS: dict[str, Lazy] = {
     "contracts": Lazy(
         "workers.cli.contracts:app", "Contracts: compile, sign, verify, publish, admission."
     ),
+    "keys": Lazy(
+        "workers.cli.keys:app", "Notice relays' per-hall signing keys: make, retire, list."
+    ),
     "sim": Lazy(
         "workers.cli.simulator:sim_app", "The simulated cloud (the embedded default provider)."
     ),

@@ -15,6 +15,7 @@ from activities.fleet.repository import FleetRepository, InstanceRow
 from contracts import keys
 from contracts.notice import ReclaimRequest, reclaim_subject
 from contracts.notice_signing import EARLY_WARNING_HORIZON
+from services.notice_relay.keyfile import KeyFileSigner
 from services.notice_relay.reply import ReclaimReply
 from workers.cli import audit
 from workers.cli.bounds import path_value
@@ -47,15 +48,16 @@ def notice_relay(
     if hall not in region_model.halls:
         fail(f"--hall {hall!r}: region {region_model.id} has halls {', '.join(region_model.halls)}")
     bounds.finite("--sweep-seconds", sweep_seconds, low=0.01, high=3600)
-    if s.notices.signing_key_file is None:
+    key_file, setting = s.notices.key_file(hall)
+    if key_file is None:
         fail(
-            "notices.signing_key_file (SCO_NOTICES__SIGNING_KEY_FILE): not set; "
-            "nodes refuse unsigned notices"
+            f"notices.hall_key_files.{hall} and notices.signing_key_file "
+            "(SCO_NOTICES__SIGNING_KEY_FILE): neither set; nodes refuse unsigned notices"
         )
     try:
-        signing_key = keys.load_signing_key(s.notices.signing_key_file)
+        signing_key = KeyFileSigner(key_file, region=region_model.id, hall=hall)
     except keys.KeyFileError as exc:
-        fail(f"notices.signing_key_file: {exc}")
+        fail(f"{setting}: {exc}")
     with errors_as_exit(nats.errors.Error, psycopg.Error, OSError):
         asyncio.run(
             service("notice-relay").load()(
