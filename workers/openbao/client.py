@@ -93,7 +93,9 @@ class BaoClient:
             self._tls = ssl.create_default_context(cafile=str(ca_file) if ca_file else None)
 
     @classmethod
-    def from_files(cls, address: str, *, token_file: Path | None, ca_file: Path | None) -> BaoClient:
+    def from_files(
+        cls, address: str, *, token_file: Path | None, ca_file: Path | None
+    ) -> BaoClient:
         token = ""
         if token_file is not None:
             try:

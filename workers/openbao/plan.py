@@ -210,9 +210,7 @@ def desired(
         *(Mount(pki_mount(r), "pki", max_lease_ttl=INTERMEDIATE_TTL) for r in regions),
         Mount(KV_MOUNT, "kv", options={"version": "2"}),
     ]
-    relay_keys = [
-        RelayKey(r, check_name("hall", h.lower())) for r in regions for h in halls[r]
-    ]
+    relay_keys = [RelayKey(r, check_name("hall", h.lower())) for r in regions for h in halls[r]]
     return Plan(
         mounts=mounts,
         intermediates=[Intermediate(r) for r in regions],
