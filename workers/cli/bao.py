@@ -95,7 +95,7 @@ def issue(
         fail(f"--kind {shown(kind)}: not one of {', '.join(PROCESS_KINDS)}")
     if instance is not None:
         with errors_as_exit(PlanError):
-            check_name("--instance", bounds.text("--instance", instance, max_len=63).lower())
+            check_name("--instance", bounds.text("--instance", instance, max_len=63))
     if out.exists() and not out.is_dir():
         fail(f"--out {shown(str(out))}: exists and is not a directory")
     with errors_as_exit(BaoError, PlanError):

@@ -152,7 +152,7 @@ class BaoClient:
         data = doc.get("data")
         return data if isinstance(data, dict) else {}
 
-    def list(self, path: str) -> list[str]:
+    def list_keys(self, path: str) -> list[str]:
         """The keys under a path; [] when there are none."""
         try:
             doc = self._call("LIST", path, None)
@@ -168,6 +168,12 @@ class BaoClient:
         doc = self._call("GET", "sys/mounts", None)
         data = doc.get("data", doc)
         return {k: v for k, v in data.items() if isinstance(v, dict) and "type" in v}
+
+    def create_token(self, policies: list[str], ttl: str = "1h") -> str:
+        """A child token with only `policies` (and OpenBao's `default`): what an auth method
+        would hand a process with those policies."""
+        doc = self._call("PUT", "auth/token/create", {"policies": policies, "ttl": ttl})
+        return str((doc.get("auth") or {})["client_token"])
 
     def policy(self, name: str) -> str | None:
         data = self.read(f"sys/policies/acl/{name}")

@@ -54,7 +54,7 @@ LEAF_MAX_TTL_S = 24 * 3600
 INTERMEDIATE_TTL = "43800h"  # 5 years
 ROOT_TTL = "87600h"  # 10 years
 
-_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,62}$")
 
 
 class PlanError(ValueError):
@@ -64,7 +64,8 @@ class PlanError(ValueError):
 def check_name(what: str, value: str) -> str:
     if not _NAME.fullmatch(value):
         raise PlanError(
-            f"{what} {value!r}: must be 1-63 of a-z, 0-9 and '-', starting with a letter or digit"
+            f"{what} {value!r}: must be 1-63 letters, digits and '-', "
+            "starting with a letter or digit"
         )
     return value
 
@@ -81,7 +82,7 @@ def pki_mount(region: str) -> str:
 
 def spiffe_id(region: str, kind: str, instance: str | None = None) -> str:
     base = f"spiffe://{TRUST_DOMAIN}/{check_name('region', region)}/{check_kind(kind)}"
-    return f"{base}/{check_name('instance', instance.lower())}" if instance else base
+    return f"{base}/{check_name('instance', instance)}" if instance else base
 
 
 def policy_name(region: str, kind: str) -> str:
@@ -188,7 +189,7 @@ def policy_hcl(region: str, kind: str, halls: list[str] | None = None) -> str:
     ]
     for secret in KIND_SECRETS[kind]:
         if "{hall}" in secret:
-            paths = [secret.format(hall=check_name("hall", h.lower())) for h in halls or []]
+            paths = [secret.format(hall=check_name("hall", h)) for h in halls or []]
             paths = paths or [secret.format(hall="+")]
         else:
             paths = [secret]
@@ -210,7 +211,7 @@ def desired(
         *(Mount(pki_mount(r), "pki", max_lease_ttl=INTERMEDIATE_TTL) for r in regions),
         Mount(KV_MOUNT, "kv", options={"version": "2"}),
     ]
-    relay_keys = [RelayKey(r, check_name("hall", h.lower())) for r in regions for h in halls[r]]
+    relay_keys = [RelayKey(r, check_name("hall", h)) for r in regions for h in halls[r]]
     return Plan(
         mounts=mounts,
         intermediates=[Intermediate(r) for r in regions],

@@ -65,7 +65,7 @@ def provision(
         client.write(f"sys/mounts/{m.path}", body)
         changes.append(Change("mount", m.path))
 
-    if not client.list(f"{ROOT_MOUNT}/issuers"):
+    if not client.list_keys(f"{ROOT_MOUNT}/issuers"):
         client.write(
             f"{ROOT_MOUNT}/root/generate/internal",
             {
@@ -79,7 +79,7 @@ def provision(
         changes.append(Change("root-ca", ROOT_MOUNT))
 
     for inter in plan.intermediates:
-        if client.list(f"{inter.mount}/issuers"):
+        if client.list_keys(f"{inter.mount}/issuers"):
             continue
         csr = client.write(
             f"{inter.mount}/intermediate/generate/internal",
