@@ -28,7 +28,7 @@ from workers.devbox import process
 from workers.devbox.openbao import BoxFiles, OpenBaoService, box_plan, client, unseal
 from workers.devbox.process import ProcessRecord
 from workers.openbao.client import BaoClient, BaoRequestError, is_permission_denied
-from workers.openbao.plan import PROCESS_KINDS, PlanError, desired, policy_hcl
+from workers.openbao.plan import PROCESS_KINDS, PlanError, desired
 from workers.openbao.provision import issue, provision
 from workers.settings import Settings
 
@@ -123,8 +123,9 @@ def test_every_region_and_hall_and_process_kind_is_provisioned(bao: BaoBox) -> N
     for region in bao.settings.regions:
         assert mounts[f"pki_{region}/"]["type"] == "pki"
         assert c.list_keys(f"pki_{region}/issuers")
-        assert set(c.list_keys(f"pki_{region}/roles")) == set(PROCESS_KINDS)
         halls = load_region(bao.settings.region_file(region)).halls
+        relays = {f"notice-relay-{h}" for h in halls}
+        assert set(c.list_keys(f"pki_{region}/roles")) == set(PROCESS_KINDS) | relays
         assert set(c.list_keys(f"sco/metadata/{region}/relay-keys")) == set(halls)
     fleet_db = c.read("sco/data/r1/fleet-db")
     assert fleet_db is not None and fleet_db["data"]["dsn"] == bao.settings.postgres_dsn
@@ -181,13 +182,23 @@ def test_a_kind_issues_and_reads_its_own_and_nothing_else(bao: BaoBox) -> None:
             forbidden()
         assert is_permission_denied(refused.value) or refused.value.status == 400
 
-    relay = BaoClient(
-        bao.settings.openbao.address, token=root.create_token(["sco-r1-notice-relay"]), ca_file=ca
-    )
+    # A hall's relay: its own hall's key and identity, no other hall's.
+    token = root.create_token(["sco-r1-notice-relay-C"])
+    relay = BaoClient(bao.settings.openbao.address, token=token, ca_file=ca)
     assert relay.read("sco/data/r1/relay-keys/C") is not None
-    with pytest.raises(BaoRequestError) as refused:
-        relay.read("sco/data/r2/relay-keys/A")
-    assert is_permission_denied(refused.value)
+    own = issue(relay, "r1", "notice-relay", instance="C")
+    assert own.spiffe_id == "spiffe://sco/r1/notice-relay/C"
+    for forbidden in (
+        lambda: relay.read("sco/data/r1/relay-keys/A"),
+        lambda: relay.read("sco/data/r2/relay-keys/C"),
+        lambda: issue(relay, "r1", "notice-relay", instance="A"),
+        lambda: relay.write(
+            "pki_r1/issue/notice-relay-C", {"uri_sans": "spiffe://sco/r1/notice-relay/A"}
+        ),
+    ):
+        with pytest.raises(BaoRequestError) as refused:
+            forbidden()
+        assert is_permission_denied(refused.value) or refused.value.status == 400
 
 
 def test_status_says_unsealed_and_where(bao: BaoBox) -> None:
@@ -222,6 +233,8 @@ def test_a_name_bao_paths_cannot_carry_is_refused_before_any_call() -> None:
 
 def test_the_shipped_policies_are_the_generated_ones() -> None:
     halls = list(load_region(REGIONS_DIR / "r1.toml").halls)
-    for kind in PROCESS_KINDS:
-        shipped = POLICIES / f"sco-r1-{kind}.hcl"
-        assert shipped.read_text() == policy_hcl("r1", kind, halls), shipped
+    plan = desired({"r1": halls}, {})
+    assert {p.name for p in plan.policies} == {f.stem for f in POLICIES.glob("*.hcl")}
+    for policy in plan.policies:
+        shipped = POLICIES / f"{policy.name}.hcl"
+        assert shipped.read_text() == policy.hcl, shipped

@@ -81,7 +81,9 @@ def issue(
     ),
     region: str | None = typer.Option(None, "--region", help="Default: the settings' region."),
     instance: str | None = typer.Option(
-        None, "--instance", help="A hall or node name: the SPIFFE ID gets it as a last segment."
+        None,
+        "--instance",
+        help="notice-relay: its hall; agent: its node. The SPIFFE ID's last segment.",
     ),
     ttl: int | None = typer.Option(
         None, "--ttl", help="Seconds (60 to 86400); default: the role's, one hour."

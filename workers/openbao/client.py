@@ -90,7 +90,10 @@ class BaoClient:
         self._timeout = timeout
         self._tls: ssl.SSLContext | None = None
         if self.address.startswith("https://"):
-            self._tls = ssl.create_default_context(cafile=str(ca_file) if ca_file else None)
+            try:
+                self._tls = ssl.create_default_context(cafile=str(ca_file) if ca_file else None)
+            except (OSError, ssl.SSLError) as exc:
+                raise BaoError(f"{ca_file}: cannot load the CA: {exc.strerror or exc}") from None
 
     @classmethod
     def from_files(

@@ -28,6 +28,7 @@ from workers.openbao.plan import (
     check_kind,
     check_name,
     pki_mount,
+    role_name,
     spiffe_id,
 )
 
@@ -161,7 +162,9 @@ def issue(
     instance: str | None = None,
     ttl_s: int | None = None,
 ) -> Issued:
-    """A certificate and key from the kind's role, with the SPIFFE ID as its only SAN."""
+    """A certificate and key from the kind's role (a hall's relay: its hall's), with the
+    SPIFFE ID as its only SAN. `instance` is a hall for a relay, a node for an agent;
+    other kinds' roles refuse one."""
     check_name("region", region)
     check_kind(kind)
     if ttl_s is not None and not 60 <= ttl_s <= LEAF_MAX_TTL_S:
@@ -170,7 +173,7 @@ def issue(
     body: dict[str, Any] = {"uri_sans": uri, "exclude_cn_from_sans": True, "format": "pem"}
     if ttl_s is not None:
         body["ttl"] = f"{ttl_s}s"
-    data = client.write(f"{pki_mount(region)}/issue/{kind}", body)
+    data = client.write(f"{pki_mount(region)}/issue/{role_name(kind, instance)}", body)
     chain = data.get("ca_chain") or [data.get("issuing_ca", "")]
     return Issued(
         spiffe_id=uri,
