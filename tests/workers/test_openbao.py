@@ -15,15 +15,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID
 from nacl.signing import SigningKey
+from typer.testing import CliRunner
 
 from contracts.region import load_region
 from services import registry
 from tests.support import services, tools
 from tests.support.paths import REGIONS_DIR, REPO
+from workers.cli.dev import app as dev_app
 from workers.devbox import process
 from workers.devbox.openbao import BoxFiles, OpenBaoService, box_plan, client, unseal
 from workers.devbox.process import ProcessRecord
@@ -201,6 +204,56 @@ def test_a_kind_issues_and_reads_its_own_and_nothing_else(bao: BaoBox) -> None:
         assert is_permission_denied(refused.value) or refused.value.status == 400
 
 
+def test_the_shipped_auth_script_lets_pods_and_nodes_in(bao: BaoBox) -> None:
+    root = client(bao.settings)
+    files = BoxFiles(bao.settings.data_dir)
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "BAO_ADDR": bao.settings.openbao.address,
+        "BAO_CACERT": str(files.ca),
+        "BAO_TOKEN": files.root_token.read_text().strip(),
+        "K8S_HOST": "https://127.0.0.1:6443",
+        "K8S_CA_FILE": str(files.ca),  # a stand-in: the API server is never called here
+    }
+    done = subprocess.run(
+        ["bash", str(REPO / "deploy/openbao/auth.sh"), "r1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 0, done.stderr
+
+    # Every pod role is bound to a ServiceAccount the manifests create.
+    accounts = {
+        d["metadata"]["name"]
+        for d in yaml.safe_load_all((REPO / "deploy/k8s/base/serviceaccount.yaml").read_text())
+    }
+    for name in root.list_keys("auth/kubernetes/role"):
+        role = root.read(f"auth/kubernetes/role/{name}")
+        assert role is not None and set(role["bound_service_account_names"]) <= accounts
+        assert role["bound_service_account_namespaces"] == ["sco-r1"]
+    relay_b = root.read("auth/kubernetes/role/sco-r1-notice-relay-B")
+    assert relay_b is not None and relay_b["token_policies"] == ["sco-r1-notice-relay-B"]
+    assert relay_b["bound_service_account_names"] == ["sco-notice-relay-b"]
+
+    # A node: its role id and a single-use secret id for a token that issues its identity.
+    role_id = (root.read("auth/approle/role/sco-r1-agent/role-id") or {})["role_id"]
+    secret_id = root.write("auth/approle/role/sco-r1-agent/secret-id", {})["secret_id"]
+    anonymous = BaoClient(bao.settings.openbao.address, ca_file=files.ca)
+    token = anonymous.approle_login(role_id, secret_id)
+    node = BaoClient(bao.settings.openbao.address, token=token, ca_file=files.ca)
+    assert issue(node, "r1", "agent", instance="node-a1").spiffe_id == (
+        "spiffe://sco/r1/agent/node-a1"
+    )
+    with pytest.raises(BaoRequestError):
+        anonymous.approle_login(role_id, secret_id)  # used once already
+    with pytest.raises(BaoRequestError) as refused:
+        node.read("sco/data/r1/fleet-db")
+    assert is_permission_denied(refused.value)
+
+
 def test_status_says_unsealed_and_where(bao: BaoBox) -> None:
     done = sco(bao, "status")
     assert done.returncode == 0, done.stderr
@@ -217,12 +270,18 @@ def test_status_says_unsealed_and_where(bao: BaoBox) -> None:
     ],
 )
 def test_bad_input_is_a_one_line_error(
-    bao: BaoBox, tmp_path: Path, args: list[str], message: str
+    bao: BaoBox,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    args: list[str],
+    message: str,
 ) -> None:
-    done = sco(bao, "issue", *args, "--out", str(tmp_path / "out"))
-    assert done.returncode == 1
-    assert done.stderr.strip().startswith(message), done.stderr
-    assert len(done.stderr.strip().splitlines()) == 1
+    for key, value in bao.env.items():
+        monkeypatch.setenv(key, value)
+    done = CliRunner().invoke(dev_app, ["bao", "issue", *args, "--out", str(tmp_path / "out")])
+    assert done.exit_code == 1
+    assert done.output.strip().startswith(message), done.output
+    assert len(done.output.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()
 
 

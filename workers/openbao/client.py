@@ -178,6 +178,13 @@ class BaoClient:
         doc = self._call("PUT", "auth/token/create", {"policies": policies, "ttl": ttl})
         return str((doc.get("auth") or {})["client_token"])
 
+    def approle_login(self, role_id: str, secret_id: str, mount: str = "approle") -> str:
+        """A node's login: its role id and (single-use) secret id for a token."""
+        doc = self._call(
+            "PUT", f"auth/{mount}/login", {"role_id": role_id, "secret_id": secret_id}, token=False
+        )
+        return str((doc.get("auth") or {})["client_token"])
+
     def policy(self, name: str) -> str | None:
         data = self.read(f"sys/policies/acl/{name}")
         return str(data["policy"]) if data and "policy" in data else None
