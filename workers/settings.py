@@ -570,7 +570,7 @@ class OpenBaoSettings(BaseModel):
     address: str = "https://127.0.0.1:8200"
     # None: the box's own CA (<data_dir>/openbao/tls/ca.pem) for an https address.
     ca_file: Path | None = None
-    # The token alone; None: the box's root token (<data_dir>/openbao/secrets/root-token).
+    # The token alone; None: the box's initial root token, under <data_dir>/openbao/secrets.
     token_file: Path | None = None
     # `sco dev up` starts, unseals and provisions the box's own server; false: leave it out.
     box: bool = True

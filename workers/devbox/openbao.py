@@ -52,7 +52,7 @@ class BoxFiles:
         self.key = self.tls / "server-key.pem"
         self.secrets = self.root / "secrets"
         self.unseal_key = self.secrets / "unseal-key"
-        self.root_token = self.secrets / "root-token"
+        self.root_token = self.secrets / "initial-root-token"
 
 
 def ca_file(s: Settings) -> Path | None:
