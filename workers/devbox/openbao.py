@@ -89,7 +89,14 @@ def _box_secrets(s: Settings) -> dict[str, dict[str, str]]:
     are `sco checkpoints provision`'s."""
 
     def password(path: Path | None) -> dict[str, str]:
-        return {"password": path.read_text().strip()} if path is not None else {}
+        if path is None:
+            return {}
+        try:
+            return {"password": path.read_text().strip()}
+        except OSError as exc:
+            raise DevboxError(
+                f"openbao: {path}: cannot read the password: {exc.strerror}"
+            ) from None
 
     return {
         "fleet-db": {"dsn": s.postgres_dsn, **password(s.postgres.password_file)},
