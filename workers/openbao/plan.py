@@ -9,8 +9,8 @@ Layout (one OpenBao for the estate, regions apart by mount and path):
   only the URI SAN `spiffe://sco/<region>/<kind>`, which is what a SPIRE server would give
   the same workload; `…/notice-relay-<hall>` issues a hall's relay `…/notice-relay/<hall>`,
   and the agent's role `…/agent/<node>` too.
-- `sco/` (KV v2): `<region>/fleet-db`, `<region>/kafka`, `<region>/clickhouse`,
-  `<region>/rgw` (when the region has one), `<region>/relay-keys/<hall>`.
+- `sco/` (KV v2): `<region>/<name>` for each credential the caller gives (the box: fleet-db,
+  kafka, clickhouse), and `<region>/relay-keys/<hall>`.
 - ACL policies `sco-<region>-<kind>` (a hall's relay: `sco-<region>-notice-relay-<hall>`):
   issue from its own role, read its own secrets.
 """
