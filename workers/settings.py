@@ -569,6 +569,38 @@ class ConsoleSettings(BaseModel):
         return self
 
 
+class OpenBaoSettings(BaseModel):
+    """OpenBao: certificates with SPIFFE IDs and the region's secrets (workers/openbao/).
+    The box runs a server of its own on `address` (TLS with a CA it makes, storage, unseal
+    key and root token under <data_dir>/openbao); production names the site's server and
+    the files its auth method gives the process (deploy/openbao/README.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # https://host:port; the box also takes port+1 for the server's cluster listener.
+    address: str = "https://127.0.0.1:8200"
+    # None: the box's own CA (<data_dir>/openbao/tls/ca.pem) for an https address.
+    ca_file: Path | None = None
+    # The token alone; None: the box's initial root token, under <data_dir>/openbao/secrets.
+    token_file: Path | None = None
+    # `sco dev up` starts, unseals and provisions the box's own server; false: leave it out.
+    box: bool = True
+
+    @field_validator("address")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(value)
+        if (
+            parts.scheme not in ("http", "https")
+            or not parts.hostname
+            or parts.path not in ("", "/")
+        ):
+            raise ValueError(f"{value!r}: not an http(s)://host:port address")
+        return value.rstrip("/")
+
+
 class EstateSettings(BaseModel):
     """`sco estate status`: every region read at once, each within its own deadline."""
 
@@ -625,6 +657,7 @@ class Settings(BaseSettings):
     kubernetes: KubernetesSettings = KubernetesSettings()
     estate: EstateSettings = EstateSettings()
     console: ConsoleSettings = ConsoleSettings()
+    openbao: OpenBaoSettings = OpenBaoSettings()
 
     @model_validator(mode="after")
     def _budget_within_provider_limit(self) -> Settings:

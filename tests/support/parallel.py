@@ -59,6 +59,7 @@ SERVICE_FIXTURES = frozenset(
         "process_db",
         "nats_region",
         "box_env",
+        "openbao_server",
     }
 )
 #: Module-level names through which a test module reaches a service without a fixture.

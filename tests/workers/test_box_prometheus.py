@@ -76,6 +76,7 @@ def box(tmp_path: Path) -> Iterator[Settings]:
         "SCO_TEMPORAL__ADDRESS": f"127.0.0.1:{services.free_port()}",
         "SCO_TEMPORAL__UI_PORT": str(services.free_port()),
         "SCO_KAFKA__BOOTSTRAP_SERVERS": f"127.0.0.1:{services.free_port()}",
+        "SCO_OPENBAO__BOX": "false",  # tests/workers/test_openbao.py runs the box's OpenBao
         # The box's NATS is the machine's: a simulated cloud of the test's own.
         "SCO_PROVIDER__SIMULATOR_PREFIX": f"sco-{uuid.uuid4().hex[:8]}",
         "SCO_PROMETHEUS__PORT": str(services.free_port()),

@@ -83,6 +83,7 @@ def estate_box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
         "SCO_TEMPORAL__ADDRESS": f"127.0.0.1:{services.free_port()}",
         "SCO_TEMPORAL__UI_PORT": str(services.free_port()),
         "SCO_KAFKA__BOOTSTRAP_SERVERS": f"127.0.0.1:{services.free_port()}",
+        "SCO_OPENBAO__BOX": "false",  # tests/workers/test_openbao.py runs the box's OpenBao
         "SCO_PROVIDER__SIMULATOR_PREFIX": f"sco-{uuid.uuid4().hex[:8]}",
         "SCO_PROMETHEUS__PORT": str(services.free_port_range(3)),
         "SCO_PROMETHEUS__GLOBAL_PORT": str(services.free_port()),

@@ -38,6 +38,8 @@ def box_env(tmp_path: Path) -> Iterator[dict[str, str]]:
         "SCO_TEMPORAL__ADDRESS": f"127.0.0.1:{services.free_port()}",
         "SCO_TEMPORAL__UI_PORT": str(services.free_port()),
         "SCO_KAFKA__BOOTSTRAP_SERVERS": f"127.0.0.1:{services.free_port()}",
+        # The server's listener and, one above, its cluster port.
+        "SCO_OPENBAO__ADDRESS": f"https://127.0.0.1:{services.free_port_range(2)}",
         "SCO_PROMETHEUS__PORT": str(services.free_port()),
         "SCO_PROMETHEUS__BOX_PORTS_FROM": str(services.free_port_range(16)),
     }
@@ -69,12 +71,15 @@ def test_up_is_idempotent_status_is_healthy_and_down_leaves_nothing(
     assert first["postgres"].mode == "external" and first["nats"].mode == "external"
     assert first["kafka"].mode == "managed" and first["temporal"].mode == "managed"
     assert first["ledger"].mode == "embedded"
+    assert first["openbao"].mode == "managed"
+    assert first["openbao"].detail.startswith("started; initialised, unsealed; provisioned:")
     assert {"sim-r1", "worker-r1", "relay-r1", "ledger-consumer"} <= set(first)
     assert {f"notice-relay-r1-{h}" for h in "ABCD"} <= set(first)
 
     second = {s.name: s for s in box.up()}
     assert {n: s.pid for n, s in second.items()} == {n: s.pid for n, s in first.items()}
     assert all("already running" in s.detail for s in second.values() if s.mode == "managed")
+    assert second["openbao"].detail.endswith("already unsealed; provisioned, nothing changed")
 
     status = sco(box_env, "dev", "status", "--json")
     assert status.returncode == 0, status.stderr
@@ -104,6 +109,7 @@ def test_up_is_idempotent_status_is_healthy_and_down_leaves_nothing(
     assert not any(process.alive(r) for r in records)
     after = {s["name"]: s for s in json.loads(sco(box_env, "dev", "status", "--json").stdout)}
     assert after["kafka"]["mode"] == "down" and after["temporal"]["mode"] == "down"
+    assert after["openbao"]["mode"] == "down"
     # `down` stops only what `up` started: the machine's services still answer.
     assert after["postgres"]["healthy"] and after["nats"]["healthy"]
 

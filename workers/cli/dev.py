@@ -9,6 +9,7 @@ import threading
 import typer
 
 from contracts.redact import mask_credentials
+from workers.cli.bao import app as bao_app
 from workers.cli.common import (
     console,
     err_console,
@@ -26,6 +27,7 @@ from workers.devbox.process import DevboxError
 app = typer.Typer(
     help="Run the local region in a box (real processes, data under .sco/).", no_args_is_help=True
 )
+app.add_typer(bao_app, name="bao")
 
 
 def _show(statuses: list[ServiceStatus]) -> None:

@@ -135,6 +135,11 @@ SCHEMAS: dict[str, JsonOutput] = {
         ),
     ),
     "sco demand sources": JsonOutput("object", "activities.demand.intake:CollectResult"),
+    "sco dev bao issue": JsonOutput("object", extra=("spiffe_id", "serial", "expires_at", "files")),
+    "sco dev bao provision": JsonOutput("object", extra=("changes",)),
+    "sco dev bao status": JsonOutput(
+        "object", extra=("address", "initialized", "sealed", "version")
+    ),
     "sco dev down": JsonOutput("object", extra=("stopped",)),
     "sco dev up": JsonOutput("list", "workers.devbox.box:ServiceStatus"),
     "sco dev status": JsonOutput("list", "workers.devbox.box:ServiceStatus"),

@@ -547,6 +547,8 @@ def infrastructure(settings: Settings, regions: list[str] | None = None) -> list
     """What every region of the box shares here (in production each region has its own
     PostgreSQL, NATS and Temporal namespace; the box keeps regions apart by database rows,
     subjects, topics and namespaces, and gives each region processes of its own)."""
+    from workers.devbox.openbao import OpenBaoService  # it builds on this module's Service
+
     return [
         PostgresService(settings),
         NatsService(settings),
@@ -554,6 +556,7 @@ def infrastructure(settings: Settings, regions: list[str] | None = None) -> list
         TemporalService(settings),
         LedgerService(settings),
         ContractsService(settings, regions),
+        *([OpenBaoService(settings)] if settings.openbao.box else []),
     ]
 
 
