@@ -212,7 +212,7 @@ class SecurePostgresService(PostgresService):
     """The box's own PostgreSQL (the machine's binaries: the embedded wheel has no SSL)."""
 
     reuse_external = False
-    transport = "TLS only (verify-full; client certificate + password file)"
+    transport = "TLS only: client cert + password"
 
     def __init__(self, settings: Settings, profile: SecureProfile) -> None:
         super().__init__(settings)
@@ -265,7 +265,7 @@ class SecureNatsService(NatsService):
     """The box's own nats-server: TLS, certificates verified and mapped to users."""
 
     reuse_external = False
-    transport = "TLS only (client certificate required, mapped to its NATS user)"
+    transport = "TLS only: client cert → NATS user"
 
     def __init__(self, settings: Settings, profile: SecureProfile, regions: list[str]) -> None:
         super().__init__(settings)
@@ -301,7 +301,7 @@ class TemporalBackendService(TemporalService):
 
     name = "temporal-backend"
     reuse_external = False
-    transport = "plaintext, loopback only: nginx's upstream (the dev server has no TLS)"
+    transport = "plaintext, loopback: nginx's upstream only"
 
     def __init__(self, settings: Settings, profile: SecureProfile) -> None:
         super().__init__(settings)
@@ -326,7 +326,7 @@ class SecureTemporalService(TemporalService):
     """nginx terminating mutual TLS in front of the dev server: what every client reaches."""
 
     reuse_external = False
-    transport = "TLS only (nginx, client certificate required)"
+    transport = "TLS only: nginx, client cert"
 
     def __init__(self, settings: Settings, profile: SecureProfile) -> None:
         super().__init__(settings)
@@ -351,13 +351,16 @@ class SecureTemporalService(TemporalService):
                 self.p.issuer.ca_file, f"{HOST}:{self.p.temporal_backend_port}",
             ),
         )  # fmt: skip
-        rec = process.start(argv, self._log())
+        # nginx's master retitles itself: that title is how `down` knows the pid is ours.
+        title = "nginx: master process " + " ".join(argv)
+        rec = process.start(argv, self._log(), title=title)
         process.wait_until("temporal", lambda: self.probe().ok, timeout=30, record=rec)
         return rec
 
 
 class PlaintextKafkaService(KafkaService):
-    transport = "plaintext, loopback: tansu 0.6 has server TLS but no client-certificate check"
+    # tansu 0.6 serves TLS (--cert/--key) but cannot ask for client certificates.
+    transport = "plaintext, loopback (tansu: no mTLS)"
 
 
 def infrastructure(

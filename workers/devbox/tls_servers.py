@@ -45,11 +45,15 @@ def give_to(user: str | None, *paths: Path) -> None:
     under a home that only root can enter)."""
     if user is None:
         return
+    import pwd
+
+    uid = pwd.getpwnam(user).pw_uid
     for p in paths:
         shutil.chown(p, user)
         parent = p.parent
         while parent != parent.parent:
-            parent.chmod(parent.stat().st_mode | 0o011)  # traverse only, never list
+            if parent.stat().st_uid != uid:  # its own (the data directory) stay 0700
+                parent.chmod(parent.stat().st_mode | 0o011)  # traverse only, never list
             parent = parent.parent
 
 
