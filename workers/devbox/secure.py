@@ -124,6 +124,7 @@ class SecureProfile:
                 f"postgresql://postgres@{SERVER_NAME}:{self.postgres_port}/{self._database()}"
             ),
             "nats_url": f"tls://{SERVER_NAME}:{self.nats_port}",
+            "kafka": {"bootstrap_servers": self.base.kafka.bootstrap_servers},
             "box": {
                 "profile": "secure",
                 "secure_postgres_port": b.secure_postgres_port,
