@@ -11,8 +11,9 @@ settings file (`<data_dir>/secure/settings/<process>.toml`) naming its certifica
   of workers/nats_permissions.py (`verify_and_map`): the worker is control-<r>, a hall's
   notice relay relay-<r>-<hall>, the operator's CLI operator-<r>;
 - nginx refuses a client without a certificate of the CA before any gRPC reaches Temporal.
-Kafka stays plaintext on loopback: tansu 0.6 serves TLS (`--cert/--key`) but cannot verify
-client certificates, so it would not be an mTLS listener; `sco dev status` says so.
+Kafka stays plaintext on loopback, and `sco dev status` says so: tansu 0.6.0 lists `--cert`
+and `--key` but refuses the two together, and with `--cert` alone still answers plaintext
+Kafka clients (tried here with confluent-kafka and `openssl s_client`).
 """
 
 from __future__ import annotations
@@ -80,6 +81,12 @@ class SecureProfile:
     """Paths, identities and settings of the secure box under `<data_dir>/secure`."""
 
     def __init__(self, settings: Settings, issuer: CertificateIssuer | None = None) -> None:
+        if settings.provider.simulator_prefix != "sco":
+            raise DevboxError(
+                f"provider.simulator_prefix {settings.provider.simulator_prefix!r}: the secure "
+                "profile's NATS permissions (workers/nats_permissions.py) allow the simulated "
+                "cloud on sco.<region>.sim.> only; unset it"
+            )
         self.base = settings
         self.root = (settings.data_dir / "secure").resolve()
         self.issuer: CertificateIssuer = issuer or BoxCA(self.root / "pki")
@@ -360,8 +367,8 @@ class SecureTemporalService(TemporalService):
 
 
 class PlaintextKafkaService(KafkaService):
-    # tansu 0.6 serves TLS (--cert/--key) but cannot ask for client certificates.
-    transport = "plaintext, loopback (tansu: no mTLS)"
+    # tansu 0.6.0 cannot serve TLS (module docstring).
+    transport = "plaintext, loopback (tansu 0.6: no TLS)"
 
 
 def infrastructure(
