@@ -35,6 +35,7 @@ from workers.client_security import nats_options, postgres_conninfo
 from workers.devbox import tls_servers
 from workers.devbox.box import Box
 from workers.devbox.pki import BoxCA, Issued, certificate_identity
+from workers.devbox.process import DevboxError
 from workers.devbox.secure import OPERATOR_KIND, SecureProfile
 from workers.settings import Settings
 from workers.temporal_connect import connect
@@ -132,12 +133,10 @@ def test_an_acquisition_runs_through_the_tls_temporal_and_status_names_each_list
         assert status[name]["mode"] == "managed" and status[name]["transport"].startswith(
             "TLS only"
         ), status[name]
-    # What is not TLS says so: Kafka (tansu cannot check client certificates) and the dev
+    # What is not TLS says so: Kafka (tansu 0.6 cannot serve TLS) and the dev
     # server nginx passes to, both on loopback.
     assert status["kafka"]["transport"].startswith("plaintext, loopback")
     assert status["temporal-backend"]["transport"].startswith("plaintext, loopback")
-
-    _sco(secure_box, "pools", "sync", "--region", "r1")
 
     async def acquire() -> tuple[AcquisitionState, int]:
         client = await connect(secure_box.operator, "r1")  # through nginx, with a certificate
@@ -290,3 +289,9 @@ def test_nats_refuses_a_box_certificate_that_maps_to_no_user(secure_box: SecureB
     with pytest.raises(Exception) as refused:
         asyncio.run(_nats_with(secure_box, unmapped))
     assert isinstance(refused.value, (OSError, nats.errors.Error)), repr(refused.value)
+
+
+def test_a_running_secure_box_keeps_its_profile(secure_box: SecureBox) -> None:
+    with pytest.raises(DevboxError, match="runs the secure profile"):
+        Box(Settings(), profile="default")
+    assert Box(Settings()).profile == "secure"  # status and down read it from the state

@@ -189,10 +189,24 @@ class Box:
         return out
 
     def down(self) -> list[str]:
-        """Stop what `up` started, newest first, and nothing else."""
+        """Stop what `up` started, and nothing else: the region's processes all at once
+        (none depends on another's shutdown; each finishes its step in hand), then the
+        services they used, newest first."""
         stopped = []
+        infra = {s.name for s in self._infrastructure()}
         with self.state_file.locked() as state:
-            for name in reversed(list(state.processes)):
+            names = list(reversed(list(state.processes)))
+            children = [n for n in names if n not in infra]
+            alive = [n for n in children if process.alive(state.processes[n])]
+            for name in alive:
+                self._step(name, f"stopping pid {state.processes[name].pid}")
+            if alive:
+                with ThreadPoolExecutor(max_workers=len(alive)) as stops:
+                    list(stops.map(lambda n: process.stop(state.processes[n]), alive))
+            stopped += alive
+            for name in children:
+                state.processes.pop(name)
+            for name in (n for n in names if n in infra):
                 rec = state.processes.pop(name)
                 if process.alive(rec):
                     self._step(name, f"stopping pid {rec.pid}")
