@@ -31,6 +31,7 @@ from temporalio.service import TLSConfig
 
 from tests.support import services, tools
 from tests.support.paths import REGIONS_DIR, REPO
+from tests.support.wait import eventually_async
 from workers.client_security import nats_options, postgres_conninfo
 from workers.devbox import tls_servers
 from workers.devbox.box import Box
@@ -281,6 +282,43 @@ def test_nats_and_temporal_refuse_another_cas_certificate(
         await nc.close()
 
     asyncio.run(operator())
+
+
+def test_a_relays_certificate_gets_its_halls_permissions_only(secure_box: SecureBox) -> None:
+    """The certificate's SPIFFE ID picks the NATS user: hall A's relay may publish hall A's
+    notices, and the server refuses the same publish for hall B."""
+    relay_a = secure_box.profile.issuer.issue("notice-relay/A", "r1")
+    tls = ssl.create_default_context(cafile=str(secure_box.profile.issuer.ca_file))
+    tls.load_cert_chain(str(relay_a.cert_path), str(relay_a.key_path))
+
+    async def publish() -> list[str]:
+        errors: list[str] = []
+
+        async def seen(exc: Exception) -> None:
+            errors.append(str(exc))
+
+        nc = await nats.connect(
+            secure_box.operator.nats_url, tls=tls, allow_reconnect=False, error_cb=seen
+        )
+        try:
+            await nc.publish("sco.r1.notice.A.probe", b"{}")
+            await nc.flush(timeout=5)
+            assert errors == []
+            await nc.publish("sco.r1.notice.B.probe", b"{}")
+            await nc.flush(timeout=5)
+
+            async def refused() -> bool:
+                return bool(errors)  # the server's -ERR may come after its PONG
+
+            await eventually_async(
+                refused, timeout=5, what="the server's permissions violation", retrying=()
+            )
+        finally:
+            await nc.close()
+        return errors
+
+    errors = asyncio.run(publish())
+    assert any("permissions violation" in e.lower() for e in errors), errors
 
 
 def test_nats_refuses_a_box_certificate_that_maps_to_no_user(secure_box: SecureBox) -> None:

@@ -275,10 +275,12 @@ class SecureNatsService(NatsService):
     reuse_external = False
     transport = "TLS only: client cert → NATS user"
 
-    def __init__(self, settings: Settings, profile: SecureProfile, regions: list[str]) -> None:
+    def __init__(self, settings: Settings, profile: SecureProfile) -> None:
         super().__init__(settings)
         self.p = profile
-        self.regions = regions
+        # Every configured region's identities, not only those `up` starts now: a later
+        # `up --regions` finds its users in the running server.
+        self.regions = list(dict.fromkeys([settings.region, *settings.regions]))
 
     @property
     def address(self) -> str:
@@ -377,7 +379,7 @@ def infrastructure(
     regions = regions or [settings.region]
     return [
         SecurePostgresService(settings, profile),
-        SecureNatsService(settings, profile, regions),
+        SecureNatsService(settings, profile),
         PlaintextKafkaService(settings),
         TemporalBackendService(settings, profile),
         SecureTemporalService(settings, profile),
