@@ -247,7 +247,7 @@ async def _nats_with(box: SecureBox, cert: Issued) -> None:
     await nc.close()
 
 
-def test_nats_and_temporal_refuse_another_cas_certificate(
+def test_nats_temporal_and_postgres_refuse_another_cas_certificate(
     secure_box: SecureBox, tmp_path: Path
 ) -> None:
     _, stranger = _stranger(tmp_path)
@@ -270,6 +270,16 @@ def test_nats_and_temporal_refuse_another_cas_certificate(
 
     with pytest.raises(RuntimeError):
         asyncio.run(temporal())
+
+    # PostgreSQL too: the right password, TLS, but a certificate the box's CA did not sign.
+    stranger_pg = psycopg.conninfo.make_conninfo(
+        postgres_conninfo(secure_box.operator),
+        sslcert=str(stranger.cert_path),
+        sslkey=str(stranger.key_path),
+        connect_timeout=5,
+    )
+    with pytest.raises(psycopg.OperationalError):
+        psycopg.connect(stranger_pg).close()
 
     # The operator's own certificate is let in, with the operator's permissions only.
     async def operator() -> None:
