@@ -6,6 +6,13 @@ REGION  ?= r1
 # REGIONS=r1,r2,r3: `make up` brings up each region's processes and Prometheus (and a global
 # Prometheus over them) and gives each region the example demand.
 REGIONS ?= $(REGION)
+# PROFILE=secure: the box runs its own TLS-only PostgreSQL (:5433), NATS (:4223) and Temporal
+# behind nginx's mutual TLS (:7234), each process with a certificate of the box's CA; the
+# `sco` commands below then use the operator's settings file the box writes (SCO_CONFIG).
+PROFILE ?= default
+ifeq ($(PROFILE),secure)
+AS_OPERATOR = SCO_CONFIG=$(CURDIR)/.sco/secure/settings/operator-$$r.toml
+endif
 STAMP   := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 # CLOUD=simulator (default): the simulated cloud service. CLOUD=testcloud: the real
 # OpenStack test cloud (`make testcloud-up` first) through openstacksdk.
@@ -43,16 +50,17 @@ $(STAMP): pyproject.toml
 ## three example contracts demand: the controllers start acquisitions against the local
 ## provider, listed here and in the Temporal UI.
 up: $(STAMP)
-	SCO_REGION=$(REGION) $(BIN)/sco dev up --workers --regions $(REGIONS)
+	SCO_REGION=$(REGION) $(BIN)/sco dev up --workers --regions $(REGIONS) --profile $(PROFILE)
 	@for r in $$(echo $(REGIONS) | tr , ' '); do \
-	    SCO_REGION=$$r $(BIN)/sco pools sync --region $$r && \
-	    { [ $$r = r3 ] || SCO_REGION=$$r $(BIN)/sco demand set spark-etl 120 --region $$r; } && \
-	    SCO_REGION=$$r $(BIN)/sco demand set ci-runners 200 --region $$r && \
-	    SCO_REGION=$$r $(BIN)/sco demand set search-api 40 --region $$r || exit 1; \
+	    $(AS_OPERATOR) SCO_REGION=$$r $(BIN)/sco pools sync --region $$r && \
+	    { [ $$r = r3 ] || $(AS_OPERATOR) SCO_REGION=$$r $(BIN)/sco demand set spark-etl 120 --region $$r; } && \
+	    $(AS_OPERATOR) SCO_REGION=$$r $(BIN)/sco demand set ci-runners 200 --region $$r && \
+	    $(AS_OPERATOR) SCO_REGION=$$r $(BIN)/sco demand set search-api 40 --region $$r || exit 1; \
 	done
 	@sleep 3; for r in $$(echo $(REGIONS) | tr , ' '); do \
-	    SCO_REGION=$$r $(BIN)/sco acquisitions list --all --region $$r; done
-	@echo "Temporal UI: http://127.0.0.1:8233/namespaces/$(REGION)/workflows?query=WorkflowType%3D%22AcquisitionWorkflow%22"
+	    $(AS_OPERATOR) SCO_REGION=$$r $(BIN)/sco acquisitions list --all --region $$r; done
+	@[ $(PROFILE) != secure ] || echo "Secure profile: no Temporal UI; sco needs export SCO_CONFIG=$(CURDIR)/.sco/secure/settings/operator-$(REGION).toml"
+	@[ $(PROFILE) = secure ] || echo "Temporal UI: http://127.0.0.1:8233/namespaces/$(REGION)/workflows?query=WorkflowType%3D%22AcquisitionWorkflow%22"
 	@echo "Prometheus:  http://127.0.0.1:9090/alerts (region $(REGION); with REGIONS=r1,r2,r3 r2 is :9091, r3 :9092, the global query :9089)"
 
 down: $(STAMP)

@@ -7,6 +7,7 @@ settings (the TOML file may set `[log]`), so a worker's first line is already in
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from typing import TYPE_CHECKING, Literal, TextIO
@@ -97,11 +98,18 @@ def configure_owned(log: LogSettings) -> None:
         configure_from_settings(log)
 
 
-def quiet_libraries() -> None:
-    import logging
+def _not_asyncio_ssl_eof(record: logging.LogRecord) -> bool:
+    """asyncio warns on every TLS connection nats-py closes (its protocol answers EOF with
+    True, which only plain transports honour): noise in every command against TLS NATS."""
+    return "eof_received() has no effect when using ssl" not in record.getMessage()
 
+
+def quiet_libraries() -> None:
     # One line per HTTP request (the Kubernetes and OpenStack clients) drowns the rest.
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    aio = logging.getLogger("asyncio")
+    if _not_asyncio_ssl_eof not in aio.filters:
+        aio.addFilter(_not_asyncio_ssl_eof)
 
 
 def prepare_temporal_logging(log: LogSettings, stream: TextIO | None = None) -> None:

@@ -39,14 +39,22 @@ class User:
     subscribe: list[str]
     allow_responses: bool = False
 
-    def as_config(self, password: str) -> dict[str, Any]:
-        permissions: dict[str, Any] = {
+    def permissions(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
             "publish": {"allow": self.publish},
             "subscribe": {"allow": self.subscribe},
         }
         if self.allow_responses:
-            permissions["allow_responses"] = True
-        return {"user": self.name, "password": password, "permissions": permissions}
+            out["allow_responses"] = True
+        return out
+
+    def as_config(self, password: str) -> dict[str, Any]:
+        return {"user": self.name, "password": password, "permissions": self.permissions()}
+
+    def as_mapped_config(self, identity: str) -> dict[str, Any]:
+        """The user a client certificate maps to (nats-server `verify_and_map`): named by
+        the certificate's identity (a SPIFFE ID), with this role's permissions, no password."""
+        return {"user": identity, "permissions": self.permissions()}
 
 
 #: Every identity but an agent gets replies under `_INBOX_SCO.<user>` (nats_options adds

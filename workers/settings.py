@@ -90,9 +90,8 @@ class NatsAuthSettings(BaseModel):
     @model_validator(mode="after")
     def _one_way_in(self) -> NatsAuthSettings:
         # A password file alone is fine: the user may come from elsewhere (the environment:
-        # one settings file for every process, one NATS user per process kind).
-        if self.user and self.password_file is None:
-            raise ValueError("user needs password_file")
+        # one settings file for every process, one NATS user per process kind). A user
+        # without one is named by its client certificate (Settings checks nats_tls has it).
         ways = [
             name
             for name, on in (
@@ -106,6 +105,24 @@ class NatsAuthSettings(BaseModel):
         if len(ways) > 1:
             raise ValueError(f"one NATS credential at a time, not {' and '.join(ways)}")
         return self
+
+
+class BoxSettings(BaseModel):
+    """The region in a box (`sco dev up`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # default: plaintext on loopback, the machine's PostgreSQL and NATS when they answer.
+    # secure: the box's own TLS-only PostgreSQL, NATS and Temporal (behind nginx, mutual
+    # TLS), every process with a certificate of the box's CA (`sco dev up --profile secure`).
+    profile: Literal["default", "secure"] = "default"
+    # The secure profile's listeners, on 127.0.0.1 (apart from the default profile's, so
+    # the machine's shared PostgreSQL and NATS keep theirs).
+    secure_postgres_port: int = Field(default=5433, ge=1, le=65535)
+    secure_nats_port: int = Field(default=4223, ge=1, le=65535)
+    secure_temporal_port: int = Field(default=7234, ge=1, le=65535)
+    # The Temporal dev server nginx passes to: loopback only, plaintext (it has no TLS).
+    secure_temporal_backend_port: int = Field(default=7235, ge=1, le=65535)
 
 
 class TemporalSettings(BaseModel):
@@ -658,6 +675,17 @@ class Settings(BaseSettings):
     estate: EstateSettings = EstateSettings()
     console: ConsoleSettings = ConsoleSettings()
     openbao: OpenBaoSettings = OpenBaoSettings()
+    box: BoxSettings = BoxSettings()
+
+    @model_validator(mode="after")
+    def _nats_user_has_a_credential(self) -> Settings:
+        a = self.nats_auth
+        if a.user and a.password_file is None and self.nats_tls.client_cert_file is None:
+            raise ValueError(
+                "nats_auth.user needs nats_auth.password_file or a client certificate "
+                "(nats_tls.client_cert_file) that maps to it"
+            )
+        return self
 
     @model_validator(mode="after")
     def _budget_within_provider_limit(self) -> Settings:

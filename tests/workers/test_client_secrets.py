@@ -147,10 +147,21 @@ def test_nats_credentials_come_from_files(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("auth", "error"),
     [
-        ({"user": "control-r1"}, "user needs password_file"),
+        ({"user": "control-r1"}, "user needs nats_auth.password_file or a client certificate"),
         ({"creds_file": "/x", "token_file": "/y"}, "one NATS credential at a time"),
     ],
 )
 def test_nats_credentials_are_one_way_in(auth: dict[str, str], error: str) -> None:
     with pytest.raises(ValueError, match=error):
         Settings(nats_auth=auth)
+
+
+def test_a_nats_user_named_by_its_client_certificate_needs_no_password(tmp_path: Path) -> None:
+    """The secure box maps each certificate to its user (verify_and_map): the user names
+    the identity's inbox, and no password is sent."""
+    cert, key = tmp_path / "c.crt", tmp_path / "c.key"
+    s = Settings(
+        nats_auth={"user": "control-r1"},
+        nats_tls={"enabled": True, "client_cert_file": cert, "client_key_file": key},
+    )
+    assert s.nats_auth.user == "control-r1" and s.nats_auth.password_file is None

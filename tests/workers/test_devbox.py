@@ -132,7 +132,7 @@ def test_a_taken_port_is_a_one_line_error_and_nothing_is_left_running(
 def test_a_missing_binary_is_named(
     box_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(devbox_services, "_venv_bin", lambda name: None)
+    monkeypatch.setattr(devbox_services, "venv_bin", lambda name: None)
     box = Box(Settings())
     with pytest.raises(DevboxError, match=r"^nats-server|^kafka|^temporal: binary"):
         box.up()

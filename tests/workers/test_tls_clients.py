@@ -48,6 +48,7 @@ from tests.support.control_harness import (
 from tests.support.paths import REGIONS_DIR, REPO
 from tests.support.wait import eventually, eventually_async
 from workers.client_security import nats_options, postgres_conninfo
+from workers.devbox import tls_servers
 from workers.devbox.process import port_open
 from workers.settings import Settings
 from workers.temporal_bootstrap import bootstrap_namespace, ensure_search_attributes
@@ -63,7 +64,6 @@ from workflows.acquisition.workflow import AcquisitionWorkflow
 
 pytestmark = pytest.mark.timeout(180)
 
-PG_BIN = Path("/usr/lib/postgresql/15/bin")
 OPERATOR_SUBJECT = "CN=dana,O=sco-operators"
 
 
@@ -130,58 +130,38 @@ class TlsPostgres:
     password_file: Path
 
 
-def _as_postgres(*argv: str) -> list[str]:
-    """initdb and pg_ctl refuse to run as root: run them as the postgres user then."""
-    if os.geteuid() != 0:
-        return list(argv)
-    return ["runuser", "-u", "postgres", "--", *argv]
-
-
 @pytest.fixture(scope="module")
 def tls_postgres(certs: CertSet) -> Iterator[TlsPostgres]:
-    initdb = need("initdb", str(PG_BIN / "initdb"))
-    pg_ctl = need("pg_ctl", str(PG_BIN / "pg_ctl"))
+    bin_dir = tls_servers.postgres_bin_dir()
+    if bin_dir is None:
+        pytest.skip("PostgreSQL server binaries missing: apt-get install -y postgresql")
+    pg_ctl = need("pg_ctl", str(bin_dir / "pg_ctl"))
+    user = tls_servers.postgres_run_as()
     # Outside pytest's tmp tree: that is private to root, and the server runs as postgres.
     base = Path(tempfile.mkdtemp(prefix="sco-pgtls-"))
     base.chmod(0o755)
+    tls_servers.give_to(user, base)  # the server writes its log and socket there
     data, secrets = base / "data", base / "secrets"
-    secrets.mkdir()
-    password = uuid.uuid4().hex
-    (secrets / "pw").write_text(password + "\n")
-    for src in (certs.server_cert, certs.server_key):
-        shutil.copy(src, secrets / src.name)
-    if os.geteuid() == 0:
-        shutil.chown(base, "postgres")
-        for p in secrets.iterdir():
-            shutil.chown(p, "postgres")
-        shutil.chown(secrets, "postgres")
-    (secrets / "server.key").chmod(0o600)
-    subprocess.run(
-        _as_postgres(initdb, "-D", str(data), "-U", "postgres", "--auth-local=trust",
-                     "--auth-host=scram-sha-256", f"--pwfile={secrets / 'pw'}"),
-        check=True, capture_output=True,
-    )  # fmt: skip
+    (base / "pw").write_text(uuid.uuid4().hex + "\n")
+    (base / "pw").chmod(0o600)
+    pw = tls_servers.copy_private(base / "pw", secrets / "pw", user)
+    cert = tls_servers.copy_private(certs.server_cert, secrets / "server.crt", user)
+    key = tls_servers.copy_private(certs.server_key, secrets / "server.key", user)
+    ca = tls_servers.copy_private(certs.ca, secrets / "ca.crt", user)
+    tls_servers.init_postgres(bin_dir, data, pw, user)
     port = services.free_port()
     with (data / "postgresql.conf").open("a") as conf:
-        conf.write(
-            f"port = {port}\nlisten_addresses = '127.0.0.1'\n"
-            f"unix_socket_directories = '{base}'\nssl = on\n"
-            f"ssl_cert_file = '{secrets / 'server.crt'}'\n"
-            f"ssl_key_file = '{secrets / 'server.key'}'\n"
-        )
+        conf.write(tls_servers.tls_postgres_conf("127.0.0.1", port, cert, key, ca, base))
     # Only TLS connections, with a password: a client that skips TLS is refused too.
-    (data / "pg_hba.conf").write_text(
-        "local all all trust\nhostssl all all 127.0.0.1/32 scram-sha-256\n"
-        "hostnossl all all 127.0.0.1/32 reject\n"
-    )
+    (data / "pg_hba.conf").write_text(tls_servers.tls_only_hba(client_cert=False))
     subprocess.run(
-        _as_postgres(pg_ctl, "-D", str(data), "-l", str(base / "log"), "-w", "-t", "30", "start"),
-        check=True, capture_output=True,
+        [pg_ctl, "-D", str(data), "-l", str(base / "log"), "-w", "-t", "30", "start"],
+        check=True, capture_output=True, user=user,
     )  # fmt: skip
     try:
-        yield TlsPostgres(port, secrets / "pw")
+        yield TlsPostgres(port, base / "pw")
     finally:
-        subprocess.run(_as_postgres(pg_ctl, "-D", str(data), "-m", "fast", "stop"), check=False)
+        subprocess.run([pg_ctl, "-D", str(data), "-m", "fast", "stop"], check=False, user=user)
         shutil.rmtree(base, ignore_errors=True)
 
 
@@ -257,38 +237,14 @@ def mtls_proxy(
     upstream = dev_server_env.client.service_client.config.target_host
     port = services.free_port()
     run = tmp_path / "nginx"
-    run.mkdir()
-    run.chmod(0o777)
-    conf = run / "nginx.conf"
-    conf.write_text(f"""
-daemon off;
-pid {run}/nginx.pid;
-error_log {run}/error.log info;
-events {{}}
-http {{
-    access_log off;
-    client_body_temp_path {run}/body;
-    proxy_temp_path {run}/proxy;
-    fastcgi_temp_path {run}/fastcgi;
-    uwsgi_temp_path {run}/uwsgi;
-    scgi_temp_path {run}/scgi;
-    server {{
-        listen 127.0.0.1:{port} ssl http2;
-        ssl_certificate {certs.server_cert};
-        ssl_certificate_key {certs.server_key};
-        ssl_client_certificate {certs.ca};
-        ssl_verify_client on;
-        client_max_body_size 0;
-        location / {{
-            grpc_pass grpc://{upstream};
-            # Workers long-poll for tasks (about a minute): keep such calls open.
-            grpc_read_timeout 300s;
-            grpc_send_timeout 300s;
-        }}
-    }}
-}}
-""")
-    proc = subprocess.Popen([nginx, "-c", str(conf), "-p", str(run)], stderr=subprocess.PIPE)
+    argv = tls_servers.nginx_argv(
+        nginx,
+        run,
+        tls_servers.nginx_grpc_mtls_conf(
+            run, "127.0.0.1", port, certs.server_cert, certs.server_key, certs.ca, upstream
+        ),
+    )
+    proc = subprocess.Popen(argv, stderr=subprocess.PIPE)
     try:
 
         def listening() -> bool:
@@ -425,12 +381,15 @@ async def test_worker_and_cli_run_an_acquisition_through_the_mtls_proxy(
 def tls_nats(certs: CertSet, tmp_path: Path) -> Iterator[str]:
     binary = need("nats-server", str(Path(sys.executable).parent / "nats-server"))
     port = services.free_port()
+    conf = tmp_path / "nats.conf"
+    conf.write_text(
+        tls_servers.nats_tls_config(
+            "127.0.0.1", port, tmp_path / "js", certs.server_cert, certs.server_key, certs.ca
+        )
+    )
     proc = subprocess.Popen(
-        [binary, "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(tmp_path / "js"),
-         "--tls", "--tlscert", str(certs.server_cert), "--tlskey", str(certs.server_key),
-         "--tlsverify", "--tlscacert", str(certs.ca)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        [binary, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     try:
         eventually(
             lambda: port_open("127.0.0.1", port),

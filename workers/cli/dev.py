@@ -30,10 +30,10 @@ app = typer.Typer(
 app.add_typer(bao_app, name="bao")
 
 
-def _show(statuses: list[ServiceStatus]) -> None:
+def _show(statuses: list[ServiceStatus], profile: str) -> None:
     table(
-        "SCO region in a box",
-        ["service", "mode", "address", "health", "pid", "detail"],
+        f"SCO region in a box: {profile} profile",
+        ["service", "mode", "address", "health", "pid", "transport", "detail"],
         [
             [
                 s.name,
@@ -41,11 +41,17 @@ def _show(statuses: list[ServiceStatus]) -> None:
                 s.address,
                 "[green]ok[/]" if s.healthy else "[red]down[/]",
                 s.pid,
+                s.transport,
                 s.detail,
             ]
             for s in statuses
         ],
     )
+
+
+def _as_json(box: Box, statuses: list[ServiceStatus]) -> None:
+    """One object per service (the shape scripts read), each naming the box's profile."""
+    print_json([{**x.as_dict(), "profile": box.profile} for x in statuses])
 
 
 @app.command()
@@ -66,6 +72,13 @@ def up(
         help="Comma-separated regions whose processes --workers starts, each with its own "
         "ports and Prometheus, plus a global Prometheus over them (default: the region).",
     ),
+    profile: str | None = typer.Option(
+        None,
+        "--profile",
+        help="default: plaintext on loopback, the machine's PostgreSQL and NATS when they "
+        "answer. secure: the box's own TLS-only PostgreSQL, NATS and Temporal (mutual TLS), "
+        "a certificate per process from the box's CA (default: box.profile).",
+    ),
 ) -> None:
     """Start every service that does not already answer; idempotent."""
     s = settings()
@@ -75,11 +88,14 @@ def up(
         chosen = [known_region(s, r.strip()) for r in regions.split(",")]
         if len(set(chosen)) != len(chosen):
             fail(f"--regions {shown(regions)}: a region named twice")
+    if profile not in (None, "default", "secure"):
+        fail(f"--profile {shown(profile)}: not default or secure")
     with errors_as_exit(DevboxError):
         box = Box(
             s,
             with_workers=workers,
             regions=chosen or None,
+            profile="secure" if profile == "secure" else "default" if profile else None,
             on_step=lambda name, msg: progress.print(
                 f"[cyan]{name:>16}[/] {mask_credentials(msg)}"
             ),
@@ -90,11 +106,17 @@ def up(
     except KeyboardInterrupt:
         fail("interrupted; stopped what this run had started", code=130)
     if as_json:
-        print_json([x.as_dict() for x in statuses])
+        _as_json(box, statuses)
     else:
-        _show(statuses)
+        _show(statuses, box.profile)
     temporal = next(x for x in statuses if x.name == "temporal")
-    progress.print(f"Temporal UI: http://{temporal.address.split(':')[0]}:{s.temporal.ui_port}")
+    if box.secure is None:
+        ui = f"http://{temporal.address.split(':')[0]}:{s.temporal.ui_port}"
+        progress.print(f"Temporal UI: {ui}")
+    else:
+        progress.print("secure profile: no Temporal UI; the sco command needs its settings file:")
+        for region, path in box.operator_settings_files().items():
+            progress.print(f"  region {region}: export SCO_CONFIG={path}")
     for prom in (x for x in statuses if x.name.startswith("prometheus")):
         progress.print(f"{prom.name}: {prom.address} (alerts: {prom.address}/alerts)")
     if foreground:
@@ -108,13 +130,15 @@ def up(
 
 @app.command()
 def status(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
-    """Each service, its address and health. Exit 1 when any is unhealthy."""
-    box = Box(settings())
+    """The profile; each service, its address, TLS or plaintext, and health. Exit 1 when any
+    is unhealthy."""
+    with errors_as_exit(DevboxError):
+        box = Box(settings())
     statuses = box.status()
     if as_json:
-        print_json([s.as_dict() for s in statuses])
+        _as_json(box, statuses)
     else:
-        _show(statuses)
+        _show(statuses, box.profile)
     if not all(s.healthy for s in statuses):
         raise typer.Exit(1)
 

@@ -8,12 +8,18 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from types import FrameType
+from typing import TYPE_CHECKING, Literal
 
 from workers.devbox import process
 from workers.devbox.process import DevboxError
 from workers.devbox.services import Service, infrastructure, region_processes
 from workers.devbox.state import StateFile
 from workers.settings import Settings
+
+if TYPE_CHECKING:
+    from workers.devbox.secure import SecureProfile
+
+Profile = Literal["default", "secure"]
 
 
 @dataclass
@@ -24,6 +30,7 @@ class ServiceStatus:
     healthy: bool
     detail: str
     pid: int | None = None
+    transport: str = ""  # TLS or plaintext, at this listener
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -40,11 +47,27 @@ class Box:
         with_workers: bool = False,
         regions: list[str] | None = None,
         on_step: Progress | None = None,
+        profile: Profile | None = None,
     ) -> None:
         """`regions`: whose processes `up` starts (default: the settings' region); `status`
-        and `down` read the regions `up` recorded."""
-        self.s = settings
+        and `down` read the regions `up` recorded. `profile` (default `box.profile`): the
+        one a running box was brought up with wins for `status` and `down`."""
         self.state_file = StateFile(settings.data_dir)
+        recorded = self.state_file.read()
+        running = recorded.profile if recorded.processes else None
+        self.profile: Profile = profile or running or settings.box.profile
+        if running and profile and running != profile:
+            raise DevboxError(
+                f"the box runs the {running} profile; `sco dev down` before "
+                f"`sco dev up --profile {profile}`"
+            )
+        self.secure: SecureProfile | None = None
+        if self.profile == "secure":
+            from workers.devbox.secure import BOX_KIND, SecureProfile
+
+            self.secure = SecureProfile(settings)
+            settings = self.secure.settings_for(BOX_KIND, settings.region, settings)
+        self.s = settings
         self._with_workers = with_workers
         self._regions = list(regions) if regions else None
         self._step = on_step or (lambda _name, _msg: None)
@@ -56,18 +79,36 @@ class Box:
     def regions(self) -> list[str]:
         return self._regions or self.state_file.read().regions or [self.s.region]
 
+    def _infrastructure(self, regions: list[str] | None = None) -> list[Service]:
+        if self.secure is not None:
+            from workers.devbox import secure
+
+            return secure.infrastructure(self.s, self.secure, regions or self.regions)
+        return infrastructure(self.s, regions)
+
     def services(self, *, workers: bool | None = None) -> list[Service]:
         workers = self._with_workers if workers is None else workers
         regions = self.regions
-        return infrastructure(self.s, regions) + (
-            region_processes(self.s, regions) if workers else []
+        identity = self.secure.child_env if self.secure is not None else None
+        return self._infrastructure(regions) + (
+            region_processes(self.s, regions, identity) if workers else []
         )
+
+    def operator_settings_files(self) -> dict[str, str]:
+        """The secure box: per region, the settings file the operator's `sco` uses
+        (`SCO_CONFIG=...`); the default box needs none."""
+        if self.secure is None:
+            return {}
+        return {r: str(self.secure.operator_file(r)) for r in self.regions}
 
     def up(self) -> list[ServiceStatus]:
         """Bring every service up; idempotent. Interrupted or failed: undo this run's starts."""
         result: list[ServiceStatus] = []
         services = self.services()
         with self.state_file.locked() as state, _sigterm_as_interrupt() as interrupts:
+            if state.processes and state.profile != self.profile:
+                raise DevboxError(f"the box runs the {state.profile} profile; `sco dev down` first")
+            state.profile = self.profile
             if self._with_workers:
                 state.regions = self.regions
             started: list[str] = []
@@ -76,7 +117,7 @@ class Box:
                     rec = state.processes.get(svc.name)
                     if rec is not None and process.alive(rec):
                         mode, detail = "managed", "already running"
-                    elif not svc.managed_only and (health := svc.probe()).ok:
+                    elif not svc.managed_only and svc.reuse_external and (health := svc.probe()).ok:
                         rec, mode, detail = None, svc.answering_mode, health.detail
                     else:
                         self._step(svc.name, f"starting at {svc.address}")
@@ -89,10 +130,9 @@ class Box:
                     interrupts.check()
                     detail = f"{detail}; {prepared}" if prepared else detail
                     self._step(svc.name, detail)
+                    pid = rec.pid if rec else None
                     result.append(
-                        ServiceStatus(
-                            svc.name, mode, svc.address, True, detail, rec.pid if rec else None
-                        )
+                        ServiceStatus(svc.name, mode, svc.address, True, detail, pid, svc.transport)
                     )
             except BaseException:
                 for name in reversed(started):
@@ -105,7 +145,7 @@ class Box:
         state = self.state_file.read()
         out = []
         recorded_workers = any(
-            n not in {s.name for s in infrastructure(self.s)} for n in state.processes
+            n not in {s.name for s in self._infrastructure()} for n in state.processes
         )
         services = self.services(workers=self._with_workers or recorded_workers)
         # Probes wait on the network (a service that is down costs its timeout): all at once,
@@ -128,6 +168,7 @@ class Box:
                         ok,
                         "running" if ok else "not running",
                         rec.pid if ok and rec else None,
+                        svc.transport,
                     )
                 )
                 continue
@@ -142,15 +183,30 @@ class Box:
                     h.ok,
                     h.detail,
                     rec.pid if ours and rec else None,
+                    svc.transport,
                 )
             )
         return out
 
     def down(self) -> list[str]:
-        """Stop what `up` started, newest first, and nothing else."""
+        """Stop what `up` started, and nothing else: the region's processes all at once
+        (none depends on another's shutdown; each finishes its step in hand), then the
+        services they used, newest first."""
         stopped = []
+        infra = {s.name for s in self._infrastructure()}
         with self.state_file.locked() as state:
-            for name in reversed(list(state.processes)):
+            names = list(reversed(list(state.processes)))
+            children = [n for n in names if n not in infra]
+            alive = [n for n in children if process.alive(state.processes[n])]
+            for name in alive:
+                self._step(name, f"stopping pid {state.processes[name].pid}")
+            if alive:
+                with ThreadPoolExecutor(max_workers=len(alive)) as stops:
+                    list(stops.map(lambda n: process.stop(state.processes[n]), alive))
+            stopped += alive
+            for name in children:
+                state.processes.pop(name)
+            for name in (n for n in names if n in infra):
                 rec = state.processes.pop(name)
                 if process.alive(rec):
                     self._step(name, f"stopping pid {rec.pid}")

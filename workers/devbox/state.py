@@ -7,6 +7,7 @@ import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel
 
@@ -17,6 +18,8 @@ class BoxState(BaseModel):
     processes: dict[str, ProcessRecord] = {}
     #: The regions `up --workers` started processes for (empty: the settings' region).
     regions: list[str] = []
+    #: The profile `up` ran with (`status` and `down` use it): default or secure.
+    profile: Literal["default", "secure"] = "default"
 
 
 class StateFile:

