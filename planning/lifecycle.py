@@ -1,0 +1,299 @@
+"""Voluntary replacements of one region's instances, within budget and without churn (pure).
+
+The lifecycle workflow (workflows/lifecycle/) asks this each round with a snapshot; it
+answers which instances to replace now, where the replacement goes, and which candidates
+are held back and why. Reasons, in the order they are considered (an instance is
+disrupted for one reason only):
+
+- drift: the instance no longer conforms to its contract (planning/drift.py);
+- return from fallback: a committed fallback instance (bought by the controller when
+  reclaimable capacity ran out) whose contract's allowed reclaimable pools have free
+  capacity again: a reclaimable replacement stops the fallback spend;
+- expiry: older than the contract's `max_instance_age_hours` (planning/voluntary.py).
+
+Every replacement is make-before-break (the workflow launches it first), so a candidate
+with no allowed pool that has room and covers at least the old instance's units is held
+back, never broken. Each reason goes through `allowed_disruptions` (the contract's
+disruption budget and blackouts). Anti-churn for return from fallback: the instance is at
+least `min_age_seconds` old, the target pool has shown free capacity on `stable_rounds`
+rounds in a row (hysteresis: a pool flickering free is never chased), and the replacement
+saves at least `min_saving_per_hour`. Drift and expiry are not held by age or saving: the
+contract asked for them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from datetime import datetime, timedelta
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from contracts.disruption import DisruptionReason
+from contracts.model import Contract
+from planning.disruption_budget import BudgetVerdict, allowed_disruptions
+from planning.drift import fleet_drift, is_serving
+from planning.voluntary import expired
+
+
+class LifeInstance(BaseModel):
+    """One of a contract's live instances in the region (drift reads the placement fields;
+    `units`: demand units it carries for its contract's current unit shape)."""
+
+    instance_id: str
+    region: str
+    workload: str
+    pool_id: str
+    hall: str
+    sku: str
+    size: str
+    state: str = "active"
+    committed: bool = False
+    # A committed instance the region controller bought as fallback (not a floor's).
+    fallback: bool = False
+    created_at: datetime
+    price_per_hour: float = 0.0
+    units: int = 1
+    provider_id: str | None = None
+
+
+class LifePool(BaseModel):
+    """A reclaimable pool the contract's placement allows in the region."""
+
+    pool_id: str
+    hall: str
+    flavor: str
+    price_per_hour: float
+    units: int = Field(ge=0)  # units one instance carries for the contract
+    free: int = Field(default=0, ge=0)  # instances that can start there now
+    excluded: bool = False
+
+
+class ContractLife(BaseModel):
+    contract: Contract
+    tier: int = 3
+    instances: list[LifeInstance] = []
+    pools: list[LifePool] = []
+
+
+class AntiChurn(BaseModel):
+    min_age_seconds: float = Field(default=3600.0, ge=0)
+    stable_rounds: int = Field(default=2, ge=1)
+    min_saving_per_hour: float = Field(default=0.0, ge=0)
+
+
+class Replacement(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    contract: str
+    instance_id: str  # the instance to replace
+    reason: DisruptionReason
+    why: str
+    pool_id: str  # where its replacement starts
+    hall: str
+    flavor: str
+    units: int
+    old_price_per_hour: float
+    new_price_per_hour: float
+
+    @property
+    def saving_per_hour(self) -> float:
+        return self.old_price_per_hour - self.new_price_per_hour
+
+
+class Held(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    contract: str
+    instance_id: str
+    reason: DisruptionReason
+    why: str
+
+
+class LifecyclePlan(BaseModel):
+    replace: list[Replacement] = []
+    held: list[Held] = []
+    verdicts: dict[str, list[BudgetVerdict]] = {}  # contract -> the verdicts it met
+
+
+class _Candidate(BaseModel):
+    instance: LifeInstance
+    reason: DisruptionReason
+    why: str
+
+
+def _target(
+    pools: Sequence[LifePool],
+    room: Mapping[str, int],
+    units: int,
+    *,
+    streak: Mapping[str, int] | None = None,
+    stable_rounds: int = 1,
+) -> LifePool | None:
+    """The cheapest allowed pool with room whose instance covers at least `units`."""
+    fits = [
+        p
+        for p in pools
+        if not p.excluded
+        and p.units >= max(units, 1)
+        and room.get(p.pool_id, 0) > 0
+        and (streak is None or streak.get(p.pool_id, 0) >= stable_rounds)
+    ]
+    return min(fits, key=lambda p: (p.price_per_hour, p.pool_id), default=None)
+
+
+def _candidates(view: ContractLife, now: datetime) -> list[_Candidate]:
+    contract = view.contract
+    serving = [i for i in view.instances if is_serving(i) and i.workload == contract.name]
+    out: list[_Candidate] = []
+    drift = fleet_drift([contract], serving)
+    for inst in sorted(serving, key=lambda i: i.instance_id):
+        verdict = drift.get(inst.instance_id)
+        if verdict is not None and verdict.drifted:
+            out.append(_Candidate(instance=inst, reason=DisruptionReason.DRIFT, why=verdict.why))
+    taken = {c.instance.instance_id for c in out}
+    for inst in sorted(serving, key=lambda i: (i.created_at, i.instance_id)):
+        if inst.fallback and inst.state == "active" and inst.instance_id not in taken:
+            out.append(
+                _Candidate(
+                    instance=inst,
+                    reason=DisruptionReason.RETURN_FROM_FALLBACK,
+                    why=f"fallback in {inst.pool_id} at {inst.price_per_hour:.3f}/h",
+                )
+            )
+            taken.add(inst.instance_id)
+    for inst, age in expired(contract, serving, now):
+        if inst.instance_id not in taken:
+            hours = age.total_seconds() / 3600
+            out.append(
+                _Candidate(
+                    instance=inst,
+                    reason=DisruptionReason.EXPIRY,
+                    why=f"{hours:.1f} h old, over max_instance_age_hours",
+                )
+            )
+    return out
+
+
+def plan_lifecycle(
+    views: Sequence[ContractLife],
+    *,
+    now: datetime,
+    free_streak: Mapping[str, int],
+    in_flight: Mapping[str, Mapping[DisruptionReason, int]] | None = None,
+    paused: Collection[str] = (),
+    anti_churn: AntiChurn = AntiChurn(),
+) -> LifecyclePlan:
+    """What to replace now in one region.
+
+    `free_streak`: per pool id, the rounds in a row it has shown free capacity (this one
+    included); `in_flight`: voluntary disruptions already under way per contract and
+    reason; `paused`: contracts an operator paused (every candidate held)."""
+    plan = LifecyclePlan()
+    busy_all = in_flight or {}
+    room: dict[str, int] = {}
+    for view in views:
+        for p in view.pools:
+            room[p.pool_id] = min(room.get(p.pool_id, p.free), p.free)
+    min_age = timedelta(seconds=anti_churn.min_age_seconds)
+    for view in sorted(views, key=lambda v: v.contract.name):
+        name = view.contract.name
+        candidates = _candidates(view, now)
+        if not candidates:
+            continue
+        if name in paused:
+            plan.held += [
+                Held(
+                    contract=name, instance_id=c.instance.instance_id, reason=c.reason, why="paused"
+                )
+                for c in candidates
+            ]
+            continue
+        serving = sum(1 for i in view.instances if is_serving(i))
+        busy = dict(busy_all.get(name, {}))
+        verdicts: dict[DisruptionReason, BudgetVerdict] = {}
+        for c in candidates:
+            inst = c.instance
+            hold = _anti_churn(c, now, min_age, anti_churn)
+            target: LifePool | None = None
+            if hold is None:
+                fallback = c.reason is DisruptionReason.RETURN_FROM_FALLBACK
+                target = _target(
+                    view.pools,
+                    room,
+                    inst.units,
+                    streak=free_streak if fallback else None,
+                    stable_rounds=anti_churn.stable_rounds,
+                )
+                if target is None:
+                    hold = (
+                        f"no allowed reclaimable pool has had room for {inst.units} unit(s) on "
+                        f"{anti_churn.stable_rounds} rounds in a row"
+                        if fallback
+                        else f"no allowed reclaimable pool has room for {inst.units} unit(s)"
+                    )
+                elif (
+                    fallback
+                    and inst.price_per_hour - target.price_per_hour < anti_churn.min_saving_per_hour
+                ):
+                    hold = (
+                        f"saves {inst.price_per_hour - target.price_per_hour:.3f}/h, under "
+                        f"min_saving_per_hour {anti_churn.min_saving_per_hour:g}"
+                    )
+            if hold is not None or target is None:
+                plan.held.append(
+                    Held(
+                        contract=name, instance_id=inst.instance_id, reason=c.reason, why=hold or ""
+                    )
+                )
+                continue
+            v = allowed_disruptions(
+                view.contract.disruption, c.reason, now=now, instances=serving, in_flight=busy
+            )
+            verdicts[c.reason] = v
+            if v.allowed is not None and v.allowed <= 0:
+                plan.held.append(
+                    Held(contract=name, instance_id=inst.instance_id, reason=c.reason, why=v.why)
+                )
+                continue
+            busy[c.reason] = busy.get(c.reason, 0) + 1
+            room[target.pool_id] = room.get(target.pool_id, 0) - 1
+            plan.replace.append(
+                Replacement(
+                    contract=name,
+                    instance_id=inst.instance_id,
+                    reason=c.reason,
+                    why=c.why,
+                    pool_id=target.pool_id,
+                    hall=target.hall,
+                    flavor=target.flavor,
+                    units=target.units,
+                    old_price_per_hour=inst.price_per_hour,
+                    new_price_per_hour=target.price_per_hour,
+                )
+            )
+        if verdicts:
+            plan.verdicts[name] = [verdicts[r] for r in sorted(verdicts)]
+    return plan
+
+
+def _anti_churn(
+    c: _Candidate, now: datetime, min_age: timedelta, anti_churn: AntiChurn
+) -> str | None:
+    if c.reason is not DisruptionReason.RETURN_FROM_FALLBACK:
+        return None
+    age = now - c.instance.created_at
+    if age < min_age:
+        return (
+            f"{age.total_seconds():.0f} s old, under min_age_seconds {anti_churn.min_age_seconds:g}"
+        )
+    return None
+
+
+def next_streak(previous: Mapping[str, int], views: Sequence[ContractLife]) -> dict[str, int]:
+    """Each pool's run of rounds with free capacity, counting this snapshot (a pool
+    without free capacity now is left out: its run starts again)."""
+    free: dict[str, int] = {}
+    for view in views:
+        for p in view.pools:
+            free[p.pool_id] = min(free.get(p.pool_id, p.free), p.free)
+    return {pid: previous.get(pid, 0) + 1 for pid, n in sorted(free.items()) if n > 0}
