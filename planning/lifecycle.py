@@ -161,12 +161,13 @@ def _candidates(view: ContractLife, now: datetime) -> list[_Candidate]:
                 )
             )
             taken.add(inst.instance_id)
-    for inst, age in expired(contract, serving, now):
-        if inst.instance_id not in taken:
+    by_id = {i.instance_id: i for i in serving}
+    for old, age in expired(contract, serving, now):
+        if old.instance_id not in taken:
             hours = age.total_seconds() / 3600
             out.append(
                 _Candidate(
-                    instance=inst,
+                    instance=by_id[old.instance_id],
                     reason=DisruptionReason.EXPIRY,
                     why=f"{hours:.1f} h old, over max_instance_age_hours",
                 )

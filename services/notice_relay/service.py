@@ -124,7 +124,7 @@ async def run(
                 on_notice=hooks.submit,
                 on_planned=wakes.submit,
             )
-            await nc.subscribe(reclaim_subject(region.id, hall), cb=_request_handler(relay, hooks))
+            await nc.subscribe(reclaim_subject(region.id, hall), cb=request_handler(relay, hooks))
             backoff = CappedBackoff(initial=0.5, cap=settings.notice_relay.max_backoff_seconds)
             stream_ready = recovered = False
             degraded = DEGRADED.labels(region=region.id, hall=hall)
@@ -201,7 +201,7 @@ async def _connect_nats(settings: Settings, stop: asyncio.Event) -> NATS | None:
     )
 
 
-def _request_handler(
+def request_handler(
     relay: NoticeRelay, hooks: ExclusionHookQueue
 ) -> Callable[[Msg], Awaitable[None]]:
     """Answers `sco reclaim` at once: which instances were noticed, or why none could be.
