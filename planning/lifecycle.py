@@ -226,10 +226,12 @@ def plan_lifecycle(
                     stable_rounds=anti_churn.stable_rounds,
                 )
                 if target is None:
+                    near = _target(view.pools, room, inst.units) if fallback else None
                     hold = (
-                        f"no allowed reclaimable pool has had room for {inst.units} unit(s) on "
-                        f"{anti_churn.stable_rounds} rounds in a row"
-                        if fallback
+                        f"free capacity in {near.pool_id} seen on "
+                        f"{free_streak.get(near.pool_id, 0)} of {anti_churn.stable_rounds} "
+                        "rounds in a row (hysteresis)"
+                        if near is not None
                         else f"no allowed reclaimable pool has room for {inst.units} unit(s)"
                     )
                 elif (

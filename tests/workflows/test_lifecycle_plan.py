@@ -136,7 +136,11 @@ def test_anti_churn_min_age_and_hysteresis() -> None:
     streak = next_streak({}, [old])
     assert streak == {"r1.B.gp.xl": 1}
     first = plan_lifecycle([old], now=NOW, free_streak=streak)
-    assert first.replace == [] and "2 rounds in a row" in first.held[0].why
+    assert first.replace == []
+    assert (
+        first.held[0].why
+        == "free capacity in r1.B.gp.xl seen on 1 of 2 rounds in a row (hysteresis)"
+    )
     streak = next_streak(streak, [old])
     assert [r.instance_id for r in plan_lifecycle([old], now=NOW, free_streak=streak).replace] == [
         "fb"
