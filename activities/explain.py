@@ -301,6 +301,11 @@ def _made_by(row: InstanceRow) -> str:
     acq = row.acquisition_id or ""
     if acq.startswith("floor-"):
         return f"the floor keeper of {row.workload} (committed floor), acquisition {acq}"
+    if acq.startswith("life-"):
+        return (
+            f"the lifecycle workflow, replacing an instance of {row.workload} (drift, return "
+            f"from fallback or expiry), acquisition {acq}"
+        )
     if acq.startswith("slurm-"):
         return f"Slurm power saving (ResumeProgram) for {row.workload}, acquisition {acq}"
     if acq.startswith("probe-") or row.workload.startswith("canary"):
@@ -364,7 +369,11 @@ def _releases(row: InstanceRow, contract: Contract | None) -> list[str]:
     if row.capacity_type.value == "committed":
         if (row.acquisition_id or "").startswith("floor-"):
             return [f"{row.workload}'s floor lowered in the bundle (a new serial)", "a hall loss"]
-        return [f"{row.workload}'s reclaimable capacity returning (return-from-fallback)"]
+        return [
+            f"{row.workload}'s reclaimable capacity returning (return-from-fallback, by the "
+            "lifecycle workflow: make-before-break, within the disruption budget; "
+            "`sco lifecycle status`)"
+        ]
     out = []
     if row.surplus_since is not None:
         out.append(

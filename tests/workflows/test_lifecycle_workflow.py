@@ -27,6 +27,7 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
 from activities.events import CapacityType, EventKind, InstanceState
+from activities.explain import ExplainSources, explain_instance
 from activities.fleet.control_state import ControlRepository
 from activities.fleet.db import open_pool
 from activities.fleet.migrate import migrate
@@ -287,14 +288,16 @@ async def test_fallback_returns_to_reclaimable_capacity_within_a_budget_of_one(
     after = live(env)
     assert len(after) == 2 and {t for _, _, t, _ in after} == {"reclaimable"}
     assert all(a.startswith("life-r1-spark-etl-") for _, _, _, a in after)
+    why = explain_instance(ExplainSources(env.pool, None, None, datetime.now(UTC)), after[0][0])
+    assert why.made_by.startswith("the lifecycle workflow, replacing an instance of spark-etl")
     for fb in fallbacks:
         row = env.fleet.get_instance(fb)
         assert row is not None and row.state is InstanceState.DELETED
     assert_one_at_a_time(env)
     outcomes = [(s, o) for s, o, _ in decisions(env, "disruption")]
     for fb in fallbacks:
-        assert (f"{CONTRACT}/{fb}", "replacing") in outcomes
-        assert (f"{CONTRACT}/{fb}", "replaced") in outcomes
+        assert (fb, "replacing") in outcomes
+        assert (fb, "replaced") in outcomes
     # Held for hysteresis on the round capacity first came back, before it was chased.
     assert any("seen on 1 of 2 rounds" in r for _, _, r in decisions(env, "disruption"))
     # The drain was told: a signed notice for each fallback, then the release recorded.
@@ -346,7 +349,7 @@ async def test_a_blackout_holds_every_voluntary_disruption_and_pause_stops_round
     async def held_by_blackout() -> bool:
         await skip_time(workflow_env, 30)
         return any(
-            s == f"{CONTRACT}/{fb}" and o == "held" and "blackout 0 is open" in r
+            s == fb and o == "held" and "blackout 0 is open" in r
             for s, o, r in decisions(env, "disruption")
         )
 

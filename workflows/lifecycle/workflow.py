@@ -276,14 +276,14 @@ class LifecycleWorkflow:
             why = f"{h.reason.value}: {h.why}"
             now_held[h.instance_id] = why
             if self._held.get(h.instance_id) != why:
-                await self._decide("held", why, subject=f"{h.contract}/{h.instance_id}")
+                await self._decide("held", why, subject=h.instance_id)
         self._held = now_held
 
     # -- one replacement -----------------------------------------------------------------
 
     async def _replace(self, r: Replacement, view: ContractLife, lead_seconds: float) -> None:
         old = next(i for i in view.instances if i.instance_id == r.instance_id)
-        subject = f"{r.contract}/{r.instance_id}"
+        subject = r.instance_id
         self._in_flight[r.instance_id] = r.reason.value
         try:
             await self._decide(
@@ -391,7 +391,7 @@ class LifecycleWorkflow:
     async def _release_replacement(self, r: Replacement, new_id: str, why: str) -> None:
         """The drain was not told: the old instance stays, its replacement goes (so the
         next round does not launch a second one beside it)."""
-        subject = f"{r.contract}/{r.instance_id}"
+        subject = r.instance_id
         ref: InstanceRef = await workflow.execute_activity_method(
             LifecycleActivities.instance,
             InstanceLookup(instance_id=new_id),
@@ -452,7 +452,7 @@ class LifecycleWorkflow:
             "replaced",
             f"{r.reason.value}: {r.instance_id} drained and deleted, {new_id} in {r.pool_id} "
             f"serves instead; saves {saving:.3f}/h",
-            subject=f"{r.contract}/{r.instance_id}",
+            subject=r.instance_id,
             units=r.units,
             amount_per_hour=r.new_price_per_hour,
         )
