@@ -9,7 +9,13 @@ disrupted for one reason only):
 - return from fallback: a committed fallback instance (bought by the controller when
   reclaimable capacity ran out) whose contract's allowed reclaimable pools have free
   capacity again: a reclaimable replacement stops the fallback spend;
-- expiry: older than the contract's `max_instance_age_hours` (planning/voluntary.py).
+- expiry: older than the contract's `max_instance_age_hours` (planning/voluntary.py);
+- consolidation: one or two of the contract's reclaimable instances replaced by one
+  instance that costs less by a margin, when what the contract then holds still covers
+  its demand (SCO's own view: the units per instance and the schedulers' demand). Instances
+  a plain release would remove (the contract holds more than demand without them) are the
+  controller's surplus release, not a consolidation. Two instances replaced by one are
+  drained one after the other, so a consolidation disrupts one instance at a time.
 
 Every replacement is make-before-break (the workflow launches it first), so a candidate
 with no allowed pool that has room and covers at least the old instance's units is held
@@ -17,8 +23,11 @@ back, never broken. Each reason goes through `allowed_disruptions` (the contract
 disruption budget and blackouts). Anti-churn for return from fallback: the instance is at
 least `min_age_seconds` old, the target pool has shown free capacity on `stable_rounds`
 rounds in a row (hysteresis: a pool flickering free is never chased), and the replacement
-saves at least `min_saving_per_hour`. Drift and expiry are not held by age or saving: the
-contract asked for them.
+saves at least `min_saving_per_hour`. Consolidation: instances at least `min_age_seconds`
+old, a target pool stable the same way, a saving of at least `min_saving_per_hour` and
+`consolidation_margin` of what the replaced instances cost, and the same opportunity found
+on `stable_rounds` rounds in a row; at most one consolidation per contract per round.
+Drift and expiry are not held by age or saving: the contract asked for them.
 """
 
 from __future__ import annotations
@@ -71,6 +80,9 @@ class LifePool(BaseModel):
 class ContractLife(BaseModel):
     contract: Contract
     tier: int = 3
+    # Demand units the schedulers and operators ask of the contract in the region; None:
+    # not known (no consolidation then).
+    demand_units: int | None = None
     instances: list[LifeInstance] = []
     pools: list[LifePool] = []
 
@@ -79,6 +91,9 @@ class AntiChurn(BaseModel):
     min_age_seconds: float = Field(default=3600.0, ge=0)
     stable_rounds: int = Field(default=2, ge=1)
     min_saving_per_hour: float = Field(default=0.0, ge=0)
+    # Consolidation: on or off, and the least saving as a share of the replaced cost.
+    consolidate: bool = True
+    consolidation_margin: float = Field(default=0.1, ge=0, le=1)
 
 
 class Replacement(BaseModel):
@@ -94,6 +109,13 @@ class Replacement(BaseModel):
     units: int
     old_price_per_hour: float
     new_price_per_hour: float
+    # Consolidation only: more instances the one replacement stands in for (drained and
+    # deleted after `instance_id`, one at a time); their prices are in old_price_per_hour.
+    also: tuple[str, ...] = ()
+
+    @property
+    def replaced(self) -> tuple[str, ...]:
+        return (self.instance_id, *self.also)
 
     @property
     def saving_per_hour(self) -> float:
@@ -113,6 +135,9 @@ class LifecyclePlan(BaseModel):
     replace: list[Replacement] = []
     held: list[Held] = []
     verdicts: dict[str, list[BudgetVerdict]] = {}  # contract -> the verdicts it met
+    # Contracts where a consolidation was found this round (held or not): the caller counts
+    # the rounds in a row (hysteresis, `next_consolidation_streak`).
+    consolidable: list[str] = []
 
 
 class _Candidate(BaseModel):
@@ -183,12 +208,15 @@ def plan_lifecycle(
     in_flight: Mapping[str, Mapping[DisruptionReason, int]] | None = None,
     paused: Collection[str] = (),
     anti_churn: AntiChurn = AntiChurn(),
+    consolidation_streak: Mapping[str, int] | None = None,
 ) -> LifecyclePlan:
     """What to replace now in one region.
 
     `free_streak`: per pool id, the rounds in a row it has shown free capacity (this one
     included); `in_flight`: voluntary disruptions already under way per contract and
-    reason; `paused`: contracts an operator paused (every candidate held)."""
+    reason; `paused`: contracts an operator paused (every candidate held);
+    `consolidation_streak`: per contract, the rounds in a row before this one that found a
+    consolidation (`next_consolidation_streak`)."""
     plan = LifecyclePlan()
     busy_all = in_flight or {}
     room: dict[str, int] = {}
@@ -199,8 +227,6 @@ def plan_lifecycle(
     for view in sorted(views, key=lambda v: v.contract.name):
         name = view.contract.name
         candidates = _candidates(view, now)
-        if not candidates:
-            continue
         if name in paused:
             plan.held += [
                 Held(
@@ -274,9 +300,168 @@ def plan_lifecycle(
                     new_price_per_hour=target.price_per_hour,
                 )
             )
+        if anti_churn.consolidate:
+            taken = {c.instance.instance_id for c in candidates}
+            _consolidate(
+                plan,
+                view,
+                room,
+                free_streak,
+                taken,
+                now=now,
+                busy=busy,
+                serving=serving,
+                verdicts=verdicts,
+                streak=(consolidation_streak or {}).get(name, 0),
+                anti_churn=anti_churn,
+            )
         if verdicts:
             plan.verdicts[name] = [verdicts[r] for r in sorted(verdicts)]
     return plan
+
+
+#: Consolidation looks at this many of a contract's most expensive instances (pairs of them
+#: grow with the square).
+MAX_CONSOLIDATION_CANDIDATES = 32
+
+
+class _Consolidation(BaseModel):
+    group: tuple[LifeInstance, ...]
+    target: LifePool
+    cost: float
+    need: int
+
+    @property
+    def saving(self) -> float:
+        return self.cost - self.target.price_per_hour
+
+
+def _best_consolidation(
+    view: ContractLife,
+    room: Mapping[str, int],
+    free_streak: Mapping[str, int],
+    taken: Collection[str],
+    now: datetime,
+    anti_churn: AntiChurn,
+) -> _Consolidation | None:
+    demand = view.demand_units
+    if demand is None or demand <= 0:
+        return None  # nothing known to cover, or nothing to cover: the controller's call
+    serving = [i for i in view.instances if is_serving(i)]
+    held = sum(i.units for i in serving)
+    min_age = timedelta(seconds=anti_churn.min_age_seconds)
+    movable = sorted(
+        (
+            i
+            for i in serving
+            if i.state == "active"
+            and not i.committed
+            and i.instance_id not in taken
+            and now - i.created_at >= min_age
+        ),
+        key=lambda i: (-i.price_per_hour, i.instance_id),
+    )[:MAX_CONSOLIDATION_CANDIDATES]
+    groups: list[tuple[LifeInstance, ...]] = [(a,) for a in movable]
+    groups += [(a, b) for n, a in enumerate(movable) for b in movable[n + 1 :]]
+    best: _Consolidation | None = None
+    for group in groups:
+        # One the contract can do without is the controller's surplus release.
+        if any(held - i.units >= demand for i in group):
+            continue
+        need = demand - (held - sum(i.units for i in group))
+        target = _target(
+            view.pools, room, need, streak=free_streak, stable_rounds=anti_churn.stable_rounds
+        )
+        if target is None:
+            continue
+        found = _Consolidation(
+            group=group, target=target, cost=sum(i.price_per_hour for i in group), need=need
+        )
+        if (
+            found.saving <= 0
+            or found.saving < anti_churn.min_saving_per_hour
+            or found.saving < anti_churn.consolidation_margin * found.cost
+        ):
+            continue
+        key = (-found.saving, len(group), tuple(i.instance_id for i in group))
+        if best is None or key < (
+            -best.saving,
+            len(best.group),
+            tuple(i.instance_id for i in best.group),
+        ):
+            best = found
+    return best
+
+
+def _consolidate(
+    plan: LifecyclePlan,
+    view: ContractLife,
+    room: dict[str, int],
+    free_streak: Mapping[str, int],
+    taken: Collection[str],
+    *,
+    now: datetime,
+    busy: dict[DisruptionReason, int],
+    serving: int,
+    verdicts: dict[DisruptionReason, BudgetVerdict],
+    streak: int,
+    anti_churn: AntiChurn,
+) -> None:
+    """At most one consolidation for the contract this round, if one is found, stable and
+    within budget (else held, with why)."""
+    found = _best_consolidation(view, room, free_streak, taken, now, anti_churn)
+    if found is None:
+        return
+    name = view.contract.name
+    reason = DisruptionReason.CONSOLIDATION
+    first = found.group[0].instance_id
+    plan.consolidable.append(name)
+    ids = ", ".join(i.instance_id for i in found.group)
+    why = (
+        f"{ids} ({sum(i.units for i in found.group)} units, {found.cost:.3f}/h) -> one "
+        f"{found.target.flavor} in {found.target.pool_id} ({found.target.units} units, "
+        f"{found.target.price_per_hour:.3f}/h) still covers demand {view.demand_units}"
+    )
+    if streak + 1 < anti_churn.stable_rounds:
+        plan.held.append(
+            Held(
+                contract=name,
+                instance_id=first,
+                reason=reason,
+                why=f"found on {streak + 1} of {anti_churn.stable_rounds} rounds in a row "
+                "(hysteresis)",
+            )
+        )
+        return
+    v = allowed_disruptions(
+        view.contract.disruption, reason, now=now, instances=serving, in_flight=busy
+    )
+    verdicts[reason] = v
+    if v.allowed is not None and v.allowed <= 0:
+        plan.held.append(Held(contract=name, instance_id=first, reason=reason, why=v.why))
+        return
+    busy[reason] = busy.get(reason, 0) + 1
+    room[found.target.pool_id] = room.get(found.target.pool_id, 0) - 1
+    plan.replace.append(
+        Replacement(
+            contract=name,
+            instance_id=first,
+            also=tuple(i.instance_id for i in found.group[1:]),
+            reason=reason,
+            why=why,
+            pool_id=found.target.pool_id,
+            hall=found.target.hall,
+            flavor=found.target.flavor,
+            units=found.target.units,
+            old_price_per_hour=found.cost,
+            new_price_per_hour=found.target.price_per_hour,
+        )
+    )
+
+
+def next_consolidation_streak(previous: Mapping[str, int], plan: LifecyclePlan) -> dict[str, int]:
+    """Per contract, the rounds in a row that found a consolidation, this one included."""
+    return {c: previous.get(c, 0) + 1 for c in sorted(set(plan.consolidable))}
 
 
 def _anti_churn(

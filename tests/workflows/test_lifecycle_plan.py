@@ -6,6 +6,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
+
 from contracts.disruption import DisruptionReason
 from contracts.model import Contract
 from planning.lifecycle import (
@@ -13,6 +15,7 @@ from planning.lifecycle import (
     ContractLife,
     LifeInstance,
     LifePool,
+    next_consolidation_streak,
     next_streak,
     plan_lifecycle,
 )
@@ -173,3 +176,78 @@ def test_paused_contracts_and_leaving_instances_are_left_alone() -> None:
     v = view(c, [inst("fb", fallback=True), inst("gone", fallback=True, state="draining")])
     plan = plan_lifecycle([v], now=NOW, free_streak=STABLE, paused={"spark-etl"})
     assert plan.replace == [] and [(h.instance_id, h.why) for h in plan.held] == [("fb", "paused")]
+
+
+# -- consolidation -----------------------------------------------------------------------
+
+
+def half_empty(demand: int = 3, **knobs: Any) -> tuple[ContractLife, AntiChurn]:
+    """Two mem.xl (2 units, 0.08/h each) for a demand of 3 units: gp.2xl holds 4 for 0.128/h."""
+    c = contract({"budgets": [{"max_instances": 1}]})
+    mem = [inst(f"mem-{x}", sku="mem", price=0.08) for x in "ab"]
+    pools = [
+        pool("r1.B.gp.xl", price=0.064),
+        pool("r1.B.gp.2xl", price=0.128).model_copy(update={"units": 4, "flavor": "gp.2xl"}),
+    ]
+    v = view(c, mem, pools).model_copy(update={"demand_units": demand})
+    return v, AntiChurn(**knobs)
+
+
+CONSOLIDATE = DisruptionReason.CONSOLIDATION
+POOLS_STABLE = {"r1.B.gp.xl": 2, "r1.B.gp.2xl": 2}
+
+
+def test_two_half_empty_instances_become_one_after_two_rounds_within_a_budget_of_one() -> None:
+    v, knobs = half_empty()
+    first = plan_lifecycle([v], now=NOW, free_streak=POOLS_STABLE, anti_churn=knobs)
+    assert first.replace == [] and first.consolidable == ["spark-etl"]
+    assert first.held[0].why == "found on 1 of 2 rounds in a row (hysteresis)"
+    streak = next_consolidation_streak({}, first)
+    second = plan_lifecycle(
+        [v], now=NOW, free_streak=POOLS_STABLE, anti_churn=knobs, consolidation_streak=streak
+    )
+    (r,) = second.replace
+    assert (r.reason, r.replaced, r.pool_id, r.units) == (
+        CONSOLIDATE,
+        ("mem-a", "mem-b"),
+        "r1.B.gp.2xl",
+        4,
+    )
+    assert r.saving_per_hour == pytest.approx(0.032)
+    assert "still covers demand 3" in r.why
+    # A drift of the same contract goes first and takes the budget of 1.
+    drifted = v.model_copy(
+        update={"contract": contract({"budgets": [{"max_instances": 1}]}, skus=["gp"])}
+    )
+    both = plan_lifecycle(
+        [drifted.model_copy(update={"instances": [*v.instances, inst("gone", sku="mem")]})],
+        now=NOW,
+        free_streak=POOLS_STABLE,
+        anti_churn=knobs,
+        consolidation_streak=streak,
+    )
+    assert [x.reason for x in both.replace] == [DisruptionReason.DRIFT]
+
+
+def consolidable(v: ContractLife, **options: Any) -> list[str]:
+    options.setdefault("free_streak", POOLS_STABLE)
+    return plan_lifecycle([v], now=NOW, **options).consolidable
+
+
+def test_consolidation_is_no_plain_release_and_needs_a_margin_and_age() -> None:
+    # Demand 2: either instance can simply go (the controller's surplus release).
+    v, _ = half_empty(demand=2)
+    assert consolidable(v, consolidation_streak={"spark-etl": 5}) == []
+    for knobs in (
+        {"consolidation_margin": 0.5},  # saves 20 %, wants 50 %
+        {"min_saving_per_hour": 0.05},
+        {"min_age_seconds": 24 * 3600},  # 5 h old
+        {"consolidate": False},
+    ):
+        v, churn = half_empty(**knobs)
+        assert consolidable(v, anti_churn=churn) == [], knobs
+    # Unknown demand: never.
+    v, _ = half_empty()
+    assert consolidable(v.model_copy(update={"demand_units": None})) == []
+    # A target pool that only just showed free capacity is not chased either.
+    assert consolidable(v, free_streak={"r1.B.gp.2xl": 1}) == []
