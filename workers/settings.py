@@ -377,6 +377,10 @@ class LifecycleSettings(BaseModel):
     stable_rounds: int = Field(default=2, ge=1)
     # ... and saving at least this much per hour (the region's currency).
     min_saving_per_hour: float = Field(default=0.0, ge=0)
+    # Consolidation (one or two reclaimable instances replaced by one that still covers
+    # demand): on or off, and the least saving as a share of what the replaced cost.
+    consolidate: bool = True
+    consolidation_margin: float = Field(default=0.1, ge=0, le=1)
 
 
 class WorkerSettings(BaseModel):

@@ -1,6 +1,7 @@
 """Lifecycle activities: what the lifecycle workflow reads each round, and telling a drain.
 
-`snapshot` reads the signed bundle's contracts for the region, their live instances from
+`snapshot` reads the signed bundle's contracts for the region, their demand (every
+source's, summed: what consolidation must keep covered), their live instances from
 fleet state (only what SCO's controller and the lifecycle workflow acquired: a floor's
 instances are its keeper's, a Slurm node's are Slurm's, an instance with a planned
 reclaim is leaving anyway) and, for contracts that hold instances, their allowed
@@ -87,7 +88,7 @@ class LifecycleActivities:
             return out.model_copy(update={"problem": loaded})
         region, bundle = loaded
         contracts = [c for c in bundle.content.contracts if inp.region in c.regions]
-        rows, leaving, excluded = await asyncio.to_thread(
+        rows, leaving, excluded, demand = await asyncio.to_thread(
             self._fleet_view, inp.region, [c.name for c in contracts]
         )
         live_per_pool: dict[str, int] = {}
@@ -109,6 +110,7 @@ class LifecycleActivities:
                 ContractLife(
                     contract=c,
                     tier=c.tier,
+                    demand_units=demand.get(c.name, 0),
                     instances=[_instance(region, c, r) for r in mine],
                     pools=_allowed_pools(region, c, excluded),
                 )
@@ -129,10 +131,11 @@ class LifecycleActivities:
 
     def _fleet_view(
         self, region: str, names: list[str]
-    ) -> tuple[list[InstanceRow], set[str], set[str]]:
+    ) -> tuple[list[InstanceRow], set[str], set[str], dict[str, int]]:
         rows = [r for r in self._fleet.list_instances(region, _LIVE) if r.workload in names]
         leaving = {p.instance_id for p in self._fleet.planned_reclaims(region, workloads=names)}
-        return rows, leaving, self._control.excluded_pools(region)
+        excluded = self._control.excluded_pools(region)
+        return rows, leaving, excluded, self._control.demand_by_contract(region)
 
     async def _free_capacity(self, pool_ids: list[str]) -> dict[str, int]:
         gate = asyncio.Semaphore(_FREE_CAPACITY_CONCURRENCY)

@@ -61,6 +61,8 @@ def lifecycle_config(settings: Settings) -> LifecycleConfig:
         min_age_seconds=lc.min_age_seconds,
         stable_rounds=lc.stable_rounds,
         min_saving_per_hour=lc.min_saving_per_hour,
+        consolidate=lc.consolidate,
+        consolidation_margin=lc.consolidation_margin,
         build_timeout_seconds=settings.control.build_timeout_seconds,
     )
 

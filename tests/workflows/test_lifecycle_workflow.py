@@ -84,6 +84,8 @@ class Env:
     pool: ConnectionPool
     base: Path
     notices: list[ReclaimNotice]
+    # At each notice: spark-etl's instances then noticed or draining (the one told included).
+    leaving_at_notice: list[int]
 
 
 def install_bundle(base: Path, disruption: dict[str, Any], **placement: Any) -> None:
@@ -163,9 +165,12 @@ async def env(
     cloud = ScarceCloud(region_r1, latency=Latency(boot_s=0.0), clock=loop.time)
     nc = await nats.connect(NATS_URL)
     notices: list[ReclaimNotice] = []
+    leaving: list[int] = []
 
     async def heard(msg: Msg) -> None:
         notices.append(ReclaimNotice.model_validate(json.loads(msg.data)["notice"]))
+        rows = fleet.list_instances("r1", [InstanceState.NOTICED, InstanceState.DRAINING])
+        leaving.append(sum(1 for r in rows if r.workload == CONTRACT))
 
     for hall in region_r1.halls:
         await relay_answering(nc, fleet, cloud, hall)
@@ -190,7 +195,7 @@ async def env(
             extra_workflows=[LifecycleWorkflow],
             extra_activities=[life.snapshot, life.instance, life.tell_drain],
         ) as h:
-            yield Env(workflow_env.client, h.queue, cloud, fleet, pool, tmp_path, notices)
+            yield Env(workflow_env.client, h.queue, cloud, fleet, pool, tmp_path, notices, leaving)
     finally:
         await nc.close()
 
@@ -302,6 +307,7 @@ async def test_fallback_returns_to_reclaimable_capacity_within_a_budget_of_one(
     assert any("seen on 1 of 2 rounds" in r for _, _, r in decisions(env, "disruption"))
     # The drain was told: a signed notice for each fallback, then the release recorded.
     assert {n.node for n in env.notices} == set(fallbacks)
+    assert env.leaving_at_notice == [1, 1]  # never two drains at once
     assert sorted(s for s, o, _ in decisions(env, "release") if o == "replaced") == [CONTRACT] * 2
     st = await handle.query(LifecycleWorkflow.status)
     assert st.replaced == 2 and st.saved_per_hour == pytest.approx(2 * (0.176 - 0.064))
@@ -331,6 +337,7 @@ async def test_a_contract_change_drifts_instances_and_replaces_them_one_at_a_tim
     replacing = [r for s, o, r in decisions(env, "disruption") if o == "replacing"]
     assert len(replacing) == 2 and all("drift: sku mem no longer allowed" in r for r in replacing)
     assert {n.node for n in env.notices} == set(old)
+    assert env.leaving_at_notice == [1, 1]  # never two drains at once
     await handle.terminate()
 
 
@@ -378,4 +385,32 @@ async def test_a_blackout_holds_every_voluntary_disruption_and_pause_stops_round
     await poll_until(resumed, within=30)
     ops = [(o, r) for s, o, r in decisions(env, "disruption") if s == "r1"]
     assert [o for o, _ in ops] == ["paused", "resumed"] and "freeze" in ops[0][1]
+    await handle.terminate()
+
+
+async def test_two_half_empty_instances_consolidate_into_one_within_a_budget_of_one(
+    env: Env, workflow_env: WorkflowEnvironment
+) -> None:
+    """Demand 3 units held as two mem.xl (2 units, 0.08/h each): one gp.2xl (4 units,
+    0.128/h) covers it for less. Neither mem.xl alone can go (a plain release), so the
+    lifecycle consolidates: the gp.2xl first, then each mem.xl drained and deleted in turn."""
+    ControlRepository(env.pool).set_demand("r1", "cli", {CONTRACT: 3})
+    old = [await seed(env, "r1.A.mem.xl", committed=False) for _ in range(2)]
+    handle = await start(env)
+    await until_replaced(env, workflow_env, 1)
+    after = live(env)
+    assert len(after) == 1 and after[0][1].split(".")[2:] == ["gp", "2xl"], after
+    for o in old:
+        row = env.fleet.get_instance(o)
+        assert row is not None and row.state is InstanceState.DELETED
+    # Told both drains, one at a time: never two of them leaving at once.
+    assert sorted(n.node for n in env.notices) == sorted(old)
+    assert env.leaving_at_notice == [1, 1]
+    disruption = decisions(env, "disruption")
+    assert any("hysteresis" in r for _, o, r in disruption if o == "held")  # waited a round
+    (replaced,) = [r for _, o, r in disruption if o == "replaced"]
+    assert replaced.startswith("consolidation: ") and "saves 0.032/h" in replaced
+    assert len([s for s, o, _ in decisions(env, "release") if o == "replaced"]) == 2
+    st = await handle.query(LifecycleWorkflow.status)
+    assert st.replaced == 2 and st.saved_per_hour == pytest.approx(0.032)
     await handle.terminate()

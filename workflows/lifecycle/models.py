@@ -27,6 +27,9 @@ class LifecycleConfig(BaseModel):
     min_age_seconds: float = Field(default=3600.0, ge=0)
     stable_rounds: int = Field(default=2, ge=1)
     min_saving_per_hour: float = Field(default=0.0, ge=0)
+    # Consolidation: on or off, and its least saving as a share of the replaced cost.
+    consolidate: bool = True
+    consolidation_margin: float = Field(default=0.1, ge=0, le=1)
     # The replacement's acquisition: ACTIVE polls, and how long a boot may stay in BUILD.
     poll_seconds: float = Field(default=1.0, gt=0)
     build_timeout_seconds: float = Field(default=900.0, gt=0)
@@ -70,6 +73,7 @@ class LifecycleInput(BaseModel):
     paused: bool = False
     paused_contracts: list[str] = []
     free_streak: dict[str, int] = {}
+    consolidation_streak: dict[str, int] = {}
     held: dict[str, str] = {}  # instance -> why it is held back (as last recorded)
     rounds: int = 0
     replaced: int = 0

@@ -10,8 +10,10 @@ exceeds what the contract's disruption budget allowed.
 
 Reasons: drift (the instance no longer conforms to its contract), return from fallback
 (a committed fallback instance whose allowed reclaimable pools have had free capacity on
-`stable_rounds` rounds and that is at least `min_age_seconds` old) and expiry (older than
-the contract's `max_instance_age_hours`). Each reason is budgeted by the contract's
+`stable_rounds` rounds and that is at least `min_age_seconds` old), expiry (older than
+the contract's `max_instance_age_hours`) and consolidation (one or two reclaimable
+instances replaced by one that still covers the contract's demand and saves by
+`consolidation_margin`, found on `stable_rounds` rounds in a row). Each reason is budgeted by the contract's
 `disruption` block and stopped by its blackouts. Hall-loss rebuilds (the floor keeper) and
 reclaims (the notice relay) never come here and are never blocked.
 
@@ -27,14 +29,17 @@ One replacement, make-before-break:
    released instead, and the old instance stays (decision `held`): never a break
    without a drain;
 4. at the deadline, the budgeted delete (`provider_calls.delete_instance`) and
-   `record_release` (DELETE in fleet state, a release decision), then decision `replaced`.
+   `record_release` (DELETE in fleet state, a release decision); a consolidation's second
+   instance is drained and deleted after the first (one disruption at a time); then
+   decision `replaced` with the spend saved.
 
 Operators pause and resume the region or one contract (signals `pause` / `resume`, `sco
 lifecycle pause|resume`); replacements under way finish, none starts. Candidates held
 back are recorded once per reason (decision `held`), not every round. Search attributes:
 SCORegion, SCOState (watching, replacing, paused). Continue-as-new after
 `rounds_per_run` rounds or `max_history_events` events, carrying pauses, the pools' free
-streaks, what was recorded as held, the counters and the budget counter.
+streaks and consolidation streaks, what was recorded as held, the counters and the budget
+counter.
 """
 
 from __future__ import annotations
@@ -72,6 +77,7 @@ with workflow.unsafe.imports_passed_through():
         Held,
         LifeInstance,
         Replacement,
+        next_consolidation_streak,
         next_streak,
         plan_lifecycle,
     )
@@ -122,6 +128,7 @@ class LifecycleWorkflow:
         self._paused = inp.paused
         self._paused_contracts = set(inp.paused_contracts)
         self._streak = dict(inp.free_streak)
+        self._consolidation_streak = dict(inp.consolidation_streak)
         self._held = dict(inp.held)
         self._in_flight: dict[str, str] = {}
         self._dirty = True  # a round at once after a start or continue-as-new
@@ -205,6 +212,7 @@ class LifecycleWorkflow:
                     "paused": self._paused,
                     "paused_contracts": sorted(self._paused_contracts),
                     "free_streak": self._streak,
+                    "consolidation_streak": self._consolidation_streak,
                     "held": self._held,
                     "rounds": self._status.rounds,
                     "replaced": self._status.replaced,
@@ -257,15 +265,19 @@ class LifecycleWorkflow:
                 min_age_seconds=cfg.min_age_seconds,
                 stable_rounds=cfg.stable_rounds,
                 min_saving_per_hour=cfg.min_saving_per_hour,
+                consolidate=cfg.consolidate,
+                consolidation_margin=cfg.consolidation_margin,
             ),
+            consolidation_streak=self._consolidation_streak,
         )
+        self._consolidation_streak = next_consolidation_streak(self._consolidation_streak, plan)
         await self._record_held(plan.held)
         if not plan.replace:
             self._set_state(LifecycleState.WATCHING, "")
             return
         self._set_state(LifecycleState.REPLACING, "")
         views = {v.contract.name: v for v in snap.contracts}
-        await _all([self._replace(r, views[r.contract], snap.lead_seconds) for r in plan.replace])
+        await _all([self._replace(r, views[r.contract]) for r in plan.replace])
         self._set_state(LifecycleState.WATCHING)
 
     async def _record_held(self, held: list[Held]) -> None:
@@ -281,10 +293,12 @@ class LifecycleWorkflow:
 
     # -- one replacement -----------------------------------------------------------------
 
-    async def _replace(self, r: Replacement, view: ContractLife, lead_seconds: float) -> None:
-        old = next(i for i in view.instances if i.instance_id == r.instance_id)
+    async def _replace(self, r: Replacement, view: ContractLife) -> None:
+        by_id = {i.instance_id: i for i in view.instances}
+        olds = [by_id[x] for x in r.replaced]
         subject = r.instance_id
-        self._in_flight[r.instance_id] = r.reason.value
+        for x in r.replaced:
+            self._in_flight[x] = r.reason.value
         try:
             await self._decide(
                 "replacing",
@@ -300,21 +314,35 @@ class LifecycleWorkflow:
                 await self._decide(
                     "held",
                     f"{r.reason.value}: the replacement in {r.pool_id} did not become ACTIVE; "
-                    f"{r.instance_id} kept, tried again next round",
+                    f"{', '.join(r.replaced)} kept, tried again next round",
                     subject=subject,
                 )
                 return
-            told = await self._tell_drain(r, old, new_id)
-            if not told.told:
-                await self._release_replacement(r, new_id, told.why)
-                return
-            noticed = told.noticed_at or workflow.now()
-            wait = noticed + timedelta(seconds=told.lead_seconds) - workflow.now()
-            if wait > timedelta(0):
-                await workflow.sleep(wait)
-            await self._delete_old(r, old, new_id)
+            gone: list[LifeInstance] = []
+            # One drain at a time: a consolidation disrupts one instance at once.
+            for n, old in enumerate(olds):
+                told = await self._tell_drain(r, old, new_id)
+                if not told.told and n == 0:
+                    await self._release_replacement(r, new_id, told.why)
+                    return
+                if not told.told:
+                    await self._decide(
+                        "held",
+                        f"{r.reason.value}: the drain of {old.instance_id} was not told "
+                        f"({told.why}); kept beside {new_id}",
+                        subject=old.instance_id,
+                    )
+                    continue
+                noticed = told.noticed_at or workflow.now()
+                wait = noticed + timedelta(seconds=told.lead_seconds) - workflow.now()
+                if wait > timedelta(0):
+                    await workflow.sleep(wait)
+                await self._delete_old(r, old, new_id)
+                gone.append(old)
+            await self._replaced(r, gone, new_id)
         finally:
-            self._in_flight.pop(r.instance_id, None)
+            for x in r.replaced:
+                self._in_flight.pop(x, None)
 
     async def _launch(self, r: Replacement, view: ContractLife) -> str | None:
         inp = self._inp
@@ -438,20 +466,24 @@ class LifecycleWorkflow:
             at=workflow.now(),
             outcome="replaced",
         )
-        saving = r.saving_per_hour
-        self._status.replaced += 1
+
+    async def _replaced(self, r: Replacement, gone: list[LifeInstance], new_id: str) -> None:
+        saving = sum(o.price_per_hour for o in gone) - r.new_price_per_hour
+        ids = ", ".join(o.instance_id for o in gone)
+        self._status.replaced += len(gone)
         self._status.saved_per_hour += saving
         self._remember(r, "replaced", r.why, replacement=new_id, saving=saving)
         count(
             "sco_voluntary_replacements",
             "Instances the lifecycle workflow replaced, by reason",
-            region=inp.region,
+            len(gone),
+            region=self._inp.region,
             reason=r.reason.value,
         )
         await self._decide(
             "replaced",
-            f"{r.reason.value}: {r.instance_id} drained and deleted, {new_id} in {r.pool_id} "
-            f"serves instead; saves {saving:.3f}/h",
+            f"{r.reason.value}: {ids} drained and deleted, {new_id} in {r.pool_id} serves "
+            f"instead; saves {saving:.3f}/h",
             subject=r.instance_id,
             units=r.units,
             amount_per_hour=r.new_price_per_hour,
