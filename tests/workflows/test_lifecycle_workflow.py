@@ -26,6 +26,8 @@ from psycopg_pool import ConnectionPool
 from temporalio.client import Client, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
+from activities.control.activities import ControlActivities
+from activities.control.models import SnapshotInput, partition_of
 from activities.events import CapacityType, EventKind, InstanceState
 from activities.explain import ExplainSources, explain_instance
 from activities.fleet.control_state import ControlRepository
@@ -295,6 +297,20 @@ async def test_fallback_returns_to_reclaimable_capacity_within_a_budget_of_one(
     assert all(a.startswith("life-r1-spark-etl-") for _, _, _, a in after)
     why = explain_instance(ExplainSources(env.pool, None, None, datetime.now(UTC)), after[0][0])
     assert why.made_by.startswith("the lifecycle workflow, replacing an instance of spark-etl")
+    # The controller may release them as surplus, as it would the instances they replaced.
+    control = ControlActivities(
+        env.fleet,
+        ControlRepository(env.pool),
+        env.cloud,
+        regions_dir=REGIONS_DIR,
+        bundle_cache_dir=env.base / "cache",
+        trust_dir=env.base / "trust",
+    )
+    snap = await control.snapshot(
+        SnapshotInput(region="r1", partition=partition_of(CONTRACT, 4), partitions=4)
+    )
+    (view,) = [v for v in snap.contracts if v.demand.contract == CONTRACT]
+    assert sorted(i.instance_id for i in view.instances) == sorted(i for i, _, _, _ in after)
     for fb in fallbacks:
         row = env.fleet.get_instance(fb)
         assert row is not None and row.state is InstanceState.DELETED
