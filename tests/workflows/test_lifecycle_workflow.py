@@ -24,7 +24,9 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from psycopg_pool import ConnectionPool
 from temporalio.client import Client, WorkflowHandle
+from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Replayer
 
 from activities.control.activities import ControlActivities
 from activities.control.models import SnapshotInput, partition_of
@@ -46,11 +48,12 @@ from contracts.notice import ReclaimNotice, reclaim_subject
 from contracts.region import Region
 from services.notice_relay.relay import NoticeRelay
 from services.notice_relay.service import request_handler
-from tests.support import services
+from tests.support import histories, services
 from tests.support.control_harness import poll_until, region_worker, skip_time
 from tests.support.paths import BASE_DSN, REGIONS_DIR, REPO
 from tests.support.worker_nats import NATS_URL
 from workers.exclusion_hooks import ExclusionHookQueue
+from workflows.acquisition.workflow import AcquisitionWorkflow
 from workflows.lifecycle.models import LifecycleConfig, LifecycleInput, LifecycleState, PauseInput
 from workflows.lifecycle.workflow import LifecycleWorkflow
 
@@ -330,6 +333,7 @@ async def test_fallback_returns_to_reclaimable_capacity_within_a_budget_of_one(
     assert {r.reason for r in st.recent if r.outcome == "replaced"} == {"return-from-fallback"}
     desc = await handle.describe()
     assert desc.search_attributes.get("SCORegion") == ["r1"]
+    await histories.record(handle, "lifecycle_return_from_fallback")
     await handle.terminate()
 
 
@@ -429,4 +433,15 @@ async def test_two_half_empty_instances_consolidate_into_one_within_a_budget_of_
     assert len([s for s, o, _ in decisions(env, "release") if o == "replaced"]) == 2
     st = await handle.query(LifecycleWorkflow.status)
     assert st.replaced == 2 and st.saved_per_hour == pytest.approx(0.032)
+    await histories.record(handle, "lifecycle_consolidation")
     await handle.terminate()
+
+
+@pytest.mark.parametrize("scenario", ["lifecycle_return_from_fallback", "lifecycle_consolidation"])
+async def test_recorded_histories_replay(scenario: str) -> None:
+    """A change to the workflow that would break a running one fails here: patch it."""
+    replayer = Replayer(
+        workflows=[LifecycleWorkflow, AcquisitionWorkflow], data_converter=pydantic_data_converter
+    )
+    for stem in histories.recorded(scenario):
+        await replayer.replay_workflow(histories.load(stem))
