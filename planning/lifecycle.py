@@ -168,7 +168,8 @@ def _target(
 
 def _candidates(view: ContractLife, now: datetime) -> list[_Candidate]:
     contract = view.contract
-    serving = [i for i in view.instances if is_serving(i) and i.workload == contract.name]
+    # Only ACTIVE instances: one still booting has no node to drain yet (next round).
+    serving = [i for i in view.instances if i.state == "active" and i.workload == contract.name]
     out: list[_Candidate] = []
     drift = fleet_drift([contract], serving)
     for inst in sorted(serving, key=lambda i: i.instance_id):

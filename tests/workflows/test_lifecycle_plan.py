@@ -171,11 +171,21 @@ def test_make_before_break_needs_room_and_enough_units() -> None:
     assert len(plan.replace) == 1 and len(plan.held) == 1
 
 
-def test_paused_contracts_and_leaving_instances_are_left_alone() -> None:
+def test_paused_contracts_and_leaving_or_booting_instances_are_left_alone() -> None:
     c = contract({"budgets": [{"max_instances": 5}]})
-    v = view(c, [inst("fb", fallback=True), inst("gone", fallback=True, state="draining")])
+    v = view(
+        c,
+        [
+            inst("fb", fallback=True),
+            inst("gone", fallback=True, state="draining"),
+            inst("booting", sku="mem", state="requested"),  # drifted, but no node to drain yet
+        ],
+    )
     plan = plan_lifecycle([v], now=NOW, free_streak=STABLE, paused={"spark-etl"})
     assert plan.replace == [] and [(h.instance_id, h.why) for h in plan.held] == [("fb", "paused")]
+    c = contract({"budgets": [{"max_instances": 5}]}, skus=["gp"])
+    plan = plan_lifecycle([view(c, v.instances)], now=NOW, free_streak=STABLE)
+    assert [r.instance_id for r in plan.replace] == ["fb"]
 
 
 # -- consolidation -----------------------------------------------------------------------
