@@ -36,6 +36,8 @@ from activities.fleet.control_state import ControlRepository
 from activities.fleet.db import open_pool
 from activities.fleet.migrate import migrate
 from activities.fleet.repository import FleetRepository, InstanceSpec
+from activities.floor.activities import FloorActivities
+from activities.floor.models import floor_workflow_id
 from activities.lifecycle.activities import LifecycleActivities
 from activities.lifecycle.models import lifecycle_workflow_id
 from activities.provider.errors import InsufficientCapacity
@@ -54,6 +56,8 @@ from tests.support.paths import BASE_DSN, REGIONS_DIR, REPO
 from tests.support.worker_nats import NATS_URL
 from workers.exclusion_hooks import ExclusionHookQueue
 from workflows.acquisition.workflow import AcquisitionWorkflow
+from workflows.floor.models import FloorInput, FloorState, HallEvent
+from workflows.floor.workflow import FloorKeeperWorkflow
 from workflows.lifecycle.models import LifecycleConfig, LifecycleInput, LifecycleState, PauseInput
 from workflows.lifecycle.workflow import LifecycleWorkflow
 
@@ -93,9 +97,12 @@ class Env:
     leaving_at_notice: list[int]
 
 
-def install_bundle(base: Path, disruption: dict[str, Any], **placement: Any) -> None:
-    """The example contracts, spark-etl with `disruption` and `placement` overrides,
-    compiled, signed and installed (a new serial each time; one key for all)."""
+def install_bundle(
+    base: Path, disruption: dict[str, Any], *, also: tuple[str, ...] = (), **placement: Any
+) -> None:
+    """The example contracts, spark-etl with `disruption` and `placement` overrides (and
+    the contracts in `also` with the same `disruption`), compiled, signed and installed (a
+    new serial each time; one key for all)."""
     src = base / "contracts"
     shutil.rmtree(src, ignore_errors=True)
     shutil.copytree(REPO / "contracts" / "examples", src)
@@ -104,6 +111,11 @@ def install_bundle(base: Path, disruption: dict[str, Any], **placement: Any) -> 
     doc["disruption"] = disruption
     doc["placement"].update(placement)
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    for other in also:
+        path = src / f"{other}.yaml"
+        doc = yaml.safe_load(path.read_text())
+        doc["disruption"] = disruption
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
     if not (base / "keys").exists():
         _, _, public = keys.generate(base / "keys")
         (base / "trust").mkdir(parents=True, exist_ok=True)
@@ -189,6 +201,13 @@ async def env(
         trust_dir=tmp_path / "trust",
         nats_connect=lambda: nats.connect(NATS_URL),
     )
+    floor = FloorActivities(
+        fleet,
+        cloud,
+        regions_dir=REGIONS_DIR,
+        bundle_cache_dir=tmp_path / "cache",
+        trust_dir=tmp_path / "trust",
+    )
     try:
         async with region_worker(
             workflow_env.client,
@@ -197,8 +216,14 @@ async def env(
             ControlRepository(pool),
             bundle_dir=tmp_path / "cache",
             trust_dir=tmp_path / "trust",
-            extra_workflows=[LifecycleWorkflow],
-            extra_activities=[life.snapshot, life.instance, life.tell_drain],
+            extra_workflows=[LifecycleWorkflow, FloorKeeperWorkflow],
+            extra_activities=[
+                life.snapshot,
+                life.instance,
+                life.tell_drain,
+                floor.snapshot,
+                floor.probe_halls,
+            ],
         ) as h:
             yield Env(workflow_env.client, h.queue, cloud, fleet, pool, tmp_path, notices, leaving)
     finally:
@@ -361,16 +386,31 @@ async def test_a_contract_change_drifts_instances_and_replaces_them_one_at_a_tim
     await handle.terminate()
 
 
-async def test_a_blackout_holds_every_voluntary_disruption_and_pause_stops_rounds(
+async def test_a_blackout_holds_every_voluntary_disruption_while_a_hall_loss_is_rebuilt(
     env: Env, workflow_env: WorkflowEnvironment
 ) -> None:
+    """An open blackout on spark-etl and llm-train: the lifecycle replaces nothing, while
+    llm-train's floor keeper still rebuilds a lost hall's share (never voluntary, never
+    blocked). Then pause and resume, recorded."""
     now = datetime.now(UTC)
     window = {
         "start": (now - timedelta(days=1)).isoformat(),
         "end": (now + timedelta(days=1)).isoformat(),
     }
-    install_bundle(env.base, {**BUDGET_OF_ONE, "blackouts": [window]})
+    install_bundle(env.base, {**BUDGET_OF_ONE, "blackouts": [window]}, also=("llm-train",))
     fb = await seed(env, "r1.A.gp.xl", committed=True)
+    keeper = await env.client.start_workflow(
+        FloorKeeperWorkflow.run,
+        FloorInput(region="r1", contract="llm-train"),
+        id=floor_workflow_id("r1", "llm-train"),
+        task_queue=env.queue,
+    )
+
+    async def floor_holds(held: dict[str, int]) -> bool:
+        st = await keeper.query(FloorKeeperWorkflow.status)
+        return st.state is FloorState.HOLDING and not st.pending and st.held_units_by_hall == held
+
+    await poll_until(lambda: floor_holds({"A": 3, "B": 3, "C": 2, "D": 2}), within=60)
     handle = await start(env, stable_rounds=1)
 
     async def held_by_blackout() -> bool:
@@ -381,11 +421,17 @@ async def test_a_blackout_holds_every_voluntary_disruption_and_pause_stops_round
         )
 
     await poll_until(held_by_blackout, within=60)
+    # A hall lost in the blackout: the floor is rebuilt in the survivors all the same.
+    env.cloud.fail_hall("B")
+    await keeper.signal(FloorKeeperWorkflow.hall_lost, HallEvent(hall="B", operator="ops"))
+    await poll_until(lambda: floor_holds({"A": 4, "C": 3, "D": 3}), within=60)
     await skip_time(workflow_env, 180)
     assert not any(o == "replacing" for _, o, _ in decisions(env, "disruption"))
-    assert [i for i, _, _, _ in live(env)] == [fb] and env.notices == []
+    assert [i for i, _, _, _ in live(env)] == [fb]
+    assert {n.node for n in env.notices}.isdisjoint({fb})
     held = [r for s, o, r in decisions(env, "disruption") if o == "held"]
     assert len(held) == 1  # recorded once, not every round
+    await keeper.terminate()
 
     await handle.signal(LifecycleWorkflow.pause, PauseInput(operator="ops", reason="freeze"))
 
