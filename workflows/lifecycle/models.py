@@ -59,7 +59,7 @@ class ReplacementRecord(BaseModel):
     contract: str
     instance_id: str
     reason: str
-    outcome: str  # replaced | held
+    outcome: str  # replaced | held | failed
     why: str
     at: datetime
     replacement: str = ""  # the new instance's id

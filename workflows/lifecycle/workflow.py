@@ -13,9 +13,10 @@ Reasons: drift (the instance no longer conforms to its contract), return from fa
 `stable_rounds` rounds and that is at least `min_age_seconds` old), expiry (older than
 the contract's `max_instance_age_hours`) and consolidation (one or two reclaimable
 instances replaced by one that still covers the contract's demand and saves by
-`consolidation_margin`, found on `stable_rounds` rounds in a row). Each reason is budgeted by the contract's
-`disruption` block and stopped by its blackouts. Hall-loss rebuilds (the floor keeper) and
-reclaims (the notice relay) never come here and are never blocked.
+`consolidation_margin`, found on `stable_rounds` rounds in a row). Each reason is
+budgeted by the contract's `disruption` block and stopped by its blackouts. Hall-loss
+rebuilds (the floor keeper) and reclaims (the notice relay) never come here and are never
+blocked.
 
 One replacement, make-before-break:
 1. a DISRUPTION decision `replacing` (what, why, where to, the saving);
@@ -243,12 +244,18 @@ class LifecycleWorkflow:
         if self._paused:
             self._set_state(LifecycleState.PAUSED, "paused by an operator")
             return
-        snap: LifecycleSnapshot = await workflow.execute_activity_method(
-            LifecycleActivities.snapshot,
-            LifecycleSnapshotInput(region=self._inp.region),
-            start_to_close_timeout=timedelta(seconds=120),
-            retry_policy=_RETRY,
-        )
+        try:
+            snap: LifecycleSnapshot = await workflow.execute_activity_method(
+                LifecycleActivities.snapshot,
+                LifecycleSnapshotInput(region=self._inp.region),
+                start_to_close_timeout=timedelta(seconds=120),
+                retry_policy=_RETRY,
+            )
+        except ActivityError as exc:
+            # Fleet state or the provider away for minutes: this round plans nothing, the
+            # workflow lives on (a failed run would stop every voluntary replacement).
+            self._set_state(LifecycleState.WATCHING, f"snapshot failed: {exc.cause}")
+            return
         self._status.bundle_serial = snap.bundle_serial
         if snap.problem:
             self._set_state(LifecycleState.WATCHING, snap.problem)
@@ -277,7 +284,7 @@ class LifecycleWorkflow:
             return
         self._set_state(LifecycleState.REPLACING, "")
         views = {v.contract.name: v for v in snap.contracts}
-        await _all([self._replace(r, views[r.contract]) for r in plan.replace])
+        await _all([self._replace_or_log(r, views[r.contract]) for r in plan.replace])
         self._set_state(LifecycleState.WATCHING)
 
     async def _record_held(self, held: list[Held]) -> None:
@@ -292,6 +299,15 @@ class LifecycleWorkflow:
         self._held = now_held
 
     # -- one replacement -----------------------------------------------------------------
+
+    async def _replace_or_log(self, r: Replacement, view: ContractLife) -> None:
+        """One replacement; a step out of retries (fleet state away for minutes) ends it
+        with a line in the status, not the workflow: the next round sees what is left."""
+        try:
+            await self._replace(r, view)
+        except ActivityError as exc:
+            workflow.logger.error("lifecycle: replacing %s failed: %s", r.instance_id, exc.cause)
+            self._remember(r, "failed", f"{exc.cause}")
 
     async def _replace(self, r: Replacement, view: ContractLife) -> None:
         by_id = {i.instance_id: i for i in view.instances}
