@@ -64,6 +64,8 @@ from workflows.lifecycle.workflow import LifecycleWorkflow
 CONTRACT = "spark-etl"  # tier 2: gp/mem, xl/2xl, halls A-D, 4 vCPU / 16 GiB a unit
 LEAD = timedelta(seconds=120)  # r1's notice lead
 BUDGET_OF_ONE: dict[str, Any] = {"budgets": [{"max_instances": 1}]}
+#: Halls whose notice relay runs in these tests: hall D has none (a drain there is not told).
+RELAY_HALLS = ("A", "B", "C")
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -189,7 +191,7 @@ async def env(
         rows = fleet.list_instances("r1", [InstanceState.NOTICED, InstanceState.DRAINING])
         leaving.append(sum(1 for r in rows if r.workload == CONTRACT))
 
-    for hall in region_r1.halls:
+    for hall in RELAY_HALLS:
         await relay_answering(nc, fleet, cloud, hall)
     await nc.subscribe("sco.r1.notice.>", cb=heard)
     life = LifecycleActivities(
@@ -491,3 +493,33 @@ async def test_recorded_histories_replay(scenario: str) -> None:
     )
     for stem in histories.recorded(scenario):
         await replayer.replay_workflow(histories.load(stem))
+
+
+async def test_no_drain_without_a_relay_keeps_the_old_instance_and_releases_the_replacement(
+    env: Env, workflow_env: WorkflowEnvironment
+) -> None:
+    fb = await seed(env, "r1.D.gp.xl", committed=True)  # hall D: no relay answers
+    handle = await start(env, drain_attempts=1)
+
+    async def held_for_no_drain() -> bool:
+        await skip_time(workflow_env, 30)
+        return any(
+            s == fb and o == "held" and "no notice relay runs for r1/D" in r
+            for s, o, r in decisions(env, "disruption")
+        )
+
+    await poll_until(held_for_no_drain, within=60)
+    await handle.signal(LifecycleWorkflow.pause, PauseInput(operator="test"))
+
+    async def paused() -> bool:  # any round under way has finished
+        st = await handle.query(LifecycleWorkflow.status)
+        return st.state is LifecycleState.PAUSED and not st.pending and not st.in_flight
+
+    await poll_until(paused, within=30)
+    # The old instance serves on, never broken without a drain; its replacement went again.
+    rows = [r for r in env.fleet.list_instances("r1") if r.workload == CONTRACT]
+    states = {r.instance_id: r.state for r in rows}
+    assert states.pop(fb) is InstanceState.ACTIVE and env.notices == []
+    assert states and set(states.values()) == {InstanceState.DELETED}
+    assert any(o == "released" and "not told" in r for _, o, r in decisions(env, "release"))
+    await handle.terminate()
