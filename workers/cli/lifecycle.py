@@ -1,5 +1,5 @@
 """`sco lifecycle start|pause|resume|status`: the region's voluntary disruptions (drift,
-return from fallback, expiry) by the lifecycle workflow."""
+return from fallback, expiry, consolidation) by the lifecycle workflow."""
 
 from __future__ import annotations
 
@@ -29,7 +29,10 @@ if TYPE_CHECKING:
     from workflows.lifecycle.models import LifecycleStatus, PauseInput
 
 lifecycle_app = typer.Typer(
-    help="Voluntary disruption (drift, return from fallback, expiry): the lifecycle workflow.",
+    help=(
+        "Voluntary disruption (drift, return from fallback, expiry, consolidation): "
+        "the lifecycle workflow."
+    ),
     no_args_is_help=True,
 )
 

@@ -49,7 +49,8 @@ COMMANDS: dict[str, Lazy] = {
     ),
     "lifecycle": Lazy(
         "workers.cli.lifecycle:lifecycle_app",
-        "Voluntary disruption (drift, return from fallback, expiry): the lifecycle workflow.",
+        "Voluntary disruption (drift, return from fallback, expiry, consolidation): "
+        "the lifecycle workflow.",
     ),
     "pool": Lazy(
         "workers.cli.exclusion:pool_app", "Pool exclusion: keep reclaim-prone pools out of plans."
