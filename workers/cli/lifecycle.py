@@ -86,7 +86,7 @@ def _pause_command(pause: bool) -> Any:
         event = PauseInput(
             contract=contract or "",
             operator=audit.who(by),
-            reason=bounds.text("--reason", reason) if reason else "",
+            reason=bounds.optional_text("--reason", reason) or "",
             identity=audit.identity(s),
         )
         worker = run_temporal(_tell(s, r, PAUSE_SIGNAL if pause else RESUME_SIGNAL, event))
