@@ -18,7 +18,7 @@ from psycopg.rows import class_row
 from psycopg_pool import ConnectionPool
 from pydantic import BaseModel
 
-from activities.decisions import Decision
+from activities.decisions import Decision, DecisionKind
 from activities.exclusion.activities import list_exclusions
 from activities.exclusion.models import ExclusionRow
 from activities.fleet.control_state import AcquisitionRow, ControlRepository
@@ -97,6 +97,8 @@ class ContractExplanation(BaseModel):
     budgets: list[BudgetLine] = []
     drifted: dict[str, str] = {}
     decisions: list[DecisionLine] = []
+    # The lifecycle workflow's latest word on each live instance: replacing, held and why.
+    voluntary: list[DecisionLine] = []
     why: list[str] = []
 
 
@@ -157,6 +159,23 @@ class ExplainSources:
             **filters,
         )
         return [DecisionLine.of(d) for d in found[:MAX_DECISIONS]]
+
+    def latest_about(self, region: str, kind: str, subjects: set[str]) -> list[DecisionLine]:
+        """The newest `kind` decision about each of `subjects` (its instances, say)."""
+        if self.ledger is None or not subjects:
+            return []
+        found = queries.decisions(
+            self.ledger,
+            start=self.now - LOOKBACK,
+            end=self.now + timedelta(minutes=1),
+            region=region,
+            kind=kind,
+        )
+        latest: dict[str, Decision] = {}
+        for d in found:  # newest first
+            if d.subject in subjects:
+                latest.setdefault(d.subject, d)
+        return [DecisionLine.of(d) for d in list(latest.values())[:MAX_DECISIONS]]
 
 
 def _acquisitions(
@@ -236,6 +255,12 @@ def explain_contract(src: ExplainSources, region: str, name: str) -> ContractExp
     out.drifted = {k: v.why for k, v in fleet_drift([contract], rows).items() if v.drifted}
     out.short_units = max(out.demand_units - out.held_units, 0)
     _contract_reasons(out, contract, recent, excluded)
+    out.voluntary = src.latest_about(
+        region, DecisionKind.DISRUPTION.value, {i.instance_id for i in rows}
+    )
+    out.why += [
+        f"voluntary disruption of {d.subject}: {d.outcome}: {d.reason}" for d in out.voluntary
+    ]
     return out
 
 
