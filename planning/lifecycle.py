@@ -18,12 +18,13 @@ disrupted for one reason only):
   drained one after the other, so a consolidation disrupts one instance at a time.
 
 Every replacement is make-before-break (the workflow launches it first), so a candidate
-with no allowed pool that has room and covers at least the old instance's units is held
-back, never broken. Each reason goes through `allowed_disruptions` (the contract's
-disruption budget and blackouts). Anti-churn for return from fallback: the instance is at
-least `min_age_seconds` old, the target pool has shown free capacity on `stable_rounds`
-rounds in a row (hysteresis: a pool flickering free is never chased), and the replacement
-saves at least `min_saving_per_hour`. Consolidation: instances at least `min_age_seconds`
+with no allowed pool that has room (within the contract's `max_pool_share` of it) and
+covers at least the old instance's units is held back, never broken. Each reason goes
+through `allowed_disruptions` (the contract's disruption budget and blackouts).
+Anti-churn for return from fallback: the instance is at least `min_age_seconds` old, the
+target pool has shown free capacity on `stable_rounds` rounds in a row (hysteresis: a
+pool flickering free is never chased), and the replacement saves at least
+`min_saving_per_hour`. Consolidation: instances at least `min_age_seconds`
 old, a target pool stable the same way, a saving of at least `min_saving_per_hour` and
 `consolidation_margin` of what the replaced instances cost, and the same opportunity found
 on `stable_rounds` rounds in a row; at most one consolidation per contract per round.
@@ -75,6 +76,9 @@ class LifePool(BaseModel):
     units: int = Field(ge=0)  # units one instance carries for the contract
     free: int = Field(default=0, ge=0)  # instances that can start there now
     excluded: bool = False
+    # The most instances the contract may hold in the pool (placement.max_pool_share of
+    # what it lends, planning/costs.pool_share_cap); None: no cap.
+    share_cap: int | None = Field(default=None, ge=0)
 
 
 class ContractLife(BaseModel):
@@ -151,19 +155,35 @@ def _target(
     room: Mapping[str, int],
     units: int,
     *,
+    share: Mapping[str, int],
     streak: Mapping[str, int] | None = None,
     stable_rounds: int = 1,
 ) -> LifePool | None:
-    """The cheapest allowed pool with room whose instance covers at least `units`."""
+    """The cheapest allowed pool with room, within the contract's pool share, whose
+    instance covers at least `units`."""
     fits = [
         p
         for p in pools
         if not p.excluded
         and p.units >= max(units, 1)
         and room.get(p.pool_id, 0) > 0
+        and (p.pool_id not in share or share[p.pool_id] > 0)
         and (streak is None or streak.get(p.pool_id, 0) >= stable_rounds)
     ]
     return min(fits, key=lambda p: (p.price_per_hour, p.pool_id), default=None)
+
+
+def _share_room(view: ContractLife) -> dict[str, int]:
+    """Per capped pool, how many more instances the contract may hold there."""
+    held: dict[str, int] = {}
+    for i in view.instances:
+        if is_serving(i):
+            held[i.pool_id] = held.get(i.pool_id, 0) + 1
+    return {
+        p.pool_id: p.share_cap - held.get(p.pool_id, 0)
+        for p in view.pools
+        if p.share_cap is not None
+    }
 
 
 def _candidates(view: ContractLife, now: datetime) -> list[_Candidate]:
@@ -237,6 +257,7 @@ def plan_lifecycle(
             ]
             continue
         serving = sum(1 for i in view.instances if is_serving(i))
+        share = _share_room(view)
         busy = dict(busy_all.get(name, {}))
         verdicts: dict[DisruptionReason, BudgetVerdict] = {}
         for c in candidates:
@@ -249,11 +270,12 @@ def plan_lifecycle(
                     view.pools,
                     room,
                     inst.units,
+                    share=share,
                     streak=free_streak if fallback else None,
                     stable_rounds=anti_churn.stable_rounds,
                 )
                 if target is None:
-                    near = _target(view.pools, room, inst.units) if fallback else None
+                    near = _target(view.pools, room, inst.units, share=share) if fallback else None
                     hold = (
                         f"free capacity in {near.pool_id} seen on "
                         f"{free_streak.get(near.pool_id, 0)} of {anti_churn.stable_rounds} "
@@ -287,6 +309,8 @@ def plan_lifecycle(
                 continue
             busy[c.reason] = busy.get(c.reason, 0) + 1
             room[target.pool_id] = room.get(target.pool_id, 0) - 1
+            if target.pool_id in share:  # a capped pool
+                share[target.pool_id] -= 1
             plan.replace.append(
                 Replacement(
                     contract=name,
@@ -307,6 +331,7 @@ def plan_lifecycle(
                 plan,
                 view,
                 room,
+                share,
                 free_streak,
                 taken,
                 now=now,
@@ -340,6 +365,7 @@ class _Consolidation(BaseModel):
 def _best_consolidation(
     view: ContractLife,
     room: Mapping[str, int],
+    share: Mapping[str, int],
     free_streak: Mapping[str, int],
     taken: Collection[str],
     now: datetime,
@@ -371,7 +397,12 @@ def _best_consolidation(
             continue
         need = demand - (held - sum(i.units for i in group))
         target = _target(
-            view.pools, room, need, streak=free_streak, stable_rounds=anti_churn.stable_rounds
+            view.pools,
+            room,
+            need,
+            share=share,
+            streak=free_streak,
+            stable_rounds=anti_churn.stable_rounds,
         )
         if target is None:
             continue
@@ -398,6 +429,7 @@ def _consolidate(
     plan: LifecyclePlan,
     view: ContractLife,
     room: dict[str, int],
+    share: dict[str, int],
     free_streak: Mapping[str, int],
     taken: Collection[str],
     *,
@@ -410,7 +442,7 @@ def _consolidate(
 ) -> None:
     """At most one consolidation for the contract this round, if one is found, stable and
     within budget (else held, with why)."""
-    found = _best_consolidation(view, room, free_streak, taken, now, anti_churn)
+    found = _best_consolidation(view, room, share, free_streak, taken, now, anti_churn)
     if found is None:
         return
     name = view.contract.name
@@ -443,6 +475,8 @@ def _consolidate(
         return
     busy[reason] = busy.get(reason, 0) + 1
     room[found.target.pool_id] = room.get(found.target.pool_id, 0) - 1
+    if found.target.pool_id in share:  # a capped pool
+        share[found.target.pool_id] -= 1
     plan.replace.append(
         Replacement(
             contract=name,

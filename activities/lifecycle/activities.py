@@ -48,6 +48,7 @@ from contracts.feasibility import units_per_instance
 from contracts.model import Contract
 from contracts.notice import ReclaimReply, ReclaimRequest, reclaim_subject
 from contracts.region import Region
+from planning.costs import pool_share_cap
 from planning.lifecycle import ContractLife, LifeInstance, LifePool
 
 log = logging.getLogger(__name__)
@@ -265,6 +266,7 @@ def _allowed_pools(region: Region, contract: Contract, excluded: set[str]) -> li
                 price_per_hour=pool.price_per_hour,
                 units=units,
                 excluded=pid in excluded,
+                share_cap=pool_share_cap(p.max_pool_share, pool.reclaimable_units),
             )
         )
     return out

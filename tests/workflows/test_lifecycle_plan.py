@@ -171,6 +171,23 @@ def test_make_before_break_needs_room_and_enough_units() -> None:
     assert len(plan.replace) == 1 and len(plan.held) == 1
 
 
+def test_replacements_stay_within_the_contracts_pool_share() -> None:
+    c = contract({"budgets": [{"max_instances": 5}]})
+    capped = pool("r1.B.gp.xl", price=0.05).model_copy(update={"share_cap": 2})
+    others = pool("r1.C.gp.xl", price=0.064)
+    held_there = inst("ok").model_copy(update={"pool_id": "r1.B.gp.xl", "hall": "B"})
+    fbs = [inst(f"fb-{n}", fallback=True, age_hours=9 - n) for n in range(3)]
+    plan = plan_lifecycle(
+        [view(c, [held_there, *fbs], [capped, others])], now=NOW, free_streak=STABLE
+    )
+    # One more fits under B's cap of 2 (one is there already); the others go to C.
+    assert [(r.instance_id, r.pool_id) for r in plan.replace] == [
+        ("fb-0", "r1.B.gp.xl"),
+        ("fb-1", "r1.C.gp.xl"),
+        ("fb-2", "r1.C.gp.xl"),
+    ]
+
+
 def test_paused_contracts_and_leaving_or_booting_instances_are_left_alone() -> None:
     c = contract({"budgets": [{"max_instances": 5}]})
     v = view(
