@@ -230,6 +230,7 @@ def plan_lifecycle(
     paused: Collection[str] = (),
     anti_churn: AntiChurn = AntiChurn(),
     consolidation_streak: Mapping[str, int] | None = None,
+    undrainable: Collection[str] = (),
 ) -> LifecyclePlan:
     """What to replace now in one region.
 
@@ -237,7 +238,9 @@ def plan_lifecycle(
     included); `in_flight`: voluntary disruptions already under way per contract and
     reason; `paused`: contracts an operator paused (every candidate held);
     `consolidation_streak`: per contract, the rounds in a row before this one that found a
-    consolidation (`next_consolidation_streak`)."""
+    consolidation (`next_consolidation_streak`); `undrainable`: halls where a drain could
+    not be told lately (no relay answered): their instances wait, no replacement is
+    booted only to be released again."""
     plan = LifecyclePlan()
     busy_all = in_flight or {}
     room: dict[str, int] = {}
@@ -263,6 +266,8 @@ def plan_lifecycle(
         for c in candidates:
             inst = c.instance
             hold = _anti_churn(c, now, min_age, anti_churn)
+            if inst.hall in undrainable:
+                hold = f"no drain can be told in hall {inst.hall} lately (no relay answered)"
             target: LifePool | None = None
             if hold is None:
                 fallback = c.reason is DisruptionReason.RETURN_FROM_FALLBACK
@@ -327,6 +332,7 @@ def plan_lifecycle(
             )
         if anti_churn.consolidate:
             taken = {c.instance.instance_id for c in candidates}
+            taken |= {i.instance_id for i in view.instances if i.hall in undrainable}
             _consolidate(
                 plan,
                 view,

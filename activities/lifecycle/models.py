@@ -50,6 +50,9 @@ class DrainTold(BaseModel):
     lead_seconds: float = 0.0
     why: str = ""
     noticed_at: datetime | None = None
+    # Not told because nobody answered for the hall (NATS or its relay away), not because
+    # of the instance: the hall's other drains would fail too for a while.
+    unavailable: bool = False
 
 
 class InstanceLookup(BaseModel):

@@ -278,3 +278,16 @@ def test_consolidation_is_no_plain_release_and_needs_a_margin_and_age() -> None:
     assert consolidable(v.model_copy(update={"demand_units": None})) == []
     # A target pool that only just showed free capacity is not chased either.
     assert consolidable(v, free_streak={"r1.B.gp.2xl": 1}) == []
+
+
+def test_a_hall_where_no_drain_could_be_told_waits() -> None:
+    c = contract({"budgets": [{"max_instances": 5}]})
+    v = view(c, [inst("fb", fallback=True)])
+    plan = plan_lifecycle([v], now=NOW, free_streak=STABLE, undrainable={"A"})
+    assert plan.replace == []
+    assert plan.held[0].why == "no drain can be told in hall A lately (no relay answered)"
+    # Consolidation leaves the hall's instances alone too.
+    half, _ = half_empty()
+    streak = {"spark-etl": 5}
+    assert consolidable(half, consolidation_streak=streak, undrainable={"A"}) == []
+    assert consolidable(half, consolidation_streak=streak) == ["spark-etl"]

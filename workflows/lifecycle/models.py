@@ -33,8 +33,10 @@ class LifecycleConfig(BaseModel):
     # The replacement's acquisition: ACTIVE polls, and how long a boot may stay in BUILD.
     poll_seconds: float = Field(default=1.0, gt=0)
     build_timeout_seconds: float = Field(default=900.0, gt=0)
-    # Attempts at telling the hall's notice relay (NATS away, relay restarting).
+    # Attempts at telling the hall's notice relay (NATS away, relay restarting); after
+    # they fail, the hall's instances wait this long before a replacement is tried again.
     drain_attempts: int = Field(default=5, ge=1)
+    drain_retry_seconds: float = Field(default=1800.0, ge=0)
     # Rounds per run, or history events, before continue-as-new.
     rounds_per_run: int = Field(default=200, ge=1)
     max_history_events: int = Field(default=2000, ge=100)
@@ -74,6 +76,7 @@ class LifecycleInput(BaseModel):
     paused_contracts: list[str] = []
     free_streak: dict[str, int] = {}
     consolidation_streak: dict[str, int] = {}
+    undrainable: dict[str, datetime] = {}  # hall -> until when its drains are not tried
     held: dict[str, str] = {}  # instance -> why it is held back (as last recorded)
     rounds: int = 0
     replaced: int = 0
@@ -93,6 +96,7 @@ class LifecycleStatus(BaseModel):
     saved_per_hour: float = 0.0
     in_flight: dict[str, str] = {}  # instance being replaced -> reason
     held: dict[str, str] = {}
+    undrainable: dict[str, datetime] = {}
     recent: list[ReplacementRecord] = []
     reason: str = ""  # why the last round planned nothing (no bundle, ...)
     bundle_serial: int | None = None

@@ -130,6 +130,7 @@ class LifecycleWorkflow:
         self._paused_contracts = set(inp.paused_contracts)
         self._streak = dict(inp.free_streak)
         self._consolidation_streak = dict(inp.consolidation_streak)
+        self._undrainable = dict(inp.undrainable)
         self._held = dict(inp.held)
         self._in_flight: dict[str, str] = {}
         self._dirty = True  # a round at once after a start or continue-as-new
@@ -184,6 +185,7 @@ class LifecycleWorkflow:
                 "paused_contracts": sorted(self._paused_contracts),
                 "in_flight": dict(sorted(self._in_flight.items())),
                 "held": dict(sorted(self._held.items())),
+                "undrainable": dict(sorted(self._undrainable.items())),
                 "pending": self._dirty,
             },
             deep=True,
@@ -214,6 +216,7 @@ class LifecycleWorkflow:
                     "paused_contracts": sorted(self._paused_contracts),
                     "free_streak": self._streak,
                     "consolidation_streak": self._consolidation_streak,
+                    "undrainable": self._undrainable,
                     "held": self._held,
                     "rounds": self._status.rounds,
                     "replaced": self._status.replaced,
@@ -262,10 +265,12 @@ class LifecycleWorkflow:
             workflow.logger.warning("lifecycle %s: %s", self._id, snap.problem)
             return
         cfg = self._cfg
+        now = workflow.now()
+        self._undrainable = {h: t for h, t in self._undrainable.items() if t > now}
         self._streak = next_streak(self._streak, snap.contracts)
         plan = plan_lifecycle(
             snap.contracts,
-            now=workflow.now(),
+            now=now,
             free_streak=self._streak,
             paused=self._paused_contracts,
             anti_churn=AntiChurn(
@@ -276,6 +281,7 @@ class LifecycleWorkflow:
                 consolidation_margin=cfg.consolidation_margin,
             ),
             consolidation_streak=self._consolidation_streak,
+            undrainable=set(self._undrainable),
         )
         self._consolidation_streak = next_consolidation_streak(self._consolidation_streak, plan)
         await self._record_held(plan.held)
@@ -338,6 +344,10 @@ class LifecycleWorkflow:
             # One drain at a time: a consolidation disrupts one instance at once.
             for n, old in enumerate(olds):
                 told = await self._tell_drain(r, old, new_id)
+                if told.unavailable:
+                    self._undrainable[old.hall] = workflow.now() + timedelta(
+                        seconds=self._cfg.drain_retry_seconds
+                    )
                 if not told.told and n == 0:
                     await self._release_replacement(r, new_id, told.why)
                     return
@@ -429,7 +439,7 @@ class LifecycleWorkflow:
         except ActivityError as exc:
             cause = exc.cause
             why = cause.message if isinstance(cause, FailureError) else str(cause or exc)
-            return DrainTold(told=False, why=why)
+            return DrainTold(told=False, why=why, unavailable=True)
         return told
 
     async def _release_replacement(self, r: Replacement, new_id: str, why: str) -> None:
