@@ -192,6 +192,11 @@ def _show(st: LifecycleStatus) -> None:
         f"{st.replaced} replaced, saving {st.saved_per_hour:.3f}/h"
         + (f"; {st.reason}" if st.reason else "")
     )
+    for hall, until in st.undrainable.items():
+        console.print(
+            f"hall {hall}: no notice relay answered a drain; its instances wait until "
+            f"{until:%Y-%m-%d %H:%M} UTC (`sco notice-relay --region {st.region} --hall {hall}`)"
+        )
     rows: list[tuple[object, ...]] = [
         (i, reason, "in flight") for i, reason in st.in_flight.items()
     ]
