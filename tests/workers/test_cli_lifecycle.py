@@ -47,3 +47,25 @@ def test_status_shows_pauses_candidates_waiting_halls_and_the_saving(
     assert "hall D: no notice relay answered a drain" in out
     for text in ("acq-1", "in flight", "blackout 0 is open", "life-r1-ci-runners-1-0000"):
         assert text in out
+
+
+def test_every_lifecycle_setting_reaches_the_workflow(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`SCO_LIFECYCLE__*` (each key but `enabled`, which decides whether it starts) is in
+    the config the region worker starts the workflow with."""
+    from services.region_worker.configs import configs_from
+    from workers.settings import LifecycleSettings, load_settings
+
+    values = {
+        "interval_seconds": 42.0,
+        "min_age_seconds": 7.0,
+        "stable_rounds": 3,
+        "min_saving_per_hour": 0.25,
+        "consolidate": False,
+        "consolidation_margin": 0.5,
+        "drain_retry_seconds": 99.0,
+    }
+    assert set(values) == set(LifecycleSettings.model_fields) - {"enabled"}
+    for key, value in values.items():
+        monkeypatch.setenv(f"SCO_LIFECYCLE__{key.upper()}", str(value).lower())
+    cfg = configs_from(load_settings()).lifecycle
+    assert {k: getattr(cfg, k) for k in values} == values
