@@ -4,6 +4,7 @@ commands against a real worker are in tests/workers/test_audit_trail.py."""
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
@@ -49,7 +50,9 @@ def test_status_shows_pauses_candidates_waiting_halls_and_the_saving(
         assert text in out
 
 
-def test_every_lifecycle_setting_reaches_the_workflow(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_lifecycle_setting_reaches_the_workflow(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """`SCO_LIFECYCLE__*` (each key but `enabled`, which decides whether it starts) is in
     the config the region worker starts the workflow with."""
     from services.region_worker.configs import configs_from
@@ -65,6 +68,7 @@ def test_every_lifecycle_setting_reaches_the_workflow(monkeypatch: pytest.Monkey
         "drain_retry_seconds": 99.0,
     }
     assert set(values) == set(LifecycleSettings.model_fields) - {"enabled"}
+    monkeypatch.chdir(tmp_path)  # no sco.toml of the checkout's
     for key, value in values.items():
         monkeypatch.setenv(f"SCO_LIFECYCLE__{key.upper()}", str(value).lower())
     cfg = configs_from(load_settings()).lifecycle
