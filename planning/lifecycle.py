@@ -397,6 +397,7 @@ def _best_consolidation(
     groups: list[tuple[LifeInstance, ...]] = [(a,) for a in movable]
     groups += [(a, b) for n, a in enumerate(movable) for b in movable[n + 1 :]]
     best: _Consolidation | None = None
+    best_key: tuple[float, int, tuple[str, ...]] | None = None
     for group in groups:
         # One the contract can do without is the controller's surplus release.
         if any(held - i.units >= demand for i in group):
@@ -412,22 +413,19 @@ def _best_consolidation(
         )
         if target is None:
             continue
-        found = _Consolidation(
-            group=group, target=target, cost=sum(i.price_per_hour for i in group), need=need
-        )
+        cost = sum(i.price_per_hour for i in group)
+        saving = cost - target.price_per_hour
         if (
-            found.saving <= 0
-            or found.saving < anti_churn.min_saving_per_hour
-            or found.saving < anti_churn.consolidation_margin * found.cost
+            saving <= 0
+            or saving < anti_churn.min_saving_per_hour
+            or saving < anti_churn.consolidation_margin * cost
         ):
             continue
-        key = (-found.saving, len(group), tuple(i.instance_id for i in group))
-        if best is None or key < (
-            -best.saving,
-            len(best.group),
-            tuple(i.instance_id for i in best.group),
-        ):
-            best = found
+        key = (-saving, len(group), tuple(i.instance_id for i in group))
+        if best_key is None or key < best_key:
+            best_key = key
+            # A model only for the best so far: validating one per pair costs milliseconds.
+            best = _Consolidation.model_construct(group=group, target=target, cost=cost, need=need)
     return best
 
 
