@@ -21,6 +21,9 @@ class DecisionKind(enum.StrEnum):
     RELEASE = "release"  # idle reclaimable capacity given back
     EXCLUSION = "exclusion"  # a pool excluded, probed or re-admitted
     FLOOR = "floor"  # a floor rebuilt, or not holdable
+    # A voluntary replacement (drift, return from fallback, expiry) started, done or held
+    # back, and the lifecycle workflow paused or resumed.
+    DISRUPTION = "disruption"
     # Operator actions that are not a workflow's own decision (every one names its actor):
     DEMAND = "demand"  # `sco demand set`
     BUDGET = "budget"  # `sco budget set-rate`

@@ -18,7 +18,7 @@ from psycopg.rows import class_row
 from psycopg_pool import ConnectionPool
 from pydantic import BaseModel
 
-from activities.decisions import Decision
+from activities.decisions import Decision, DecisionKind
 from activities.exclusion.activities import list_exclusions
 from activities.exclusion.models import ExclusionRow
 from activities.fleet.control_state import AcquisitionRow, ControlRepository
@@ -97,6 +97,8 @@ class ContractExplanation(BaseModel):
     budgets: list[BudgetLine] = []
     drifted: dict[str, str] = {}
     decisions: list[DecisionLine] = []
+    # The lifecycle workflow's latest word on each live instance: replacing, held and why.
+    voluntary: list[DecisionLine] = []
     why: list[str] = []
 
 
@@ -157,6 +159,23 @@ class ExplainSources:
             **filters,
         )
         return [DecisionLine.of(d) for d in found[:MAX_DECISIONS]]
+
+    def latest_about(self, region: str, kind: str, subjects: set[str]) -> list[DecisionLine]:
+        """The newest `kind` decision about each of `subjects` (its instances, say)."""
+        if self.ledger is None or not subjects:
+            return []
+        found = queries.decisions(
+            self.ledger,
+            start=self.now - LOOKBACK,
+            end=self.now + timedelta(minutes=1),
+            region=region,
+            kind=kind,
+        )
+        latest: dict[str, Decision] = {}
+        for d in found:  # newest first
+            if d.subject in subjects:
+                latest.setdefault(d.subject, d)
+        return [DecisionLine.of(d) for d in list(latest.values())[:MAX_DECISIONS]]
 
 
 def _acquisitions(
@@ -236,6 +255,12 @@ def explain_contract(src: ExplainSources, region: str, name: str) -> ContractExp
     out.drifted = {k: v.why for k, v in fleet_drift([contract], rows).items() if v.drifted}
     out.short_units = max(out.demand_units - out.held_units, 0)
     _contract_reasons(out, contract, recent, excluded)
+    out.voluntary = src.latest_about(
+        region, DecisionKind.DISRUPTION.value, {i.instance_id for i in rows}
+    )
+    out.why += [
+        f"voluntary disruption of {d.subject}: {d.outcome}: {d.reason}" for d in out.voluntary
+    ]
     return out
 
 
@@ -301,6 +326,11 @@ def _made_by(row: InstanceRow) -> str:
     acq = row.acquisition_id or ""
     if acq.startswith("floor-"):
         return f"the floor keeper of {row.workload} (committed floor), acquisition {acq}"
+    if acq.startswith("life-"):
+        return (
+            f"the lifecycle workflow, replacing an instance of {row.workload} (drift, return "
+            f"from fallback or expiry), acquisition {acq}"
+        )
     if acq.startswith("slurm-"):
         return f"Slurm power saving (ResumeProgram) for {row.workload}, acquisition {acq}"
     if acq.startswith("probe-") or row.workload.startswith("canary"):
@@ -364,7 +394,11 @@ def _releases(row: InstanceRow, contract: Contract | None) -> list[str]:
     if row.capacity_type.value == "committed":
         if (row.acquisition_id or "").startswith("floor-"):
             return [f"{row.workload}'s floor lowered in the bundle (a new serial)", "a hall loss"]
-        return [f"{row.workload}'s reclaimable capacity returning (return-from-fallback)"]
+        return [
+            f"{row.workload}'s reclaimable capacity returning (return-from-fallback, by the "
+            "lifecycle workflow: make-before-break, within the disruption budget; "
+            "`sco lifecycle status`)"
+        ]
     out = []
     if row.surplus_since is not None:
         out.append(

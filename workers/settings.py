@@ -388,6 +388,32 @@ class ControlSettings(BaseModel):
     max_instances_per_acquisition: int = Field(default=200, ge=1)
 
 
+class LifecycleSettings(BaseModel):
+    """The region's lifecycle workflow: voluntary replacements (drift, return from fallback,
+    expiry), make-before-break, within each contract's disruption budget."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # The region worker starts the region's lifecycle workflow (idempotent) when on; off
+    # leaves a running one alone (pause it: `sco lifecycle pause --region R`).
+    enabled: bool = True
+    # Seconds between rounds; a pause or resume starts one at once.
+    interval_seconds: float = Field(default=300.0, gt=0)
+    # Return from fallback only for fallback instances at least this old ...
+    min_age_seconds: float = Field(default=3600.0, ge=0)
+    # ... into pools that showed free capacity on this many rounds in a row (hysteresis) ...
+    stable_rounds: int = Field(default=2, ge=1)
+    # ... and saving at least this much per hour (the region's currency).
+    min_saving_per_hour: float = Field(default=0.0, ge=0)
+    # Consolidation (one or two reclaimable instances replaced by one that still covers
+    # demand): on or off, and the least saving as a share of what the replaced cost.
+    consolidate: bool = True
+    consolidation_margin: float = Field(default=0.1, ge=0, le=1)
+    # A hall where no notice relay answered a drain: its instances wait this long before
+    # another replacement is booted for them.
+    drain_retry_seconds: float = Field(default=1800.0, ge=0)
+
+
 class WorkerSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -670,6 +696,7 @@ class Settings(BaseSettings):
     log: LogSettings = LogSettings()
     tracing: TracingSettings = TracingSettings()
     intake: IntakeSettings = IntakeSettings()
+    lifecycle: LifecycleSettings = LifecycleSettings()
     slurm: SlurmSettings = SlurmSettings()
     kubernetes: KubernetesSettings = KubernetesSettings()
     estate: EstateSettings = EstateSettings()

@@ -38,6 +38,7 @@ from activities.fleet.control_state import AcquisitionRecord, AcquisitionRow, Co
 from activities.fleet.repository import FleetRepository, InstanceRow
 from activities.ledger.queries import reclaim_rate
 from activities.ledger.store import LedgerStore, LedgerUnavailable
+from activities.lifecycle.models import LIFECYCLE_PREFIX
 from activities.plan_sources import PlanSources
 from activities.provider.errors import ProviderError
 from activities.provider.interface import CloudProvider
@@ -209,10 +210,14 @@ class ControlActivities:
                     ),
                     fallback_declined_at=declines.get(c.name),
                     kubernetes=bool(c.selectors.kubernetes),
+                    # The lifecycle workflow's replacements stand in for the controller's
+                    # instances: released as surplus like them when demand drops.
                     instances=[
                         _brief(r)
                         for r in mine
-                        if (r.acquisition_id or "").startswith(ACQUISITION_PREFIX)
+                        if (r.acquisition_id or "").startswith(
+                            (ACQUISITION_PREFIX, LIFECYCLE_PREFIX)
+                        )
                     ],
                 )
             )

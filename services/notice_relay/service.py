@@ -126,7 +126,7 @@ async def run(
                 on_notice=hooks.submit,
                 on_planned=wakes.submit,
             )
-            await nc.subscribe(reclaim_subject(region.id, hall), cb=_request_handler(relay, hooks))
+            await nc.subscribe(reclaim_subject(region.id, hall), cb=request_handler(relay, hooks))
             if isinstance(signing_key, KeyFileSigner):
                 log.info(
                     "notice relay %s/%s signs with key %s from %s (re-read on change or SIGHUP)",
@@ -225,7 +225,7 @@ async def _connect_nats(settings: Settings, stop: asyncio.Event) -> NATS | None:
     )
 
 
-def _request_handler(
+def request_handler(
     relay: NoticeRelay, hooks: ExclusionHookQueue
 ) -> Callable[[Msg], Awaitable[None]]:
     """Answers `sco reclaim` at once: which instances were noticed, or why none could be.

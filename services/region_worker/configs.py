@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from workers.settings import Settings
 from workflows.controller.models import ControllerConfig
 from workflows.intake.models import IntakeConfig
+from workflows.lifecycle.models import LifecycleConfig
 from workflows.reconciler.models import ReconcilerConfig
 
 
@@ -17,6 +18,7 @@ class WorkflowConfigs:
     controller: ControllerConfig
     reconciler: ReconcilerConfig
     intake: IntakeConfig
+    lifecycle: LifecycleConfig
 
 
 def controller_config(settings: Settings) -> ControllerConfig:
@@ -52,10 +54,25 @@ def intake_config(settings: Settings) -> IntakeConfig:
     )
 
 
+def lifecycle_config(settings: Settings) -> LifecycleConfig:
+    lc = settings.lifecycle
+    return LifecycleConfig(
+        interval_seconds=lc.interval_seconds,
+        min_age_seconds=lc.min_age_seconds,
+        stable_rounds=lc.stable_rounds,
+        min_saving_per_hour=lc.min_saving_per_hour,
+        consolidate=lc.consolidate,
+        consolidation_margin=lc.consolidation_margin,
+        drain_retry_seconds=lc.drain_retry_seconds,
+        build_timeout_seconds=settings.control.build_timeout_seconds,
+    )
+
+
 def configs_from(settings: Settings) -> WorkflowConfigs:
     """Every workflow config the settings determine."""
     return WorkflowConfigs(
         controller=controller_config(settings),
         reconciler=reconciler_config(settings),
         intake=intake_config(settings),
+        lifecycle=lifecycle_config(settings),
     )

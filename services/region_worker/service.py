@@ -13,9 +13,12 @@ import concurrent.futures
 import contextlib
 import logging
 import uuid
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any
 
+import nats
+from nats.aio.client import Client as NatsClient
 from psycopg_pool import ConnectionPool
 from temporalio.client import Client
 from temporalio.common import VersioningBehavior, WorkerDeploymentVersion, WorkflowIDConflictPolicy
@@ -33,6 +36,8 @@ from activities.fleet.repository import FleetRepository
 from activities.floor.activities import FloorActivities
 from activities.floor.models import floor_workflow_id
 from activities.ledger.store import LedgerStore
+from activities.lifecycle.activities import LifecycleActivities
+from activities.lifecycle.models import lifecycle_workflow_id
 from activities.provider.activities import ProviderActivities, all_activities
 from activities.provider.interface import CloudProvider
 from activities.reconciler.activities import ReconcilerActivities, reconciler_activities
@@ -42,6 +47,7 @@ from services.region_worker.configs import configs_from
 from services.region_worker.metrics import RegionCollector
 from workers.client_security import (
     ledger_options,
+    nats_options,
     postgres_conninfo,
 )
 from workers.demand_sources import sources_for
@@ -60,6 +66,8 @@ from workflows.floor.models import FloorInput
 from workflows.floor.workflow import FloorKeeperWorkflow
 from workflows.intake.models import IntakeInput, intake_workflow_id
 from workflows.intake.workflow import DemandIntakeWorkflow
+from workflows.lifecycle.models import LifecycleInput
+from workflows.lifecycle.workflow import LifecycleWorkflow
 from workflows.reconciler.models import ReconcilerInput, reconciler_workflow_id
 from workflows.reconciler.workflow import ReconcilerWorkflow
 from workflows.slurm.workflow import SlurmReleaseWorkflow
@@ -77,6 +85,7 @@ WORKFLOWS = [
     ReconcilerWorkflow,
     DemandIntakeWorkflow,
     SlurmReleaseWorkflow,
+    LifecycleWorkflow,
 ]
 
 
@@ -142,6 +151,37 @@ async def ensure_intake(client: Client, settings: Settings, region: str) -> list
     return [handle.id]
 
 
+async def ensure_lifecycle(client: Client, settings: Settings, region: str) -> list[str]:
+    """Start the region's lifecycle workflow when `lifecycle.enabled`; idempotent (a running
+    one keeps its pauses and state)."""
+    if not settings.lifecycle.enabled:
+        return []
+    handle = await client.start_workflow(
+        LifecycleWorkflow.run,
+        LifecycleInput(region=region, config=configs_from(settings).lifecycle),
+        id=lifecycle_workflow_id(region),
+        task_queue=settings.temporal.task_queue(region),
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+    )
+    return [handle.id]
+
+
+def nats_connector(settings: Settings) -> Callable[[], Awaitable[NatsClient]]:
+    """A fresh NATS connection per call (the lifecycle's drain requests, a few an hour),
+    as this process's identity, failing fast when NATS is away."""
+
+    async def connect() -> NatsClient:
+        return await nats.connect(
+            settings.nats_url,
+            connect_timeout=5,
+            allow_reconnect=False,
+            max_reconnect_attempts=0,
+            **nats_options(settings),
+        )
+
+    return connect
+
+
 async def ensure_controllers(client: Client, settings: Settings, region: str) -> list[str]:
     """Start the region's controller partitions that are not running; idempotent."""
     started = []
@@ -194,6 +234,15 @@ def build_activities(
         ControlRepository(pool),
         lambda: installed_bundle(settings.bundle_cache_dir, settings.trust_dir),
     )
+    lifecycle = LifecycleActivities(
+        fleet_repo,
+        ControlRepository(pool),
+        provider,
+        regions_dir=settings.regions_dir,
+        bundle_cache_dir=settings.bundle_cache_dir,
+        trust_dir=settings.trust_dir,
+        nats_connect=nats_connector(settings),
+    )
     budget = BudgetActivities(
         client,
         settings.temporal.task_queue(region),
@@ -217,6 +266,9 @@ def build_activities(
         *reconciler_activities(reconciler),
         budget.ensure,
         intake.collect,
+        lifecycle.snapshot,
+        lifecycle.instance,
+        lifecycle.tell_drain,
     ]
 
 
@@ -316,6 +368,7 @@ async def run(settings: Settings, region: str) -> None:
                     ids += await ensure_floor_keepers(client, settings, region)
                     ids += await ensure_intake(client, settings, region)
                     ids += await ensure_reconciler(client, settings, region)
+                    ids += await ensure_lifecycle(client, settings, region)
                     log.info("running: %s", ", ".join(ids))
                 collecting = None
                 if settings.worker.state_metrics_port:

@@ -12,7 +12,7 @@ import pytest
 
 from contracts.notice import ReclaimRequest
 from services.notice_relay.reply import ReclaimReply
-from services.notice_relay.service import _request_handler
+from services.notice_relay.service import request_handler
 
 AT = datetime(2026, 12, 4, 21, 0, tzinfo=UTC)
 
@@ -57,7 +57,7 @@ class FakeRelay:
 
 
 async def ask(outcome: list[Any] | Exception, pending: int = 0) -> ReclaimReply:
-    handler = _request_handler(
+    handler = request_handler(
         cast(Any, FakeRelay(outcome)), cast(Any, SimpleNamespace(pending=pending))
     )
     msg = FakeMsg(

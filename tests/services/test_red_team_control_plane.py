@@ -62,7 +62,7 @@ from services.drain_intake.intake import (
 )
 from services.notice_relay.relay import NoticeRelay
 from services.notice_relay.reply import ReclaimReply
-from services.notice_relay.service import _request_handler
+from services.notice_relay.service import request_handler
 from tests.support.agent_fakes import signed_bundle
 from tests.support.fuzz import examples
 from tests.support.nats_sync import server_has_seen
@@ -513,7 +513,7 @@ async def relay_answering(
         )
         await relay.ensure_stream()  # as the relay process makes it, on its own identity
         hooks = cast(Any, SimpleNamespace(pending=0))  # the exclusion cycle's queue: not used
-        await relay_c.nc.subscribe(reclaim_subject(REGION, "A"), cb=_request_handler(relay, hooks))
+        await relay_c.nc.subscribe(reclaim_subject(REGION, "A"), cb=request_handler(relay, hooks))
         await server_has_seen(relay_c.nc)
         yield relay
 

@@ -37,6 +37,7 @@ from activities.fleet.db import open_pool
 from activities.fleet.migrate import migrate
 from activities.fleet.repository import FleetRepository
 from activities.ledger import LedgerStore, decisions
+from activities.lifecycle.models import lifecycle_workflow_id
 from activities.provider.sim_service import serve
 from activities.provider.simulator import SimulatedCloud
 from contracts import keys
@@ -212,7 +213,9 @@ async def test_every_operator_action_is_a_ledger_decision(
     )  # fmt: skip
     assert serial == 2
     tag = uuid.uuid4().hex[:4]
-    who = {k: f"{k}-{tag}" for k in ("alice", "bob", "carol", "dave", "erin", "frank", "gina")}
+    who = {
+        k: f"{k}-{tag}" for k in ("alice", "bob", "carol", "dave", "erin", "frank", "gina", "ivy")
+    }
 
     async def sco(*args: str) -> str:
         code, out = await services.run_sco(env, *args, cwd=REPO)
@@ -263,6 +266,12 @@ async def test_every_operator_action_is_a_ledger_decision(
             "budget", "set-rate", "20", "40", *r1, "--by", who["alice"], "--reason", "b"
         )
         assert link(budget_workflow_id("r1")) in out
+        ivy = ("--by", who["ivy"], "--contract", "spark-etl")
+        out = await sco("lifecycle", "pause", *r1, *ivy, "--reason", "freeze")
+        assert link(lifecycle_workflow_id("r1")) in out
+        await sco("lifecycle", "resume", *r1, *ivy, "--reason", "thaw")
+        status = json.loads(await sco("lifecycle", "status", *r1, "--json"))
+        assert status["region"] == "r1" and status["ui_url"] == link(lifecycle_workflow_id("r1"))
         hank = ("--by", f"hank-{tag}")
         await sco("contracts", "install", str(bundle), *hank, "--reason", "i")
         await sco("contracts", "publish", str(bundle), "--trust", str(trust), *r1, *hank)
@@ -294,6 +303,8 @@ async def test_every_operator_action_is_a_ledger_decision(
         ("exclusion", "excluded", who["frank"]),
         ("exclusion", "readmitted", who["frank"]),
         ("reclaim", "reclaimed", who["gina"]),
+        ("disruption", "paused", who["ivy"]),
+        ("disruption", "resumed", who["ivy"]),
         ("contracts", "installed", f"hank-{tag}"),
         ("contracts", "published", f"hank-{tag}"),
     }
@@ -309,6 +320,6 @@ async def test_every_operator_action_is_a_ledger_decision(
         assert d.reason, d  # why
         assert d.occurred_at > datetime.now(UTC) - timedelta(minutes=10), d  # when
         assert d.identity == ""  # no client certificate in this test (see test_tls_clients)
-    paused = next(d for d in mine if d.outcome == "paused")
+    paused = next(d for d in mine if d.kind.value == "acquisition" and d.outcome == "paused")
     assert paused.subject == "spark-etl" and paused.workflow_id == approve
-    print(f"14 operator actions in {acted:.1f} s, all found in the ledger")
+    print(f"{len(want)} operator actions in {acted:.1f} s, all found in the ledger")

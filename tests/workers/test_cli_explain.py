@@ -103,6 +103,14 @@ def test_explain_answers_from_recorded_reasons(
                 ),
                 Decision(
                     region="r2",
+                    kind=DecisionKind.DISRUPTION,
+                    subject=drifted,
+                    outcome="held",
+                    reason="drift: blackout 0 is open",
+                    workflow_id="lifecycle-r2",
+                ),
+                Decision(
+                    region="r2",
                     kind=DecisionKind.EXCLUSION,
                     subject="r2.B.gp.xl",
                     outcome="excluded",
@@ -124,6 +132,7 @@ def test_explain_answers_from_recorded_reasons(
     )
     assert "fallback awaiting_approval: fallback 0.54/h over spend authority 0/h" in text
     assert "drifted instances: 1" in text
+    assert f"voluntary disruption of {drifted}: held: drift: blackout 0 is open" in text
     doc = json.loads(
         runner.invoke(app, ["explain", "contract", "spark-etl", "--region", "r2", "--json"]).output
     )

@@ -20,6 +20,7 @@ from workflows.controller import models as controller
 from workflows.exclusion import models as exclusion
 from workflows.floor import models as floor
 from workflows.intake import models as intake
+from workflows.lifecycle import models as lifecycle
 from workflows.reconciler import models as reconciler
 from workflows.slurm import models as slurm
 
@@ -40,6 +41,9 @@ PINNED: list[tuple[str, str, str]] = [
     ("floor.STATUS_QUERY", floor.STATUS_QUERY, "status"),
     ("intake.COLLECT_NOW_SIGNAL", intake.COLLECT_NOW_SIGNAL, "collect_now"),
     ("intake.STATUS_QUERY", intake.STATUS_QUERY, "status"),
+    ("lifecycle.PAUSE_SIGNAL", lifecycle.PAUSE_SIGNAL, "pause"),
+    ("lifecycle.RESUME_SIGNAL", lifecycle.RESUME_SIGNAL, "resume"),
+    ("lifecycle.STATUS_QUERY", lifecycle.STATUS_QUERY, "status"),
     ("reconciler.LAST_REPORT_QUERY", reconciler.LAST_REPORT_QUERY, "last_report"),
     ("slurm.PROGRESS_QUERY", slurm.PROGRESS_QUERY, "progress"),
     ("acquisition.PROGRESS_QUERY", acquisition.PROGRESS_QUERY, "progress"),

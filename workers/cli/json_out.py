@@ -178,6 +178,16 @@ SCHEMAS: dict[str, JsonOutput] = {
     ),
     "sco outbox retry": JsonOutput("object", extra=("id", "requeued_outbox_id", "produced_to")),
     "sco outbox status": JsonOutput("object", extra=("waiting", "oldest_seconds")),
+    "sco lifecycle pause": JsonOutput(
+        "object", extra=("region", "contract", "event", *_LINKS, "worker_running")
+    ),
+    "sco lifecycle resume": JsonOutput(
+        "object", extra=("region", "contract", "event", *_LINKS, "worker_running")
+    ),
+    "sco lifecycle start": JsonOutput("list", extra=_LINKS),
+    "sco lifecycle status": JsonOutput(
+        "object", "workflows.lifecycle.models:LifecycleStatus", ("ui_url",)
+    ),
     "sco pool exclude": JsonOutput(
         "object", "workflows.exclusion.models:ExclusionAck", ("pool_id", "region", "ui_url")
     ),

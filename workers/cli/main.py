@@ -47,6 +47,11 @@ COMMANDS: dict[str, Lazy] = {
     "hall": Lazy(
         "workers.cli.floor:hall_app", "Declare a hall lost or restored to the floor keepers."
     ),
+    "lifecycle": Lazy(
+        "workers.cli.lifecycle:lifecycle_app",
+        "Voluntary disruption (drift, return from fallback, expiry, consolidation): "
+        "the lifecycle workflow.",
+    ),
     "pool": Lazy(
         "workers.cli.exclusion:pool_app", "Pool exclusion: keep reclaim-prone pools out of plans."
     ),

@@ -1,0 +1,536 @@
+"""LifecycleWorkflow on the time-skipping server against real PostgreSQL, real NATS with the
+hall's notice relay answering drain requests, the signed bundle and the in-process simulated
+cloud: fallback instances replaced by reclaimable ones when capacity returns, a contract
+change drifting instances and replacing them, each within a budget of 1 and with every
+decision recorded; a blackout that holds everything; pause and resume."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+import yaml
+from nacl.signing import SigningKey
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from psycopg_pool import ConnectionPool
+from temporalio.client import Client, WorkflowHandle
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Replayer
+
+from activities.control.activities import ControlActivities
+from activities.control.models import SnapshotInput, partition_of
+from activities.events import CapacityType, EventKind, InstanceState
+from activities.explain import ExplainSources, explain_instance
+from activities.fleet.control_state import ControlRepository
+from activities.fleet.db import open_pool
+from activities.fleet.migrate import migrate
+from activities.fleet.repository import FleetRepository, InstanceSpec
+from activities.floor.activities import FloorActivities
+from activities.floor.models import floor_workflow_id
+from activities.lifecycle.activities import LifecycleActivities
+from activities.lifecycle.models import lifecycle_workflow_id
+from activities.provider.errors import InsufficientCapacity
+from activities.provider.interface import CreateRequest, ProviderInstance
+from activities.provider.simulator import Latency, SimulatedCloud
+from contracts import keys
+from contracts.cache import BundleCache
+from contracts.compiler import compile_and_sign
+from contracts.notice import ReclaimNotice, reclaim_subject
+from contracts.region import Region
+from services.notice_relay.relay import NoticeRelay
+from services.notice_relay.service import request_handler
+from tests.support import histories, services
+from tests.support.control_harness import poll_until, region_worker, skip_time
+from tests.support.paths import BASE_DSN, REGIONS_DIR, REPO
+from tests.support.worker_nats import NATS_URL
+from workers.exclusion_hooks import ExclusionHookQueue
+from workflows.acquisition.workflow import AcquisitionWorkflow
+from workflows.floor.models import FloorInput, FloorState, HallEvent
+from workflows.floor.workflow import FloorKeeperWorkflow
+from workflows.lifecycle.models import LifecycleConfig, LifecycleInput, LifecycleState, PauseInput
+from workflows.lifecycle.workflow import LifecycleWorkflow
+
+CONTRACT = "spark-etl"  # tier 2: gp/mem, xl/2xl, halls A-D, 4 vCPU / 16 GiB a unit
+LEAD = timedelta(seconds=120)  # r1's notice lead
+BUDGET_OF_ONE: dict[str, Any] = {"budgets": [{"max_instances": 1}]}
+#: Halls whose notice relay runs in these tests: hall D has none (a drain there is not told).
+RELAY_HALLS = ("A", "B", "C")
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@dataclass
+class ScarceCloud(SimulatedCloud):
+    """The simulated cloud, with pools that have no reclaimable capacity while `scarce`."""
+
+    scarce: set[str] = field(default_factory=set)
+
+    async def free_capacity(self, pool_id: str) -> int:
+        free = await super().free_capacity(pool_id)
+        return 0 if pool_id in self.scarce else free
+
+    async def create(self, request: CreateRequest) -> ProviderInstance:
+        if request.pool_id in self.scarce and request.reservation_id is None:
+            raise InsufficientCapacity(f"No valid host was found for {request.pool_id}")
+        return await super().create(request)
+
+
+@dataclass
+class Env:
+    client: Client
+    queue: str
+    cloud: ScarceCloud
+    fleet: FleetRepository
+    pool: ConnectionPool
+    base: Path
+    notices: list[ReclaimNotice]
+    # At each notice: spark-etl's instances then noticed or draining (the one told included).
+    leaving_at_notice: list[int]
+
+
+def install_bundle(
+    base: Path, disruption: dict[str, Any], *, also: tuple[str, ...] = (), **placement: Any
+) -> None:
+    """The example contracts, spark-etl with `disruption` and `placement` overrides (and
+    the contracts in `also` with the same `disruption`), compiled, signed and installed (a
+    new serial each time; one key for all)."""
+    src = base / "contracts"
+    shutil.rmtree(src, ignore_errors=True)
+    shutil.copytree(REPO / "contracts" / "examples", src)
+    path = src / f"{CONTRACT}.yaml"
+    doc = yaml.safe_load(path.read_text())
+    doc["disruption"] = disruption
+    doc["placement"].update(placement)
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    for other in also:
+        path = src / f"{other}.yaml"
+        doc = yaml.safe_load(path.read_text())
+        doc["disruption"] = disruption
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    if not (base / "keys").exists():
+        _, _, public = keys.generate(base / "keys")
+        (base / "trust").mkdir(parents=True, exist_ok=True)
+        (base / "trust" / public.name).write_bytes(public.read_bytes())
+    private = next((base / "keys").glob("*.key"))
+    out = base / "compiled.json"
+    result, serial = compile_and_sign(
+        src,
+        REGIONS_DIR,
+        keys.load_signing_key(private),
+        out,
+        serial=None,
+        created_at=datetime.now(UTC),
+    )
+    assert serial is not None, result
+    trust = keys.TrustStore.load(base / "trust")
+    assert BundleCache(base / "cache", trust).offer(out.read_bytes()).accepted
+
+
+@pytest.fixture
+def fresh_db(region_r1: Region) -> Iterator[tuple[FleetRepository, ConnectionPool]]:
+    dsn = services.scratch_database(BASE_DSN)
+    migrate(dsn)
+    pool = open_pool(dsn, max_size=8)
+    repo = FleetRepository(pool)
+    repo.sync_pools(region_r1)
+    yield repo, pool
+    pool.close()
+    services.drop_database(dsn)
+
+
+async def _no_temporal() -> Client:
+    raise AssertionError("the test's relay tells no exclusion cycle")
+
+
+async def relay_answering(
+    nc: NatsClient, fleet: FleetRepository, cloud: SimulatedCloud, hall: str
+) -> None:
+    """Hall `hall`'s notice relay answering reclaim requests, as `sco notice-relay` does."""
+    relay = NoticeRelay(
+        region="r1",
+        hall=hall,
+        lead=LEAD,
+        repo=fleet,
+        provider=cloud,
+        js=nc.jetstream(),
+        signing_key=SigningKey.generate(),
+    )
+    await relay.ensure_stream()
+    hooks = ExclusionHookQueue(_no_temporal, "r1", "unused")
+    await nc.subscribe(reclaim_subject("r1", hall), cb=request_handler(relay, hooks))
+
+
+@pytest.fixture
+async def env(
+    workflow_env: WorkflowEnvironment,
+    region_r1: Region,
+    fresh_db: tuple[FleetRepository, ConnectionPool],
+    tmp_path: Path,
+) -> AsyncIterator[Env]:
+    fleet, pool = fresh_db
+    install_bundle(tmp_path, BUDGET_OF_ONE)
+    loop = asyncio.get_running_loop()
+    cloud = ScarceCloud(region_r1, latency=Latency(boot_s=0.0), clock=loop.time)
+    nc = await nats.connect(NATS_URL)
+    notices: list[ReclaimNotice] = []
+    leaving: list[int] = []
+
+    async def heard(msg: Msg) -> None:
+        notices.append(ReclaimNotice.model_validate(json.loads(msg.data)["notice"]))
+        rows = fleet.list_instances("r1", [InstanceState.NOTICED, InstanceState.DRAINING])
+        leaving.append(sum(1 for r in rows if r.workload == CONTRACT))
+
+    for hall in RELAY_HALLS:
+        await relay_answering(nc, fleet, cloud, hall)
+    await nc.subscribe("sco.r1.notice.>", cb=heard)
+    life = LifecycleActivities(
+        fleet,
+        ControlRepository(pool),
+        cloud,
+        regions_dir=REGIONS_DIR,
+        bundle_cache_dir=tmp_path / "cache",
+        trust_dir=tmp_path / "trust",
+        nats_connect=lambda: nats.connect(NATS_URL),
+    )
+    floor = FloorActivities(
+        fleet,
+        cloud,
+        regions_dir=REGIONS_DIR,
+        bundle_cache_dir=tmp_path / "cache",
+        trust_dir=tmp_path / "trust",
+    )
+    try:
+        async with region_worker(
+            workflow_env.client,
+            cloud,
+            fleet,
+            ControlRepository(pool),
+            bundle_dir=tmp_path / "cache",
+            trust_dir=tmp_path / "trust",
+            extra_workflows=[LifecycleWorkflow, FloorKeeperWorkflow],
+            extra_activities=[
+                life.snapshot,
+                life.instance,
+                life.tell_drain,
+                floor.snapshot,
+                floor.probe_halls,
+            ],
+        ) as h:
+            yield Env(workflow_env.client, h.queue, cloud, fleet, pool, tmp_path, notices, leaving)
+    finally:
+        await nc.close()
+
+
+async def seed(e: Env, pool_id: str, *, committed: bool) -> str:
+    """An instance of spark-etl the controller acquired: committed fallback or reclaimable."""
+    name = f"acq-r1-{CONTRACT}-{uuid.uuid4().hex[:8]}-0"
+    pool = e.cloud.region.pool(pool_id)
+    inst = await e.cloud.create(
+        CreateRequest(name=name, region="r1", pool_id=pool_id, hall=pool.hall, flavor=pool.flavor)
+    )
+    e.fleet.record_acquire(
+        InstanceSpec(
+            instance_id=name,
+            region="r1",
+            pool_id=pool_id,
+            capacity_type=CapacityType.COMMITTED if committed else CapacityType.RECLAIMABLE,
+            workload=CONTRACT,
+            tier=2,
+            acquisition_id=name.rsplit("-", 1)[0],
+            price_per_hour=0.176 if committed else None,
+        )
+    )
+    e.fleet.record_event(name, EventKind.READY, provider_id=inst.provider_id)
+    return name
+
+
+async def start(e: Env, **config: Any) -> WorkflowHandle[LifecycleWorkflow, None]:
+    cfg = LifecycleConfig.model_validate({"interval_seconds": 60, "min_age_seconds": 0, **config})
+    return await e.client.start_workflow(
+        LifecycleWorkflow.run,
+        LifecycleInput(region="r1", config=cfg),
+        id=lifecycle_workflow_id("r1"),
+        task_queue=e.queue,
+    )
+
+
+def decisions(e: Env, kind: str) -> list[tuple[str, str, str]]:
+    """(subject, outcome, reason) of `kind` decisions, in order."""
+    with e.pool.connection() as conn:
+        rows = conn.execute(
+            "SELECT payload FROM outbox WHERE topic = 'sco.r1.decisions' ORDER BY id"
+        ).fetchall()
+    return [
+        (r[0]["subject"], r[0]["outcome"], r[0]["reason"]) for r in rows if r[0]["kind"] == kind
+    ]
+
+
+def live(e: Env) -> list[tuple[str, str, str, str]]:
+    """(instance, pool, capacity type, acquisition) of spark-etl's ACTIVE instances."""
+    return sorted(
+        (r.instance_id, r.pool_id, r.capacity_type.value, r.acquisition_id or "")
+        for r in e.fleet.list_instances("r1", [InstanceState.ACTIVE])
+        if r.workload == CONTRACT
+    )
+
+
+async def until_replaced(
+    e: Env, workflow_env: WorkflowEnvironment, n: int, within: float = 120
+) -> None:
+    async def check() -> bool:
+        await skip_time(workflow_env, 30)
+        return sum(1 for _, o, _ in decisions(e, "disruption") if o == "replaced") >= n
+
+    await poll_until(check, within=within, what=f"{n} replacement(s)")
+
+
+def assert_one_at_a_time(e: Env) -> None:
+    """Budget of 1: every `replacing` comes after the previous replacement's `replaced`."""
+    started = 0
+    for _, outcome, _ in decisions(e, "disruption"):
+        if outcome == "replacing":
+            started += 1
+            assert started == 1, decisions(e, "disruption")
+        elif outcome == "replaced":
+            started -= 1
+
+
+async def test_fallback_returns_to_reclaimable_capacity_within_a_budget_of_one(
+    env: Env, workflow_env: WorkflowEnvironment
+) -> None:
+    fallbacks = [await seed(env, "r1.A.gp.xl", committed=True) for _ in range(2)]
+    # No reclaimable capacity anywhere spark-etl may run (gp/mem, xl/2xl).
+    env.cloud.scarce = {p for p in env.cloud.region.pool_ids() if p.split(".")[2] in ("gp", "mem")}
+    handle = await start(env)
+
+    async def held_for_capacity() -> bool:
+        return any("no allowed reclaimable pool" in r for _, o, r in decisions(env, "disruption"))
+
+    await poll_until(held_for_capacity, within=30)
+    assert all(t == "committed" for _, _, t, _ in live(env))
+
+    env.cloud.scarce = set()  # capacity returns
+    await until_replaced(env, workflow_env, 2)
+    after = live(env)
+    assert len(after) == 2 and {t for _, _, t, _ in after} == {"reclaimable"}
+    assert all(a.startswith("life-r1-spark-etl-") for _, _, _, a in after)
+    why = explain_instance(ExplainSources(env.pool, None, None, datetime.now(UTC)), after[0][0])
+    assert why.made_by.startswith("the lifecycle workflow, replacing an instance of spark-etl")
+    # The controller may release them as surplus, as it would the instances they replaced.
+    control = ControlActivities(
+        env.fleet,
+        ControlRepository(env.pool),
+        env.cloud,
+        regions_dir=REGIONS_DIR,
+        bundle_cache_dir=env.base / "cache",
+        trust_dir=env.base / "trust",
+    )
+    snap = await control.snapshot(
+        SnapshotInput(region="r1", partition=partition_of(CONTRACT, 4), partitions=4)
+    )
+    (view,) = [v for v in snap.contracts if v.demand.contract == CONTRACT]
+    assert sorted(i.instance_id for i in view.instances) == sorted(i for i, _, _, _ in after)
+    for fb in fallbacks:
+        row = env.fleet.get_instance(fb)
+        assert row is not None and row.state is InstanceState.DELETED
+    assert_one_at_a_time(env)
+    outcomes = [(s, o) for s, o, _ in decisions(env, "disruption")]
+    for fb in fallbacks:
+        assert (fb, "replacing") in outcomes
+        assert (fb, "replaced") in outcomes
+    # Held for hysteresis on the round capacity first came back, before it was chased.
+    assert any("seen on 1 of 2 rounds" in r for _, _, r in decisions(env, "disruption"))
+    # The drain was told: a signed notice for each fallback, then the release recorded.
+    assert {n.node for n in env.notices} == set(fallbacks)
+    assert env.leaving_at_notice == [1, 1]  # never two drains at once
+    assert sorted(s for s, o, _ in decisions(env, "release") if o == "replaced") == [CONTRACT] * 2
+    st = await handle.query(LifecycleWorkflow.status)
+    assert st.replaced == 2 and st.saved_per_hour == pytest.approx(2 * (0.176 - 0.064))
+    assert {r.reason for r in st.recent if r.outcome == "replaced"} == {"return-from-fallback"}
+    desc = await handle.describe()
+    assert desc.search_attributes.get("SCORegion") == ["r1"]
+    await histories.record(handle, "lifecycle_return_from_fallback")
+    await handle.terminate()
+
+
+async def test_a_contract_change_drifts_instances_and_replaces_them_one_at_a_time(
+    env: Env, workflow_env: WorkflowEnvironment
+) -> None:
+    old = [await seed(env, "r1.B.mem.xl", committed=False) for _ in range(2)]
+    handle = await start(env)
+
+    async def first_round() -> bool:
+        return (await handle.query(LifecycleWorkflow.status)).rounds >= 1
+
+    await poll_until(first_round, within=30)
+    assert decisions(env, "disruption") == []  # they conform: nothing to do
+
+    install_bundle(env.base, BUDGET_OF_ONE, skus=["gp"])  # mem no longer allowed
+    await until_replaced(env, workflow_env, 2)
+    after = live(env)
+    assert len(after) == 2 and all(p.split(".")[2] == "gp" for _, p, _, _ in after)
+    assert_one_at_a_time(env)
+    replacing = [r for s, o, r in decisions(env, "disruption") if o == "replacing"]
+    assert len(replacing) == 2 and all("drift: sku mem no longer allowed" in r for r in replacing)
+    assert {n.node for n in env.notices} == set(old)
+    assert env.leaving_at_notice == [1, 1]  # never two drains at once
+    await handle.terminate()
+
+
+async def test_a_blackout_holds_every_voluntary_disruption_while_a_hall_loss_is_rebuilt(
+    env: Env, workflow_env: WorkflowEnvironment
+) -> None:
+    """An open blackout on spark-etl and llm-train: the lifecycle replaces nothing, while
+    llm-train's floor keeper still rebuilds a lost hall's share (never voluntary, never
+    blocked). Then pause and resume, recorded."""
+    now = datetime.now(UTC)
+    window = {
+        "start": (now - timedelta(days=1)).isoformat(),
+        "end": (now + timedelta(days=1)).isoformat(),
+    }
+    install_bundle(env.base, {**BUDGET_OF_ONE, "blackouts": [window]}, also=("llm-train",))
+    fb = await seed(env, "r1.A.gp.xl", committed=True)
+    keeper = await env.client.start_workflow(
+        FloorKeeperWorkflow.run,
+        FloorInput(region="r1", contract="llm-train"),
+        id=floor_workflow_id("r1", "llm-train"),
+        task_queue=env.queue,
+    )
+
+    async def floor_holds(held: dict[str, int]) -> bool:
+        st = await keeper.query(FloorKeeperWorkflow.status)
+        return st.state is FloorState.HOLDING and not st.pending and st.held_units_by_hall == held
+
+    await poll_until(lambda: floor_holds({"A": 3, "B": 3, "C": 2, "D": 2}), within=60)
+    handle = await start(env, stable_rounds=1)
+
+    async def held_by_blackout() -> bool:
+        await skip_time(workflow_env, 30)
+        return any(
+            s == fb and o == "held" and "blackout 0 is open" in r
+            for s, o, r in decisions(env, "disruption")
+        )
+
+    await poll_until(held_by_blackout, within=60)
+    # A hall lost in the blackout: the floor is rebuilt in the survivors all the same.
+    env.cloud.fail_hall("B")
+    await keeper.signal(FloorKeeperWorkflow.hall_lost, HallEvent(hall="B", operator="ops"))
+    await poll_until(lambda: floor_holds({"A": 4, "C": 3, "D": 3}), within=60)
+    await skip_time(workflow_env, 180)
+    assert not any(o == "replacing" for _, o, _ in decisions(env, "disruption"))
+    assert [i for i, _, _, _ in live(env)] == [fb]
+    assert {n.node for n in env.notices}.isdisjoint({fb})
+    held = [r for s, o, r in decisions(env, "disruption") if o == "held"]
+    assert len(held) == 1  # recorded once, not every round
+    await keeper.terminate()
+
+    await handle.signal(LifecycleWorkflow.pause, PauseInput(operator="ops", reason="freeze"))
+
+    async def paused() -> bool:
+        st = await handle.query(LifecycleWorkflow.status)
+        return st.state is LifecycleState.PAUSED and not st.pending
+
+    await poll_until(paused, within=30)
+    desc = await handle.describe()
+    assert desc.search_attributes.get("SCOState") == ["paused"]
+    await handle.signal(LifecycleWorkflow.resume, PauseInput(operator="ops"))
+
+    async def resumed() -> bool:
+        st = await handle.query(LifecycleWorkflow.status)
+        return st.state is LifecycleState.WATCHING and not st.pending and not st.paused
+
+    await poll_until(resumed, within=30)
+    ops = [(o, r) for s, o, r in decisions(env, "disruption") if s == "r1"]
+    assert [o for o, _ in ops] == ["paused", "resumed"] and "freeze" in ops[0][1]
+    await handle.terminate()
+
+
+async def test_two_half_empty_instances_consolidate_into_one_within_a_budget_of_one(
+    env: Env, workflow_env: WorkflowEnvironment
+) -> None:
+    """Demand 3 units held as two mem.xl (2 units, 0.08/h each): one gp.2xl (4 units,
+    0.128/h) covers it for less. Neither mem.xl alone can go (a plain release), so the
+    lifecycle consolidates: the gp.2xl first, then each mem.xl drained and deleted in turn."""
+    ControlRepository(env.pool).set_demand("r1", "cli", {CONTRACT: 3})
+    old = [await seed(env, "r1.A.mem.xl", committed=False) for _ in range(2)]
+    handle = await start(env)
+    await until_replaced(env, workflow_env, 1)
+    after = live(env)
+    assert len(after) == 1 and after[0][1].split(".")[2:] == ["gp", "2xl"], after
+    for o in old:
+        row = env.fleet.get_instance(o)
+        assert row is not None and row.state is InstanceState.DELETED
+    # Told both drains, one at a time: never two of them leaving at once.
+    assert sorted(n.node for n in env.notices) == sorted(old)
+    assert env.leaving_at_notice == [1, 1]
+    disruption = decisions(env, "disruption")
+    assert any("hysteresis" in r for _, o, r in disruption if o == "held")  # waited a round
+    (replaced,) = [r for _, o, r in disruption if o == "replaced"]
+    assert replaced.startswith("consolidation: ") and "saves 0.032/h" in replaced
+    assert len([s for s, o, _ in decisions(env, "release") if o == "replaced"]) == 2
+    st = await handle.query(LifecycleWorkflow.status)
+    assert st.replaced == 2 and st.saved_per_hour == pytest.approx(0.032)
+    await histories.record(handle, "lifecycle_consolidation")
+    await handle.terminate()
+
+
+@pytest.mark.parametrize("scenario", ["lifecycle_return_from_fallback", "lifecycle_consolidation"])
+async def test_recorded_histories_replay(scenario: str) -> None:
+    """A change to the workflow that would break a running one fails here: patch it."""
+    replayer = Replayer(
+        workflows=[LifecycleWorkflow, AcquisitionWorkflow], data_converter=pydantic_data_converter
+    )
+    for stem in histories.recorded(scenario):
+        await replayer.replay_workflow(histories.load(stem))
+
+
+async def test_no_drain_without_a_relay_keeps_the_old_instance_and_releases_the_replacement(
+    env: Env, workflow_env: WorkflowEnvironment
+) -> None:
+    fb = await seed(env, "r1.D.gp.xl", committed=True)  # hall D: no relay answers
+    handle = await start(env, drain_attempts=1)
+
+    async def held_for_no_drain() -> bool:
+        await skip_time(workflow_env, 30)
+        return any(
+            s == fb and o == "held" and "no notice relay runs for r1/D" in r
+            for s, o, r in decisions(env, "disruption")
+        )
+
+    await poll_until(held_for_no_drain, within=60)
+    # Later rounds boot no second replacement just to release it again: the hall waits.
+    await skip_time(workflow_env, 200)
+
+    async def hall_waits() -> bool:
+        return any(
+            s == fb and o == "held" and "no drain can be told in hall D" in r
+            for s, o, r in decisions(env, "disruption")
+        )
+
+    await poll_until(hall_waits, within=30)
+    assert "D" in (await handle.query(LifecycleWorkflow.status)).undrainable
+    await handle.signal(LifecycleWorkflow.pause, PauseInput(operator="test"))
+
+    async def paused() -> bool:  # any round under way has finished
+        st = await handle.query(LifecycleWorkflow.status)
+        return st.state is LifecycleState.PAUSED and not st.pending and not st.in_flight
+
+    await poll_until(paused, within=30)
+    # The old instance serves on, never broken without a drain; its replacement went again.
+    rows = [r for r in env.fleet.list_instances("r1") if r.workload == CONTRACT]
+    states = {r.instance_id: r.state for r in rows}
+    assert states.pop(fb) is InstanceState.ACTIVE and env.notices == []
+    assert len(states) == 1 and set(states.values()) == {InstanceState.DELETED}
+    assert any(o == "released" and "not told" in r for _, o, r in decisions(env, "release"))
+    await handle.terminate()

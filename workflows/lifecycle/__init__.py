@@ -1,0 +1,1 @@
+"""The lifecycle workflow: voluntary replacements of one region's instances, in budget."""
