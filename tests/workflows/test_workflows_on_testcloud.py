@@ -49,7 +49,7 @@ from planning.arbiter import price_fallback
 from planning.models import ContractDemand, PoolInput
 from tests.support import services
 from tests.support.control_harness import poll_until, provider_worker
-from tests.support.paths import BASE_DSN, REGIONS_DIR
+from tests.support.paths import BASE_DSN, REGIONS_DIR, REPO
 from tests.support.testcloud import (
     install_bundle,
     leave_as_found,
@@ -403,7 +403,26 @@ async def _until_cloud_holds(
         await _until(holds, within, what)
     except AssertionError as exc:
         status = await keeper.query(FloorKeeperWorkflow.status)
-        raise AssertionError(f"{exc}; the cloud: {holds.last}; the keeper: {status}") from None
+        # Which lease each live instance booted into, so a surplus lease names its cause (a
+        # release that took an instance from an old reservation, or a delete not made);
+        # the keeper's history is kept beside the suite's other artefacts.
+        leases = sorted(
+            f"{r.owner}:{r.amount}:{r.status}"
+            for r in await tc.provider.list_reservations("r1")
+            if r.owner.startswith(f"floor-r1-{FLOOR_CONTRACT}-")
+        )
+        live = sorted(
+            f"{i.acquisition_id}:{i.state.value}"
+            for i in tc.fleet.list_instances("r1", [InstanceState.REQUESTED, InstanceState.ACTIVE])
+            if (i.acquisition_id or "").startswith(f"floor-r1-{FLOOR_CONTRACT}-")
+        )
+        kept = REPO / ".sco" / "failures" / f"{keeper.id}-{uuid.uuid4().hex[:6]}.json"
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        kept.write_text((await keeper.fetch_history()).to_json())
+        raise AssertionError(
+            f"{exc}; the cloud: {holds.last}; leases {leases}; live floor instances {live}; "
+            f"the keeper: {status}; its history: {kept}"
+        ) from None
 
 
 # The cloud's waits guard a hang, not a speed: on a loaded CI machine Blazar took over a
