@@ -158,9 +158,7 @@ async def run(args: argparse.Namespace, report: Report, tmp: Path) -> None:
             env["SCO_TEMPORAL__ADDRESS"], namespace=REGION, data_converter=pydantic_data_converter
         )
         await controllers_running(client, 4, 120)
-        base = statistics.median(
-            sco_time for sco_time in (_python_pass(env) for _ in range(3))
-        )
+        base = statistics.median(sco_time for sco_time in (_python_pass(env) for _ in range(3)))
         # A first change warms the worker (the exact planner's import, the budget workflow).
         demand = dict.fromkeys(CONTRACTS, 0)
         samples: list[float] = []

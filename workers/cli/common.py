@@ -33,7 +33,6 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-
 class _LazyConsole:
     """A rich Console made on first use: importing rich is left to the commands that print
     through it. Attribute access goes to the real Console."""

@@ -281,17 +281,17 @@ def acq_list(
         from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
         from temporalio.service import RPCError
 
-        handle = client.get_workflow_handle(wf.id, run_id=wf.run_id)
+        handle = client.get_workflow_handle(wf.id, run_id=wf.run_id, result_type=dict)
         timeout = timedelta(seconds=3)
         try:
             if wf.status == WorkflowExecutionStatus.COMPLETED:
-                result = await handle.result(result_type=dict, rpc_timeout=timeout)
+                result = await handle.result(rpc_timeout=timeout)
                 p = AcquisitionProgress.model_validate(result["progress"])
             else:
                 p = await handle.query(
                     PROGRESS_QUERY, result_type=AcquisitionProgress, rpc_timeout=timeout
                 )
-        except (RPCError, WorkflowFailureError, KeyError, TypeError, ValueError):
+        except (RPCError, WorkflowFailureError, KeyError, ValueError):
             return None, None
         return p.requested_units - p.shortfall_units, p.requested_units
 
