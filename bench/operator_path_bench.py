@@ -1,7 +1,7 @@
 """The operator's path, as an operator runs it: `sco demand set` until the acquisition it
 started is listed by `sco acquisitions list`.
 
-    .venv/bin/python bench/operator_path_bench.py [--runs 12] [--tiny]
+    .venv/bin/python bench/operator_path_bench.py [--runs 12] [--baseline DIR] [--tiny]
 
 Real processes only: Temporal's dev server (a process of this bench), the machine's
 PostgreSQL (a scratch database) and NATS, `sco sim serve` (the simulated cloud; boots take
@@ -11,8 +11,12 @@ contract's demand (contracts in turn) above what it holds, then times, from the 
 the `sco demand set` process, `sco acquisitions list --json --contract C` processes run
 one after another until one lists an acquisition that was not there before. p50 and p95
 over --runs (target p95 <= 2 s, issue 33), beside `python -c pass` and each process's own
-wall time, so where the time goes is in the report: the two CLI processes' start-up, and
-the controller's tick between them. Prints one JSON report (bench/report.py).
+wall time and CPU, so where the time goes is in the report: the two CLI processes'
+start-up, and the controller's tick between them. With --baseline (another checkout, e.g.
+`git archive <commit> | tar -x -C DIR`), each run also takes that checkout's CLI through
+the same path against the same worker, in turn with this one's, as `*_before` figures and
+ratios: the machine is shared, so only figures of one run compare. Prints one JSON report
+(bench/report.py).
 """
 
 from __future__ import annotations
@@ -21,12 +25,14 @@ import argparse
 import asyncio
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
@@ -52,6 +58,10 @@ from workflows.controller.models import STATUS_QUERY, controller_workflow_id
 
 REGION = "r1"
 TARGET_P95_S = 2.0
+ANCHOR = (
+    "the `sco demand set` process's start, until a `sco acquisitions list` process "
+    "(run one after another) lists the acquisition it started"
+)
 #: Contracts of the example bundle that run in r1, in turn (one partition each at most
 #: one run behind: a controller busy with the last change is part of the path).
 CONTRACTS = ("ci-runners", "search-api", "spark-etl")
@@ -65,30 +75,83 @@ def pct(values: list[float], p: float) -> float:
     return ordered[int(rank) - 1]
 
 
-def sco(env: dict[str, str], *args: str) -> tuple[int, str, float]:
-    """`sco ARGS` as its own process: exit code, stdout, wall seconds."""
+@dataclass(frozen=True)
+class Ran:
+    code: int
+    out: str
+    wall_s: float
+    cpu_s: float  # the process's user + system CPU: what a loaded machine stretches
+
+
+def sco(env: dict[str, str], root: Path, *args: str) -> Ran:
+    """`sco ARGS` of the checkout at `root` as its own process."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     done = subprocess.run(
         [sys.executable, "-m", "workers.cli", *args],
         env=env,
-        cwd=ROOT,
+        cwd=root,
         capture_output=True,
         text=True,
         timeout=60,
     )
-    return done.returncode, done.stdout, time.perf_counter() - start
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return Ran(done.returncode, done.stdout, wall, cpu)
 
 
-def listed(env: dict[str, str], contract: str) -> tuple[set[str], float]:
-    """Running acquisitions of `contract` as `sco acquisitions list --json` prints them,
-    and the process's wall time."""
-    code, out, took = sco(
-        env, "acquisitions", "list", "--json", "--contract", contract, "--region", REGION
+def listed(env: dict[str, str], root: Path, contract: str) -> tuple[set[str], Ran]:
+    """Running acquisitions of `contract` as `sco acquisitions list --json` prints them."""
+    ran = sco(
+        env, root, "acquisitions", "list", "--json", "--contract", contract, "--region", REGION
     )
-    if code != 0 or "[" not in out:
-        return set(), took
-    rows = json.loads(out[out.index("[") : out.rindex("]") + 1])
-    return {str(r["id"]) for r in rows}, took
+    if ran.code != 0 or "[" not in ran.out:
+        return set(), ran
+    rows = json.loads(ran.out[ran.out.index("[") : ran.out.rindex("]") + 1])
+    return {str(r["id"]) for r in rows}, ran
+
+
+@dataclass
+class Path_:
+    """One operator path: `sco demand set`, then `sco acquisitions list` until listed."""
+
+    contract: str
+    units: int
+    listed_after_s: float | None = None
+    demand_set: Ran | None = None
+    lists: list[Ran] = field(default_factory=list)
+
+    def row(self) -> dict[str, object]:
+        return {
+            "contract": self.contract,
+            "units": self.units,
+            "listed_after_s": None
+            if self.listed_after_s is None
+            else round(self.listed_after_s, 3),
+            "demand_set_s": self.demand_set and round(self.demand_set.wall_s, 3),
+            "demand_set_cpu_s": self.demand_set and round(self.demand_set.cpu_s, 3),
+            "list_s": [round(x.wall_s, 3) for x in self.lists],
+            "list_cpu_s": [round(x.cpu_s, 3) for x in self.lists],
+        }
+
+
+def operator_path(env: dict[str, str], root: Path, contract: str, units: int, wait: float) -> Path_:
+    """Demand for `contract` set to `units` through `root`'s CLI, then its list until it
+    shows an acquisition that was not there before (`listed_after_s` None: not in `wait`)."""
+    path = Path_(contract, units)
+    before, _ = listed(env, root, contract)
+    t0 = time.perf_counter()
+    path.demand_set = sco(env, root, "demand", "set", contract, str(units), "--region", REGION)
+    if path.demand_set.code != 0:
+        return path
+    while time.perf_counter() - t0 < wait:
+        now, ran = listed(env, root, contract)
+        path.lists.append(ran)
+        if now - before:
+            path.listed_after_s = time.perf_counter() - t0
+            break
+    return path
 
 
 async def controllers_running(client: Client, partitions: int, bound_s: float) -> None:
@@ -158,86 +221,86 @@ async def run(args: argparse.Namespace, report: Report, tmp: Path) -> None:
             env["SCO_TEMPORAL__ADDRESS"], namespace=REGION, data_converter=pydantic_data_converter
         )
         await controllers_running(client, 4, 120)
-        base = statistics.median(sco_time for sco_time in (_python_pass(env) for _ in range(3)))
-        # A first change warms the worker (the exact planner's import, the budget workflow).
+        checkouts = {"after": ROOT}
+        if args.baseline is not None:
+            checkouts["before"] = args.baseline
         demand = dict.fromkeys(CONTRACTS, 0)
-        samples: list[float] = []
-        rows: list[dict[str, object]] = []
+        paths: dict[str, list[Path_]] = {k: [] for k in checkouts}
+        turn = 0
         for i in range(args.runs + 1):
-            c = CONTRACTS[i % len(CONTRACTS)]
-            demand[c] += STEP_UNITS
-            before, _ = listed(env, c)
-            t0 = time.perf_counter()
-            code, out, set_s = sco(env, "demand", "set", c, str(demand[c]), "--region", REGION)
-            if code != 0:
-                report.measurement_missing(
-                    "demand_set_to_listed_p95",
-                    f"`sco demand set {c} {demand[c]}` exited {code}: {out.strip()[-200:]}",
-                    "s",
-                    anchor="the `sco demand set` process's start",
-                )
-                return
-            list_calls: list[float] = []
-            seen: float | None = None
-            while time.perf_counter() - t0 < args.wait:
-                now, took = listed(env, c)
-                list_calls.append(round(took, 3))
-                if now - before:
-                    seen = time.perf_counter() - t0
-                    break
-            if seen is None:
-                report.measurement_missing(
-                    "demand_set_to_listed_p95",
-                    f"run {i}: {c} at {demand[c]} units not listed within {args.wait} s "
-                    f"({len(list_calls)} list calls)",
-                    "s",
-                    anchor="the `sco demand set` process's start",
-                )
-                return
-            if i == 0:
-                report.details["warm_up_s"] = round(seen, 3)
-                continue
-            samples.append(seen)
-            rows.append(
-                {
-                    "contract": c,
-                    "units": demand[c],
-                    "listed_after_s": round(seen, 3),
-                    "demand_set_process_s": round(set_s, 3),
-                    "list_processes_s": list_calls,
-                }
+            # Each checkout in turn, first one then the other: the machine's load falls on
+            # both alike. A first round warms the worker (the exact planner's import).
+            order = list(checkouts.items())
+            for name, root in order if i % 2 else order[::-1]:
+                c = CONTRACTS[turn % len(CONTRACTS)]
+                turn += 1
+                demand[c] += STEP_UNITS
+                path = operator_path(env, root, c, demand[c], args.wait)
+                if path.listed_after_s is None:
+                    ran = path.demand_set
+                    why = (
+                        f"{name}: `sco demand set {c} {demand[c]}` exited {ran.code}: "
+                        f"{ran.out.strip()[-200:]}"
+                        if ran is not None and ran.code != 0
+                        else f"{name}: {c} at {demand[c]} units not listed within {args.wait} s "
+                        f"({len(path.lists)} list calls)"
+                    )
+                    report.measurement_missing(
+                        "demand_set_to_listed_p95", why, "s", anchor=ANCHOR, target=TARGET_P95_S
+                    )
+                    return
+                if i == 0:
+                    report.details[f"warm_up_{name}"] = path.row()
+                else:
+                    paths[name].append(path)
+        report.figure(
+            "python_pass",
+            round(statistics.median(_python_pass(env) for _ in range(3)), 3),
+            "s",
+            anchor="`python -c pass`: the interpreter's start, in the same run",
+        )
+        for name, done in paths.items():
+            suffix = "" if name == "after" else "_before"
+            walls = [p.listed_after_s for p in done if p.listed_after_s is not None]
+            anchor = f"{ANCHOR}; {len(walls)} runs" + (f"; {args.baseline}" if suffix else "")
+            report.figure(
+                f"demand_set_to_listed_p50{suffix}", round(pct(walls, 50), 3), "s", anchor=anchor
             )
-        anchor = (
-            "the `sco demand set` process's start, until a `sco acquisitions list` process "
-            f"(run one after another) lists the acquisition it started; {len(samples)} runs"
-        )
-        report.figure("demand_set_to_listed_p50", round(pct(samples, 50), 3), "s", anchor=anchor)
-        report.figure(
-            "demand_set_to_listed_p95",
-            round(pct(samples, 95), 3),
-            "s",
-            anchor=anchor,
-            target=TARGET_P95_S,
-            comparator="<=",
-        )
-        set_times = [float(str(r["demand_set_process_s"])) for r in rows]
-        list_times = [t for r in rows for t in r["list_processes_s"]]  # type: ignore[attr-defined]
-        report.figure(
-            "demand_set_process_p50",
-            round(statistics.median(set_times), 3),
-            "s",
-            anchor="one `sco demand set` process, start to exit",
-        )
-        report.figure(
-            "acquisitions_list_process_p50",
-            round(statistics.median(list_times), 3),
-            "s",
-            anchor="one `sco acquisitions list --json --contract C` process, start to exit",
-        )
-        report.figure(
-            "python_pass", round(base, 3), "s", anchor="`python -c pass`: the interpreter's start"
-        )
-        report.details["runs"] = rows
+            report.figure(
+                f"demand_set_to_listed_p95{suffix}",
+                round(pct(walls, 95), 3),
+                "s",
+                anchor=anchor,
+                target=None if suffix else TARGET_P95_S,
+                comparator=None if suffix else "<=",
+            )
+            sets = [p.demand_set for p in done if p.demand_set is not None]
+            lists = [x for p in done for x in p.lists]
+            for what, runs in (("demand_set", sets), ("acquisitions_list", lists)):
+                report.figure(
+                    f"{what}_process_p50{suffix}",
+                    round(statistics.median(r.wall_s for r in runs), 3),
+                    "s",
+                    anchor=f"one `sco {what.replace('_', ' ')}` process, start to exit",
+                )
+                report.figure(
+                    f"{what}_process_cpu_p50{suffix}",
+                    round(statistics.median(r.cpu_s for r in runs), 3),
+                    "s",
+                    anchor="its user + system CPU (what a loaded machine stretches)",
+                )
+            report.details[f"runs_{name}"] = [p.row() for p in done]
+        if "before" in paths:
+            for what in ("demand_set_to_listed_p50", "demand_set_process_cpu_p50"):
+                after = next(f.value for f in report.figures if f.name == what)
+                before = next(f.value for f in report.figures if f.name == f"{what}_before")
+                if after and before:
+                    report.figure(
+                        f"{what}_after_over_before",
+                        round(after / before, 3),
+                        "x",
+                        anchor="this checkout over the baseline, the same run (< 1: faster)",
+                    )
     finally:
         for proc in reversed(started):
             stop(proc)
@@ -257,13 +320,23 @@ def main() -> int:
     ap.add_argument("--wait", type=float, default=30.0, help="longest wait for a listing, s")
     ap.add_argument("--boot-seconds", type=float, default=60.0, help="the simulator's boots")
     ap.add_argument("--nats", default="nats://127.0.0.1:4222")
+    ap.add_argument(
+        "--baseline",
+        type=Path,
+        help="another checkout (git archive of a commit): its CLI's path, run in turn, as *_before",
+    )
     ap.add_argument("--tiny", action="store_true", help="2 runs (CI smoke)")
     args = ap.parse_args()
     if args.tiny:
         args.runs = 2
     report = Report(
         "operator_path",
-        {"runs": args.runs, "boot_seconds": args.boot_seconds, "wait_s": args.wait},
+        {
+            "runs": args.runs,
+            "boot_seconds": args.boot_seconds,
+            "wait_s": args.wait,
+            "baseline": str(args.baseline) if args.baseline else None,
+        },
     )
     with tempfile.TemporaryDirectory(prefix="sco-op-") as tmp:
         asyncio.run(run(args, report, Path(tmp)))
