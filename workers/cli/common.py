@@ -58,9 +58,14 @@ console: Console = cast("Console", _LazyConsole(stderr=False))
 err_console: Console = cast("Console", _LazyConsole(stderr=True))
 
 
-def fail(message: str, code: int = 1) -> NoReturn:
-    from rich.markup import escape
+def escape(text: str) -> str:
+    """TEXT with rich's markup escaped (rich loads with the first use)."""
+    from rich.markup import escape as rich_escape
 
+    return rich_escape(text)
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
     # Errors name the DSN or URL that failed; never its password (contracts/redact.py).
     message = mask_credentials(message)
     err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
