@@ -14,12 +14,11 @@ from and who signed it; absent (and not in the bytes) for bundles compiled from 
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal
+from typing import Literal
 
 from nacl.encoding import HexEncoder
 from nacl.exceptions import BadSignatureError
@@ -27,6 +26,7 @@ from nacl.signing import SigningKey
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
 from contracts.bounded import MAX_BUNDLE_BYTES, InputRejected, loads
+from contracts.canonical import canonical_json as canonical_json
 from contracts.keys import TrustStore, key_id
 from contracts.model import Contract
 from contracts.notice import NoticePolicy
@@ -77,12 +77,6 @@ class BundleContent(BaseModel):
 
 class BundleRejected(ValueError):
     """The bundle must not be used; the message says why."""
-
-
-def canonical_json(value: Any) -> bytes:
-    return json.dumps(
-        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    ).encode("utf-8")
 
 
 def build(
