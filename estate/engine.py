@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from contracts.model import Contract, WorkloadKind
 from contracts.region import Region
@@ -410,13 +410,16 @@ def simulate(
     contracts: Sequence[Contract],
     cfg: EstateConfig,
     policies: Sequence[str] = POLICIES,
+    traces: Mapping[str, RegionTrace] | None = None,
 ) -> EstateResult:
-    """Every policy on every region of ``cfg`` (all of ``regions`` when it names none)."""
+    """Every policy on every region of ``cfg`` (all of ``regions`` when it names none), on
+    the given traces (by region id) or the synthetic generator's."""
     chosen = [r for r in regions if not cfg.regions or r.id in cfg.regions]
     missing = set(cfg.regions) - {r.id for r in chosen}
     if missing:
         raise ValueError(f"regions {sorted(missing)} not among the loaded regions")
-    traces = {r.id: region_trace(r, contracts, cfg) for r in chosen}
+    given = traces or {}
+    traces = {r.id: given.get(r.id) or region_trace(r, contracts, cfg) for r in chosen}
     runs = [run_region(r, contracts, cfg, traces[r.id], p) for p in policies for r in chosen]
     return EstateResult(
         days=cfg.days,
