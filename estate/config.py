@@ -32,8 +32,8 @@ class EstateConfig(BaseModel):
     rate_clip: float = Field(default=2.0, ge=1.0)
     """A good pool's rate stays within [base / clip, base * clip]."""
     bad_pools_per_region: int = Field(default=3, ge=0)
-    bad_rate: float = Field(default=0.005, ge=0)
-    """Reclaims per instance-hour of a bad pool (10x the slowest good pool at most)."""
+    bad_rate: float = Field(default=0.0025, ge=0)
+    """Reclaims per instance-hour of a bad pool: 5x the median good pool, 10x the slowest."""
     bad_pools_among: Literal["all", "cheapest-third"] = "all"
     """Where the bad pools are drawn: among every pool a contract can use, or only among
     each region's cheapest third (the planted scenario)."""
