@@ -206,6 +206,8 @@ def run_region(
         if tick or noticed or m in keeper_minutes:
             policy.step(m, targets)
             changed = True
+            if fleet.ready_queue and fleet.ready_queue[0][0] <= m:
+                fleet.mature(m)  # a warm start: minute 0's instances are up at minute 0
         if tick:
             # Demand no capacity was even launched for (booting instances count).
             for t in range(len(fleet.tenants)):

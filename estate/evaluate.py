@@ -69,6 +69,9 @@ class Scenario(BaseModel):
     dataset: str | None = None
     windows: list[int] = []
     seed: int = 1
+    csv: str | None = None
+    """A CSV with the dataset's columns instead of the installed package's (relative to the
+    frozen file)."""
 
 
 class Frozen(BaseModel):
@@ -177,7 +180,11 @@ def measures(p: PolicySummary) -> dict[str, float]:
 
 
 def scenario_traces(
-    name: str, scenario: Scenario, regions: dict[str, Region], frozen: Frozen
+    name: str,
+    scenario: Scenario,
+    regions: dict[str, Region],
+    frozen: Frozen,
+    base: Path = FROZEN.parent,
 ) -> list[tuple[str, str, EstateConfig, dict[str, RegionTrace]]]:
     """(label, source, config, traces by region) per window of a scenario."""
     out: list[tuple[str, str, EstateConfig, dict[str, RegionTrace]]] = []
@@ -186,7 +193,8 @@ def scenario_traces(
             cfg = config(frozen, days=scenario.days, seed=seed)
             out.append((f"seed {seed}", "synthetic (calibrated generator)", cfg, {}))
         return out
-    series, where = series_from(scenario.dataset, None)
+    csv = base / scenario.csv if scenario.csv else None
+    series, where = series_from(scenario.dataset, csv)
     for w in scenario.windows:
         traces: dict[str, RegionTrace] = {}
         minutes = 0
@@ -211,10 +219,11 @@ def run_scenario(
     frozen: Frozen,
     policies: Sequence[str] = POLICIES,
     progress: Callable[[str], None] = lambda _: None,
+    base: Path = FROZEN.parent,
 ) -> list[Window]:
     ordered = [regions[r] for r in sorted(regions)]
     out = []
-    for label, source, cfg, traces in scenario_traces(name, scenario, regions, frozen):
+    for label, source, cfg, traces in scenario_traces(name, scenario, regions, frozen, base):
         result = simulate(ordered, contracts, cfg, policies, traces or None)
         out.append(
             Window(
@@ -328,7 +337,9 @@ def evaluate(
             sc = sc.model_copy(
                 update={"seeds": sc.seeds[:max_windows], "windows": sc.windows[:max_windows]}
             )
-        windows = run_scenario(name, sc, regions, contracts, frozen, policies, progress)
+        windows = run_scenario(
+            name, sc, regions, contracts, frozen, policies, progress, frozen_path.parent
+        )
         reports.append(compare(name, sc.about, windows))
     return Evaluation(
         frozen_file=str(frozen_path),
