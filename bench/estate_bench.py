@@ -4,7 +4,8 @@ trace per seed, in the *planted* scenario (estate.config.PLANTED: the generator 
 issue 34, whose headline is built into it; kept so these figures stay comparable over
 time). The fair evaluation on calibrated and real traces is `sco sim evaluate`
 (estate/evaluate.py, `make estate-readme`). Prints one JSON report (bench/report.py): the
-issue's goals as figures beside their targets, the per-policy summary and the wall time per policy in its details.
+issue's goals as figures beside their targets, the per-policy summary and the wall time per
+policy in its details.
 
     .venv/bin/python bench/estate_bench.py [--days 30] [--seed 1] [--tenants 2]
 
