@@ -19,7 +19,7 @@ from contracts.source import read_contracts
 from estate.config import EstateConfig
 from estate.dctrace import DatasetError, convert, read_series, series_from, windows
 from estate.engine import simulate
-from estate.trace import cheapest_per_unit, region_trace
+from estate.trace import RegionTrace, cheapest_per_unit, region_trace
 from estate.tracefile import TraceFileError, document, load_trace, parse_trace
 from tests.support.paths import DATA, EXAMPLES, REGIONS_DIR
 
@@ -148,9 +148,10 @@ def test_a_synthetic_trace_survives_the_round_trip() -> None:
     trace = region_trace(r1, contracts, cfg)
     doc = document(trace, r1, cfg.minutes, owner_preempts=True)
     again = parse_trace(json.loads(json.dumps(doc)), r1, "round-trip")
-    held = lambda t: sorted(  # noqa: E731
-        (m, h.pool, len(h.slots)) for m, hs in t.hits.items() for h in hs if h.holds
-    )
+
+    def held(t: RegionTrace) -> list[tuple[int, int, int]]:
+        return sorted((m, h.pool, len(h.slots)) for m, hs in t.hits.items() for h in hs if h.holds)
+
     assert held(again) == held(trace)
     assert again.available == trace.available and again.prices == trace.prices
     assert again.hall_losses == sorted(trace.hall_losses, key=lambda h: (h.start, h.hall))
