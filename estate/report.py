@@ -27,7 +27,7 @@ def table(result: EstateResult) -> str:
         vs = _pct_fewer(p, base) if base else ""
         fallback = (
             f"{p.fallback_max_share_of_authority:.0%}, {p.fallback_minutes_over} min over"
-            if p.policy == "sco"
+            if p.policy != "all-committed"
             else "n/a"
         )
         wrong = (
