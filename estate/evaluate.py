@@ -370,7 +370,8 @@ def table(ev: Evaluation) -> str:
                    f"lost: **{r.best_baseline}**.\n")  # fmt: skip
         out.append(
             "| policy | cost / served unit-h | unserved unit-h | p99 time to capacity (min) "
-            "| work lost / 1,000 useful unit-h | minutes below floor | fallback refused units "
+            "| work lost / 1,000 useful unit-h | minutes below floor "
+            "| fallback refused (unit-steps) "
             "| voluntary releases |\n|---|---:|---:|---:|---:|---:|---:|---:|"
         )
         for p, s in r.summary.items():

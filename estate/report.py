@@ -70,7 +70,7 @@ def fair_table(result: EstateResult) -> str:
         "| policy | cost / served unit-h | unserved unit-h | p99 time to capacity (min) "
         "| work lost / 1,000 useful unit-h"
         + (f" (vs {best.policy})" if best else "")
-        + " | minutes below floor | fallback refused units | voluntary releases |\n"
+        + " | minutes below floor | fallback refused (unit-steps) | voluntary releases |\n"
         "|---|---:|---:|---:|---:|---:|---:|---:|"
     )
     rows = [head]

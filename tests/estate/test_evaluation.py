@@ -4,6 +4,7 @@ frozen parameters checked (estate/evaluate.py)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 from functools import cache
@@ -165,3 +166,9 @@ def test_a_tiny_evaluation_end_to_end(tmp_path: Path) -> None:
     assert all(len(r.windows) == 2 for r in ev.scenarios)
     text = table(ev)
     assert "| sco |" in text and "vs " in text and "goal" in text and ev.frozen_sha256[:12] in text
+    if importlib.util.find_spec("matplotlib") is not None:
+        from workers.cli.estate_plots import write_evaluation_plots
+
+        pngs = write_evaluation_plots(ev, tmp_path)
+        assert [p.name for p in pngs] == ["eval_synthetic.png", "eval_dc-sample.png"]
+        assert all(p.read_bytes()[:4] == b"\x89PNG" for p in pngs)
