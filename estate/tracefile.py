@@ -27,8 +27,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from contracts.model import Contract
 from contracts.region import Region
-from estate.trace import HallLoss, Hit, RegionTrace, drop_hits
+from estate.config import EstateConfig
+from estate.trace import HallLoss, Hit, RegionTrace, drop_hits, region_trace
 
 FORMAT = "sco-estate-trace/1"
 
@@ -233,3 +235,21 @@ def document(
         "pools": dict(sorted(pools.items())),
         "halls": dict(sorted(halls.items())),
     }
+
+
+def synthetic_document(
+    region: Region, contracts: Sequence[Contract], cfg: EstateConfig
+) -> dict[str, Any]:
+    """The synthetic generator's trace of ``region`` as a neutral document. Where the
+    owner's load only limits launches (``owner_preempts`` off) it is written all the same,
+    in 15-minute steps, with ``owner_preempts: false``."""
+    trace = region_trace(region, contracts, cfg)
+    if not trace.available:
+        for i, pool in enumerate(region.pools):
+            steps: list[tuple[int, int]] = []
+            for minute in range(0, cfg.minutes, 15):
+                free = trace.owner_free(i, minute, pool.reclaimable_units)
+                if not steps or steps[-1][1] != free:
+                    steps.append((minute, free))
+            trace.available[i] = steps
+    return document(trace, region, cfg.minutes, owner_preempts=cfg.owner_preempts)

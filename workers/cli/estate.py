@@ -226,24 +226,14 @@ def sim_trace(
         except DatasetError as exc:
             fail(str(exc))
     else:
-        from estate.trace import region_trace
-        from estate.tracefile import document
+        from estate.tracefile import synthetic_document
 
         bounds.in_dir("--contracts-dir", contracts_dir)
         sources, findings = read_contracts(contracts_dir)
         if errors(findings):
             fail(str(errors(findings)[0]))
         cfg = EstateConfig(days=days, seed=seed, regions=(region,))
-        tr = region_trace(r, [s.contract for s in sources], cfg)
-        if not tr.available:  # the owner's load only limits launches: written all the same
-            for i, pool in enumerate(r.pools):
-                steps: list[tuple[int, int]] = []
-                for minute in range(0, cfg.minutes, 15):
-                    free = tr.owner_free(i, minute, pool.reclaimable_units)
-                    if not steps or steps[-1][1] != free:
-                        steps.append((minute, free))
-                tr.available[i] = steps
-        doc = document(tr, r, cfg.minutes, owner_preempts=cfg.owner_preempts)
+        doc = synthetic_document(r, [s.contract for s in sources], cfg)
     out.write_text(json.dumps(doc, separators=(",", ":")) + "\n")
     console.print(f"wrote {out} ({doc['source']})")
 
