@@ -52,7 +52,8 @@ def table(result: EstateResult) -> str:
     rows.append("")
     rows.append(
         f"{result.days:g} days, seed {result.seed}, regions {', '.join(result.regions)} "
-        f"({result.pools} pools), {result.tenants} tenant(s) per contract. Bad pools: {bad or 'none'}. "
+        f"({result.pools} pools), {result.tenants} tenant(s) per contract. "
+        f"Bad pools: {bad or 'none'}. "
         f"Hall losses: {losses or 'none'}."
     )
     return "\n".join(rows)
