@@ -72,6 +72,9 @@ class Scenario(BaseModel):
     csv: str | None = None
     """A CSV with the dataset's columns instead of the installed package's (relative to the
     frozen file)."""
+    generator: dict[str, Any] = {}
+    """Settings of the synthetic generator for this scenario (estate.config.EstateConfig
+    fields; not SCO's parameters, which are the file's ``sco``)."""
 
 
 class Frozen(BaseModel):
@@ -100,6 +103,15 @@ def load_frozen(path: Path = FROZEN) -> tuple[Frozen, str]:
     unknown = sorted(set(frozen.sco) - set(EstateConfig.model_fields))
     if unknown:
         raise FrozenError(f"{path}: sco.{unknown[0]}: not a parameter of the simulator")
+    for name, scenario in frozen.scenarios.items():
+        wrong = sorted(set(scenario.generator) - set(EstateConfig.model_fields))
+        if wrong:
+            raise FrozenError(f"{path}: scenarios.{name}.generator.{wrong[0]}: not a setting")
+        clash = sorted(set(scenario.generator) & set(frozen.sco))
+        if clash:
+            raise FrozenError(
+                f"{path}: scenarios.{name}.generator.{clash[0]}: one of SCO's frozen parameters"
+            )
     return frozen, hashlib.sha256(raw).hexdigest()
 
 
@@ -190,7 +202,7 @@ def scenario_traces(
     out: list[tuple[str, str, EstateConfig, dict[str, RegionTrace]]] = []
     if scenario.dataset is None:
         for seed in scenario.seeds:
-            cfg = config(frozen, days=scenario.days, seed=seed)
+            cfg = config(frozen, **scenario.generator, days=scenario.days, seed=seed)
             out.append((f"seed {seed}", "synthetic (calibrated generator)", cfg, {}))
         return out
     csv = base / scenario.csv if scenario.csv else None
