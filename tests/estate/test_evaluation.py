@@ -140,6 +140,14 @@ def test_a_bad_frozen_file_is_one_line(tmp_path: Path) -> None:
     bad.write_text(json.dumps(doc))
     with pytest.raises(FrozenError, match=r"frozen.json: sco.exclusion_treshold: not a parameter"):
         load_frozen(bad)
+    doc["sco"].pop("exclusion_treshold")
+    doc["scenarios"]["synthetic"]["generator"] = {"exclusion_threshold": 5}
+    bad.write_text(json.dumps(doc))
+    with pytest.raises(
+        FrozenError,
+        match=r"scenarios.synthetic.generator.exclusion_threshold: one of SCO's frozen parameters",
+    ):
+        load_frozen(bad)
     del doc["sco"]
     bad.write_text(json.dumps(doc))
     with pytest.raises(FrozenError, match=r"frozen.json: sco: Field required$"):
