@@ -138,10 +138,13 @@ chaos: deps
 bench: deps
 	$(BIN)/python bench/run_all.py --readme docs/evidence.md
 
-## The estate simulation's table and figures in docs/evidence.md and docs/estate/ (30 days,
-## seed 1).
+## The estate simulation in docs/estate/: one 30-day run of the calibrated generator (r1, seed 1:
+## estate.json, table.md, figures), then the issue-34 evaluation (every policy on the frozen
+## scenarios' paired windows, 95 % intervals, SCO against the best baseline: evaluation.json,
+## evaluation.md, eval_*.png) whose table goes into docs/evidence.md. About 30 min on 2 cores.
 estate-readme: $(STAMP)
-	$(BIN)/sco sim estate --days 30 --seed 1 --out docs/estate --readme docs/evidence.md
+	$(BIN)/sco sim estate --days 30 --seed 1 --region r1 --tenants 1 --out docs/estate
+	$(BIN)/sco sim evaluate --out docs/estate --readme docs/evidence.md
 
 ## docs/reference.md: every command and settings key, generated from the code
 ## (workers/cli/reference.py; tests/test_docs_reference.py fails when it is stale).

@@ -31,7 +31,6 @@ def main(argv: list[str] | None = None) -> int:
     # Before the daemon's modules import nats (contracts/lean_imports.py): ~10 MB of
     # aiohttp the agent never uses.
     no_websockets_for_nats()
-    from agent.check import run_check, summary
     from agent.daemon import Agent, TimeSyncRefused, run_until_signalled
     from agent.natslink import NatsOptionsError
 
@@ -74,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         env["SCO_AGENT_DRY_RUN"] = "true"
     if args.check:
+        from agent.check import run_check, summary
+
         ok, lines = run_check(path, env)
         for line in lines:
             print(line.render())

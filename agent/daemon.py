@@ -28,7 +28,6 @@ from agent.notices import Notice, NoticeSource, SignedMessage
 from agent.pinned import load_pinned
 from agent.report import Reporter, drain_subject
 from agent.scheduler import NodeScheduler, SchedulerError
-from agent.scheduler.kubernetes import KubernetesScheduler
 from agent.scheduler.none import NoScheduler
 from agent.scheduler.slurm import SlurmScheduler
 from agent.sources.metadata import MetadataFileSource
@@ -62,6 +61,9 @@ def make_scheduler(config: AgentConfig) -> NodeScheduler:
     if config.scheduler == "slurm":
         return SlurmScheduler(dry_run=config.dry_run, cgroup_check=config.slurm_cgroup_check)
     if config.scheduler == "kubernetes":
+        # Its HTTP client (urllib.request, http.client) loads on Kubernetes nodes only.
+        from agent.scheduler.kubernetes import KubernetesScheduler
+
         return KubernetesScheduler(
             config.kubernetes_api_url,
             dry_run=config.dry_run,

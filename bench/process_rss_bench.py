@@ -56,7 +56,9 @@ _WAIT = "import sys\nsys.stdout.write('ready\\n'); sys.stdout.flush(); sys.stdin
 
 def loader(how: str) -> str:
     if how == "agent":
-        return _GUARD + "import agent.check, agent.cli, agent.daemon, agent.natslink\n"
+        # What `sco-agent`'s main holds when it has parsed its arguments (agent.check
+        # loads with --check only, the Kubernetes scheduler on Kubernetes nodes only).
+        return _GUARD + "import agent.cli, agent.daemon, agent.natslink\n"
     cli_module, name = how.split(":")
     return (
         _GUARD + f"import {cli_module}\n"

@@ -69,6 +69,16 @@ BENCHES = (
     Bench("slurm_resume", "slurm_resume_bench.py", (), ("--tiny",), needs.slurm, 900),
     Bench("agent", "agent_bench.py", (), ("--tiny",), needs.nats, 900),
     Bench("process_rss", "process_rss_bench.py", (), ("--tiny",), lambda: None, 300),
+    # The operator's path through `sco`, on a `sco worker` and `sco sim serve` of its own.
+    Bench(
+        "operator_path",
+        "operator_path_bench.py",
+        (),
+        ("--tiny",),
+        needs.first(needs.postgres, needs.nats),
+        900,
+        tiny_timeout_s=240,
+    ),
     Bench(
         "early_warning",
         "early_warning_bench.py",

@@ -23,7 +23,9 @@ or the acquisition p99 above `--p99-bound`, or the step's work not done within
 step + 2 x bound. Per step: offered, achieved, p50/p99, instances under management
 (ACTIVE in fleet state) and CPU % (of one core) of the worker, the simulator, the dev
 server and the scratch database's PostgreSQL backends, from /proc. The curve is the JSON
-report's details and a PNG in --out (saturation.png).
+report's details and a PNG in --out (saturation.png). With `--workers N`, N `sco worker`
+processes share the region's task queues (Temporal's way to scale a region past one
+worker): the same ramp, their CPU summed, reported as `saturation_N_workers`.
 """
 
 from __future__ import annotations
@@ -284,7 +286,7 @@ async def run_step(
     return step
 
 
-def plot(steps: list[Step], out: Path) -> Path:
+def plot(steps: list[Step], out: Path, name: str = "saturation.png", workers: int = 1) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -302,7 +304,7 @@ def plot(steps: list[Step], out: Path) -> Path:
     )
     ax1.set_xlabel("offered per minute")
     ax1.set_ylabel("achieved per minute")
-    ax1.set_title("one region worker: offered vs achieved")
+    ax1.set_title(f"{workers} region worker(s): offered vs achieved")
     ax1.legend()
     for name in steps[0].cpu_pct if steps else []:
         ax2.plot(x, [s.cpu_pct.get(name, 0.0) for s in steps], "o-", label=name)
@@ -312,7 +314,7 @@ def plot(steps: list[Step], out: Path) -> Path:
     ax2.legend()
     fig.tight_layout()
     out.mkdir(parents=True, exist_ok=True)
-    path = out / "saturation.png"
+    path = out / name
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
@@ -374,6 +376,8 @@ async def ramp(args: argparse.Namespace, report: Report, tmp: Path) -> list[Step
             "SCO_WORKER__START_CONTROLLERS": "false",
             "SCO_WORKER__METRICS_PORT": "0",
             "SCO_WORKER__HEALTH_PORT": "0",
+            # 0: its default port is one for every worker of --workers (and the box's)
+            "SCO_WORKER__STATE_METRICS_PORT": "0",
             "SCO_CONTROL__BUDGET_RATE_PER_SECOND": "1000",
             "SCO_CONTROL__BUDGET_BURST": "1000",
             # The simulated cloud takes it: the budget stays within the provider's limit.
@@ -383,16 +387,25 @@ async def ramp(args: argparse.Namespace, report: Report, tmp: Path) -> list[Step
             "SCO_CONTRACTS__TRUST_DIR": str(tmp / "none"),
         }
         sim_args = ["sim", "serve", "--region", REGION, "--boot-seconds", "0"]
-        sim, worker = start_processes(
+        # --workers N: N `sco worker` processes on the region's task queues, as Temporal
+        # scales a region (each polls the same queues; the server hands tasks to either).
+        sim, *workers = start_processes(
             [
                 (tmp / "sim.log", "simulated cloud for r1 on NATS", sim_args),
-                (tmp / "worker.log", "worker for r1 on", ["worker", "--region", REGION]),
+                *(
+                    (tmp / f"worker{n}.log", "worker for r1 on", ["worker", "--region", REGION])
+                    for n in range(args.workers)
+                ),
             ],
             penv,
         )
-        started += [sim, worker]
+        started += [sim, *workers]
         temporal = [p for p, name in procstat.children(os.getpid()) if "temporal" in name]
-        procs = {"worker": [worker.proc.pid], "simulator": [sim.proc.pid], "temporal": temporal}
+        procs = {
+            "worker": [w.proc.pid for w in workers],
+            "simulator": [sim.proc.pid],
+            "temporal": temporal,
+        }
         report.details["pids"] = {k: v for k, v in procs.items()}
         load = Load(client, fleet, Slots(region), dsn)
         # Warm-up: the budget workflow, the worker's caches; and instances to notice.
@@ -425,15 +438,24 @@ def main() -> int:
     ap.add_argument("--p99-bound", type=float, default=15.0, help="acquisition p99 bound, s")
     ap.add_argument("--nats", default="nats://127.0.0.1:4222")
     ap.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="`sco worker` processes sharing the region's queues (their CPU summed)",
+    )
+    ap.add_argument(
         "--out", type=Path, default=None, help="PNG dir (bench/results; --tiny: a temp dir)"
     )
     ap.add_argument("--tiny", action="store_true", help="2 steps of 6 s (CI smoke)")
     args = ap.parse_args()
     if args.tiny:
         args.start, args.steps, args.step_seconds = 30.0, 2, 6.0
+    if args.workers < 1:
+        ap.error("--workers: at least 1")
     report = Report(
-        "saturation",
+        "saturation" if args.workers == 1 else f"saturation_{args.workers}_workers",
         {
+            "workers": args.workers,
             "start_acq_per_min": args.start,
             "factor": args.factor,
             "max_steps": args.steps,
@@ -446,7 +468,12 @@ def main() -> int:
         out = args.out or (Path(tmp) if args.tiny else ROOT / "bench" / "results")
         try:
             if steps:
-                report.details["plot"] = str(plot(steps, out))
+                png = (
+                    "saturation.png"
+                    if args.workers == 1
+                    else f"saturation_{args.workers}_workers.png"
+                )
+                report.details["plot"] = str(plot(steps, out, png, args.workers))
         except ImportError:
             report.notes.append("no PNG: matplotlib missing (pip install -e '.[plots]')")
     report.details["curve"] = [asdict(s) for s in steps]
@@ -455,7 +482,12 @@ def main() -> int:
             "peak_acquisitions_per_min", "no step ran", "/min", anchor="the ramp"
         )
         return report.emit()
-    anchor = "one `sco worker` process; offered open-loop on a schedule"
+    who = (
+        "one `sco worker` process"
+        if args.workers == 1
+        else f"{args.workers} `sco worker` processes"
+    )
+    anchor = f"{who}; offered open-loop on a schedule"
     ok = [s for s in steps if not s.saturated]
     # Saturated at the very first step (a loaded machine) is a result: it sustains less
     # than the first offered rate, and the curve says how much it did achieve.

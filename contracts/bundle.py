@@ -14,19 +14,19 @@ from and who signed it; absent (and not in the bytes) for bundles compiled from 
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal
+from typing import Literal
 
-from nacl.encoding import HexEncoder
 from nacl.signing import SigningKey
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
 from contracts.bounded import MAX_BUNDLE_BYTES, InputRejected, loads
-from contracts.keys import SignatureRefused, TrustStore, key_id
+from contracts.canonical import canonical_json as canonical_json
+from contracts.canonical import signed_envelope as signed_envelope
+from contracts.keys import SignatureRefused, TrustStore
 from contracts.model import Contract
 from contracts.notice import NoticePolicy
 
@@ -76,27 +76,6 @@ class BundleContent(BaseModel):
 
 class BundleRejected(ValueError):
     """The bundle must not be used; the message says why."""
-
-
-def canonical_json(value: Any) -> bytes:
-    return json.dumps(
-        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    ).encode("utf-8")
-
-
-def signed_envelope(
-    field: str, body: dict[str, Any], key: SigningKey, *, domain: bytes = b""
-) -> bytes:
-    """`{field: body, "key_id", "signature"}` as canonical JSON, the signature over `domain`
-    and the body's canonical JSON (what a verifier checks before it parses anything)."""
-    signature = key.sign(domain + canonical_json(body)).signature
-    return canonical_json(
-        {
-            field: body,
-            "key_id": key_id(key.verify_key),
-            "signature": HexEncoder.encode(signature).decode(),
-        }
-    )
 
 
 def build(

@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nacl.encoding import HexEncoder
 from nacl.exceptions import BadSignatureError
@@ -38,8 +38,12 @@ from nacl.signing import SigningKey, VerifyKey
 from pydantic import ValidationError
 
 from contracts.bounded import MAX_NOTICE_BYTES, InputRejected, loads
-from contracts.bundle import BundleContent, canonical_json, signed_envelope
+from contracts.canonical import canonical_json, signed_envelope
 from contracts.notice import KeyScope, NoticePolicy, ReclaimNotice
+
+if TYPE_CHECKING:
+    # Only read here (its notice policy): a signer, the notice relay, loads no bundle.
+    from contracts.bundle import BundleContent
 
 DOMAIN = b"sco-reclaim-notice-v1\n"
 #: Clock skew allowed between relay and node on top of the region's notice lead.

@@ -4,6 +4,7 @@ detection times, and the exclusion cycle's settings (the workflow's defaults).""
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -22,23 +23,58 @@ class EstateConfig(BaseModel):
     tick_minutes: int = Field(default=5, ge=1, le=60)
     """The controller plans every tick, and at once in a minute with reclaim notices."""
 
-    # Reclaims: per-pool base rate, correlated bursts, bad pools, hall losses.
+    # Reclaims: per-pool base rate, correlated bursts, bad pools, hall losses. The defaults
+    # are the calibrated generator (published bands: contrast <= 10x, rates drifting over
+    # the period, rankings that persist only partly, co-reclaims within 3 minutes across
+    # pools, prices that differ by hall); `planted()` is the generator before issue 34.
     base_rate: float = Field(default=0.0005, ge=0)
     """Median reclaims per instance-hour of a good pool (log-normal spread over pools)."""
+    rate_clip: float = Field(default=2.0, ge=1.0)
+    """A good pool's rate stays within [base / clip, base * clip]."""
     bad_pools_per_region: int = Field(default=3, ge=0)
-    bad_rate: float = Field(default=0.05, ge=0)
-    """Reclaims per instance-hour of a bad pool."""
+    bad_rate: float = Field(default=0.0025, ge=0)
+    """Reclaims per instance-hour of a bad pool: 5x the median good pool, 10x the slowest."""
+    bad_pools_among: Literal["all", "cheapest-third"] = "all"
+    """Where the bad pools are drawn: among every pool a contract can use, or only among
+    each region's cheapest third (the planted scenario)."""
+    bad_redraw_days: float = Field(default=10.0, ge=0)
+    """Every this many days half of the bad pools move elsewhere (0: never)."""
+    rate_drift: float = Field(default=0.5, ge=0, lt=2)
+    """Rates rise linearly over the horizon, from (1 - drift/2) to (1 + drift/2) times."""
     bursts_per_pool_day: float = Field(default=0.1, ge=0)
-    bad_bursts_per_pool_day: float = Field(default=1.0, ge=0)
+    bad_bursts_per_pool_day: float = Field(default=0.3, ge=0)
     burst_share: tuple[float, float] = (0.02, 0.06)
     """Share of a good pool's capacity one burst takes back (uniform in this range)."""
-    bad_burst_share: tuple[float, float] = (0.1, 0.3)
+    bad_burst_share: tuple[float, float] = (0.04, 0.12)
+    region_bursts_per_day: float = Field(default=0.5, ge=0)
+    """Correlated bursts across one hall's pools (or one SKU's in every hall), all within
+    ``burst_spread_minutes``."""
+    owner_preempts: bool = True
+    """The owner's own load takes back capacity: when its rise leaves fewer slots than ours
+    the difference is reclaimed (False: it only limits new launches)."""
+    hall_price_spread: float = Field(default=0.15, ge=0, lt=1)
+    """Each hall's prices are list price times U[1 - spread, 1 + spread]."""
+    pool_price_spread: float = Field(default=0.05, ge=0, lt=1)
+    price_walk_per_day: float = Field(default=0.03, ge=0, lt=1)
+    """Daily log-normal step of every pool's price (0: prices never change)."""
     burst_spread_minutes: int = Field(default=3, ge=1)
     """The co-reclaims of one burst fall within this many minutes."""
     reclaim_hold_minutes: int = Field(default=30, ge=0)
     """Capacity the provider took back stays with it this long."""
-    hall_losses_per_region: int = Field(default=1, ge=0)
+    hall_losses_per_region: int = Field(default=2, ge=0)
     hall_loss_minutes: int = Field(default=180, ge=1)
+
+    # Fair comparison.
+    warm_start: bool = True
+    """Every policy's minute-0 capacity is up at minute 0 (False: it boots like any other)."""
+    committed_markup: float = Field(default=2.5, ge=0)
+    """A committed instance costs at least this many times its shape's spot list price
+    (on-demand against spot); 0: the region's per-vCPU committed rate only."""
+    baseline_fallback: bool = True
+    """The peers fall back to committed capacity within the same spend authority as SCO."""
+    partial_fallback: bool = True
+    """A fallback over authority launches what fits (False: declines whole, as the product
+    does while no operator approves)."""
 
     # Times.
     boot_minutes: int = Field(default=3, ge=1)
@@ -88,6 +124,36 @@ class EstateConfig(BaseModel):
         )
 
 
+#: The generator and comparison before issue 34: bad pools at 100x in the cheapest third,
+#: stationary rates, no cross-pool bursts, equal prices across halls, a cold start for the
+#: peers, committed capacity at the per-vCPU rate and no fallback for the peers.
+PLANTED: dict[str, object] = {
+    "rate_clip": 1e9,
+    "bad_rate": 0.05,
+    "bad_pools_among": "cheapest-third",
+    "bad_redraw_days": 0.0,
+    "rate_drift": 0.0,
+    "bad_bursts_per_pool_day": 1.0,
+    "bad_burst_share": (0.1, 0.3),
+    "region_bursts_per_day": 0.0,
+    "owner_preempts": False,
+    "hall_price_spread": 0.0,
+    "pool_price_spread": 0.0,
+    "price_walk_per_day": 0.0,
+    "hall_losses_per_region": 1,
+    "warm_start": False,
+    "committed_markup": 0.0,
+    "baseline_fallback": False,
+    "partial_fallback": False,
+}
+
+
+def planted(**changes: object) -> EstateConfig:
+    """The planted scenario (see PLANTED), with ``changes`` on top."""
+    return EstateConfig.model_validate({**PLANTED, **changes})
+
+
 def small_config(seed: int = 1) -> EstateConfig:
-    """Two days of one region: what the test suite runs in seconds."""
-    return EstateConfig(days=2, seed=seed, regions=("r1",), tenants=1, tick_minutes=10)
+    """Two days of one region in the planted scenario: what the suite's golden figures
+    were measured on."""
+    return planted(days=2, seed=seed, regions=("r1",), tenants=1, tick_minutes=10)

@@ -11,12 +11,21 @@ asks which policy it runs.
 
 from __future__ import annotations
 
+import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from contracts.model import Contract, WorkloadKind
 from contracts.region import Region
-from estate.baselines import AllCommitted, KarpenterLike, PriceOnly, SkyPilotLike
+from estate.baselines import (
+    AllCommitted,
+    BlockBackoff,
+    KarpenterLike,
+    KarpenterPco,
+    PriceHistory,
+    PriceOnly,
+    SkyPilotLike,
+)
 from estate.config import EstateConfig
 from estate.demand import BLOCK_MINUTES, demand_units
 from estate.fleet import Fleet, tenants
@@ -29,15 +38,34 @@ from estate.results import (
     PolicySummary,
     RegionRun,
 )
-from estate.sco import Sco
+from estate.sco import Sco, ScoNoExclusion, ScoNoRisk, ScoNoSpread
 from estate.trace import RegionTrace, region_trace
 from estate.work import lost_minutes, steps
 
 #: Every policy by name, in the order runs and reports list them.
 _POLICIES: dict[str, Callable[[Fleet, EstateConfig, RegionTrace], Policy]] = {
-    p.name: p for p in (Sco, PriceOnly, KarpenterLike, SkyPilotLike, AllCommitted)
+    p.name: p
+    for p in (
+        Sco,
+        PriceOnly,
+        KarpenterLike,
+        SkyPilotLike,
+        AllCommitted,
+        PriceHistory,
+        BlockBackoff,
+        KarpenterPco,
+        ScoNoExclusion,
+        ScoNoRisk,
+        ScoNoSpread,
+    )
 }
 POLICIES: tuple[str, ...] = tuple(_POLICIES)
+#: The policies before issue 34 (the planted scenario's comparison).
+LEGACY_POLICIES: tuple[str, ...] = POLICIES[:5]
+#: SCO with one part switched off.
+ABLATIONS: tuple[str, ...] = ("sco-no-exclusion", "sco-no-risk", "sco-no-spread")
+#: The fair comparators: each with SCO's committed fallback and authority.
+BASELINES: tuple[str, ...] = ("price-only", "price-history", "block-backoff", "karpenter-pco")
 
 
 def make_policy(name: str, fleet: Fleet, cfg: EstateConfig, trace: RegionTrace) -> Policy:
@@ -59,6 +87,8 @@ def run_region(
         tenants=tenants(region, contracts, cfg.tenants),
         committed_rate=rates,
         trace=trace,
+        committed_markup=cfg.committed_markup,
+        warm_start=cfg.warm_start,
     )
     policy = make_policy(policy_name, fleet, cfg, trace)
     lead = float(region.notice_lead_seconds)
@@ -68,8 +98,19 @@ def run_region(
     short_units = 0.0
     detect = cfg.floor_detect_minutes
     keeper_minutes = {x for h in trace.hall_losses for x in (h.start + detect, h.end + detect)}
-    starts = {h.start: h for h in trace.hall_losses}
-    ends = {h.end: h for h in trace.hall_losses}
+    starts: dict[int, list[str]] = {}
+    ends: dict[int, list[str]] = {}
+    for h in trace.hall_losses:
+        starts.setdefault(h.start, []).append(h.hall)
+        ends.setdefault(h.end, []).append(h.hall)
+    price_changes = trace.price_changes()
+    # One set of measures for every policy (issue 34): from ready capacity only.
+    served = unserved = lost_units = 0.0
+    below_floor = dict.fromkeys(tier_one(fleet), 0)
+    short_since: dict[int, int] = {}
+    waits: list[int] = []
+    forced = 0  # instances the engine took (reclaims, hall losses); the rest left by choice
+    ready = [0] * len(fleet.tenants)
     tier1 = [t for t, ten in enumerate(fleet.tenants) if ten.floor_units]
     whole = dict.fromkeys(tier1, True)
     whole_minutes = dict.fromkeys(tier1, 0)
@@ -85,39 +126,54 @@ def run_region(
     floor_trace: dict[str, list[tuple[int, int]]] = {}
     last_units: dict[str, int] = {}
 
-    def record(kind: WorkloadKind, draw: float, *, notice: bool) -> None:
+    def record(kind: WorkloadKind, draw: float, *, notice: bool, units: int) -> None:
+        nonlocal lost_units
         entry = loss[kind.value]
         if notice:
             entry.reclaims += 1
-            entry.lost_minutes += lost_minutes(kind, draw, cfg, lead_seconds=lead)
+            lost = lost_minutes(kind, draw, cfg, lead_seconds=lead)
+            entry.lost_minutes += lost
             entry.lost_minutes_periodic += lost_minutes(
                 kind, draw, cfg, lead_seconds=lead, checkpoint_on_notice=False
             )
         else:
             entry.hall_lost += 1
-            entry.hall_lost_minutes += lost_minutes(
-                kind, draw, cfg, lead_seconds=lead, notice=False
-            )
+            lost = lost_minutes(kind, draw, cfg, lead_seconds=lead, notice=False)
+            entry.hall_lost_minutes += lost
+        lost_units += lost * units / 60.0
 
     for m in range(cfg.minutes):
         changed = False
-        if m in starts:
-            hall = starts[m].hall
+        fleet.now = m
+        for hall in starts.get(m, ()):
             fleet.down.add(hall)
             rng = random.Random(f"{cfg.seed}:{region.id}:hall:{m}")
             for p, pool in enumerate(fleet.pools):
                 if pool.hall == hall:
                     for t, n in sorted(fleet.held[p].items()):
                         for _ in range(n):
-                            record(fleet.tenants[t].kind, rng.random(), notice=False)
-                        fleet.remove(p, t, n, m)
+                            record(
+                                fleet.tenants[t].kind,
+                                rng.random(),
+                                notice=False,
+                                units=fleet.tenants[t].upi[p],
+                            )
+                        forced += fleet.remove(p, t, n, m)
             for g in [g for g in fleet.committed if g.hall == hall]:
                 for _ in range(g.count):
-                    record(fleet.tenants[g.tenant].kind, rng.random(), notice=False)
+                    record(
+                        fleet.tenants[g.tenant].kind,
+                        rng.random(),
+                        notice=False,
+                        units=fleet.tenants[g.tenant].upi[g.pool],
+                    )
                 fleet.uncommit(g, g.count)
             changed = True
-        if m in ends:
-            fleet.down.discard(ends[m].hall)
+        for hall in ends.get(m, ()):
+            if not any(h.hall == hall and h.start <= m < h.end for h in trace.hall_losses):
+                fleet.down.discard(hall)
+        for p, price in price_changes.get(m, ()):
+            fleet.set_price(p, price)
         if fleet.ready_queue and fleet.ready_queue[0][0] <= m:
             fleet.mature(m)
             changed = True
@@ -127,7 +183,8 @@ def run_region(
         for hit in trace.hits.get(m, ()):
             p = hit.pool
             n = fleet.count(p)
-            fleet.taken[p].extend([m] * len(hit.slots))
+            if hit.holds:
+                fleet.taken[p].extend([m] * len(hit.slots))
             policy.on_hit(p, hit.slots, m)
             ours = [(s, d) for s, d in zip(hit.slots, hit.draws, strict=True) if s < n]
             if not ours:
@@ -135,8 +192,8 @@ def run_region(
             victims = fleet.victims(p, [s for s, _ in ours])
             pool_id = region.pool_id(fleet.pools[p])
             for (slot, draw), t in zip(ours, victims, strict=True):
-                record(fleet.tenants[t].kind, draw, notice=True)
-                fleet.remove(p, t, 1, m)
+                record(fleet.tenants[t].kind, draw, notice=True, units=fleet.tenants[t].upi[p])
+                forced += fleet.remove(p, t, 1, m)
                 policy.on_reclaim(p, f"{m}:{p}:{slot}", m)
             pool_reclaims[pool_id] = pool_reclaims.get(pool_id, 0) + len(ours)
             noticed = changed = True
@@ -149,6 +206,8 @@ def run_region(
         if tick or noticed or m in keeper_minutes:
             policy.step(m, targets)
             changed = True
+            if fleet.ready_queue and fleet.ready_queue[0][0] <= m:
+                fleet.mature(m)  # a warm start: minute 0's instances are up at minute 0
         if tick:
             # Demand no capacity was even launched for (booting instances count).
             for t in range(len(fleet.tenants)):
@@ -156,6 +215,18 @@ def run_region(
                     fleet.committed_units(t, role) for role in ("floor", "fallback", "committed")
                 )
                 short_units += max(0, targets[t] - held) * cfg.tick_minutes / 60.0
+        if changed or tick:
+            ready = serving(fleet, m)
+            for t in range(len(fleet.tenants)):
+                if ready[t] < targets[t]:
+                    short_since.setdefault(t, m)
+                elif t in short_since:
+                    waits.append(m - short_since.pop(t))
+            if tick:
+                for t in range(len(fleet.tenants)):
+                    got = min(ready[t], targets[t])
+                    served += got * cfg.tick_minutes / 60.0
+                    unserved += (targets[t] - got) * cfg.tick_minutes / 60.0
         if changed:
             policy.after_change(m)
             for t in tier1:
@@ -177,11 +248,14 @@ def run_region(
                         last_units[hall] = u
         for t in tier1:
             whole_minutes[t] += whole[t]
+        for t in below_floor:
+            below_floor[t] += ready[t] < fleet.tenants[t].floor_units
         fleet.accrue()
         if m % 60 == 59:
             hourly.append(round(fleet.cost, 4))
     for t, start in gap_start.items():
         gaps[t].append(_gap(start, cfg.minutes, trace, cfg))
+    waits.extend(cfg.minutes - since for since in short_since.values())
 
     floors = [
         FloorResult(
@@ -208,8 +282,28 @@ def run_region(
         pool_reclaims=dict(sorted(pool_reclaims.items())),
         hourly_cost=hourly,
         floor_trace=floor_trace,
+        served_unit_hours=round(served, 3),
+        unserved_unit_hours=round(unserved, 3),
+        lost_unit_hours=round(lost_units, 4),
+        below_floor_minutes=sum(below_floor.values()),
+        capacity_waits=waits,
+        voluntary_releases=fleet.removed - forced,
     )
     policy.report(out)
+    return out
+
+
+def tier_one(fleet: Fleet) -> list[int]:
+    return [t for t, ten in enumerate(fleet.tenants) if ten.floor_units]
+
+
+def serving(fleet: Fleet, minute: int) -> list[int]:
+    """Units each tenant has up and useful: booted reclaimable instances and every
+    committed group that is ready (floor, fallback, all-committed alike)."""
+    out = list(fleet.ready_units)
+    for g in fleet.committed:
+        if g.ready <= minute:
+            out[g.tenant] += g.count * fleet.tenants[g.tenant].upi[g.pool]
     return out
 
 
@@ -282,7 +376,35 @@ def summarise(name: str, runs: Sequence[RegionRun], cfg: EstateConfig) -> Policy
         fallback_max_share_of_authority=round(share, 4),
         wrongly_excluded_share=wrong,
         good_excluded_time_share=good_time,
+        **fair_measures(runs),
     )
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-quantile (0..1) by the nearest-rank method; 0.0 for no values."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return float(ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))])
+
+
+def fair_measures(runs: Sequence[RegionRun]) -> dict[str, float | int]:
+    """The measures every policy is held to alike (issue 34)."""
+    served = sum(r.served_unit_hours for r in runs)
+    cost = sum(r.cost for r in runs)
+    lost = sum(r.lost_unit_hours for r in runs)
+    return {
+        "served_unit_hours": round(served, 1),
+        "unserved_unit_hours": round(sum(r.unserved_unit_hours for r in runs), 1),
+        "cost_per_served_unit_hour": round(cost / served, 6) if served else 0.0,
+        "p99_time_to_capacity_minutes": percentile(
+            [w for r in runs for w in r.capacity_waits], 0.99
+        ),
+        "work_lost_per_1000_unit_hours": round(1000.0 * lost / served, 4) if served else 0.0,
+        "below_floor_minutes": sum(r.below_floor_minutes for r in runs),
+        "fallback_refused_units": sum(f.refused_units for r in runs for f in r.fallback),
+        "voluntary_releases": sum(r.voluntary_releases for r in runs),
+    }
 
 
 def simulate(
@@ -290,13 +412,16 @@ def simulate(
     contracts: Sequence[Contract],
     cfg: EstateConfig,
     policies: Sequence[str] = POLICIES,
+    traces: Mapping[str, RegionTrace] | None = None,
 ) -> EstateResult:
-    """Every policy on every region of ``cfg`` (all of ``regions`` when it names none)."""
+    """Every policy on every region of ``cfg`` (all of ``regions`` when it names none), on
+    the given traces (by region id) or the synthetic generator's."""
     chosen = [r for r in regions if not cfg.regions or r.id in cfg.regions]
     missing = set(cfg.regions) - {r.id for r in chosen}
     if missing:
         raise ValueError(f"regions {sorted(missing)} not among the loaded regions")
-    traces = {r.id: region_trace(r, contracts, cfg) for r in chosen}
+    given = traces or {}
+    traces = {r.id: given.get(r.id) or region_trace(r, contracts, cfg) for r in chosen}
     runs = [run_region(r, contracts, cfg, traces[r.id], p) for p in policies for r in chosen]
     return EstateResult(
         days=cfg.days,
@@ -305,7 +430,7 @@ def simulate(
         tenants=cfg.tenants,
         pools=sum(len(r.pools) for r in chosen),
         bad_pools={
-            r.id: sorted(r.pool_id(r.pools[i]) for i in traces[r.id].bad_pools) for r in chosen
+            r.id: sorted(r.pool_id(r.pools[i]) for i in traces[r.id].ever_bad()) for r in chosen
         },
         hall_losses={
             r.id: [(h.hall, h.start, h.end) for h in traces[r.id].hall_losses] for r in chosen

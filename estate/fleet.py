@@ -9,7 +9,6 @@ to release; an instance is useful (counts for its tenant) from the end of its bo
 from __future__ import annotations
 
 import heapq
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -83,6 +82,11 @@ class Fleet:
     tenants: list[Tenant]
     committed_rate: dict[str, float]
     trace: RegionTrace
+    committed_markup: float = 0.0
+    """A committed instance costs at least this times its shape's spot list price."""
+    warm_start: bool = False
+    """What is launched or committed at minute 0 is up at minute 0."""
+    now: int = 0  # the engine's minute
     held: list[dict[int, int]] = field(default_factory=list)  # pool -> tenant -> instances
     booting: dict[tuple[int, int], int] = field(default_factory=dict)
     ready_queue: list[tuple[int, int, int, int]] = field(default_factory=list)
@@ -92,6 +96,7 @@ class Fleet:
     ready_minutes: set[int] = field(default_factory=set)  # committed groups come up then
     spend_reclaimable: float = 0.0  # per hour, right now
     running: int = 0  # reclaimable instances right now
+    removed: int = 0  # reclaimable instances released or lost, all told
     spend_committed: dict[str, float] = field(default_factory=dict)  # role -> per hour
     ready_units: list[int] = field(default_factory=list)  # reclaimable, per tenant
     held_units: list[int] = field(default_factory=list)  # reclaimable, booting included
@@ -116,7 +121,9 @@ class Fleet:
         self.pool_last = [0] * n
         self.pool_day_minutes = [{} for _ in range(n)]
         self.pools: tuple[Pool, ...] = self.region.pools
-        self.price = [p.price_per_hour for p in self.pools]
+        self.price = [
+            self.trace.price_at_start(i, p.price_per_hour) for i, p in enumerate(self.pools)
+        ]
 
     # -- reclaimable --------------------------------------------------------------------
 
@@ -135,11 +142,11 @@ class Fleet:
             self._busy = (
                 minute,
                 [
-                    math.ceil(p.reclaimable_units * self.trace.busy(i, minute))
+                    self.trace.owner_free(i, minute, p.reclaimable_units)
                     for i, p in enumerate(self.pools)
                 ],
             )
-        cap = self.pools[pool].reclaimable_units - self._busy[1][pool]
+        cap = self._busy[1][pool]
         return max(0, cap - self.counts[pool] - len(taken))
 
     def units(self, tenant: int) -> int:
@@ -166,6 +173,8 @@ class Fleet:
         self.held[pool][tenant] = self.held[pool].get(tenant, 0) + n
         self.counts[pool] += n
         self.held_units[tenant] += n * self.tenants[tenant].upi[pool]
+        if self.warm_start and minute == 0:
+            boot = 0
         self.booting[(pool, tenant)] = self.booting.get((pool, tenant), 0) + n
         heapq.heappush(self.ready_queue, (minute + boot, pool, tenant, n))
         self.spend_reclaimable += n * self.price[pool]
@@ -192,6 +201,7 @@ class Fleet:
             self.held[pool][tenant] = have - n
         self.spend_reclaimable -= n * self.price[pool]
         self.running -= n
+        self.removed += n
         return n
 
     def mature(self, minute: int) -> None:
@@ -220,7 +230,21 @@ class Fleet:
 
     # -- committed ------------------------------------------------------------------------
 
+    def set_price(self, pool: int, price: float) -> None:
+        """The pool's price changes: what runs there pays the new price from now on."""
+        self.spend_reclaimable += self.counts[pool] * (price - self.price[pool])
+        self.price[pool] = price
+
+    def committed_price(self, pool: int, hall: str) -> float:
+        """Per instance-hour of the pool's shape on the hall's committed capacity: the
+        per-vCPU rate, and at least ``committed_markup`` times the spot list price."""
+        shape = self.pools[pool]
+        base = shape.vcpu * self.committed_rate[hall]
+        return max(base, self.committed_markup * shape.price_per_hour)
+
     def commit(self, group: Committed) -> None:
+        if self.warm_start and self.now == 0:
+            group.ready = 0
         if group.count > 0:
             self.committed.append(group)
             self.ready_minutes.add(group.ready)

@@ -27,7 +27,7 @@ def table(result: EstateResult) -> str:
         vs = _pct_fewer(p, base) if base else ""
         fallback = (
             f"{p.fallback_max_share_of_authority:.0%}, {p.fallback_minutes_over} min over"
-            if p.policy == "sco"
+            if p.policy != "all-committed"
             else "n/a"
         )
         wrong = (
@@ -43,6 +43,8 @@ def table(result: EstateResult) -> str:
             f"{p.floor_availability:.4%} ({p.floor_unexplained_gap_minutes}) | "
             f"{fallback} | {wrong} |"
         )
+    rows.append("")
+    rows.append(fair_table(result))
     losses = "; ".join(
         f"{r}: hall {h} minutes {s}-{e}" for r, hs in result.hall_losses.items() for h, s, e in hs
     )
@@ -50,7 +52,37 @@ def table(result: EstateResult) -> str:
     rows.append("")
     rows.append(
         f"{result.days:g} days, seed {result.seed}, regions {', '.join(result.regions)} "
-        f"({result.pools} pools), {result.tenants} tenant(s) per contract. Bad pools: {bad}. "
+        f"({result.pools} pools), {result.tenants} tenant(s) per contract. "
+        f"Bad pools: {bad or 'none'}. "
         f"Hall losses: {losses or 'none'}."
     )
+    return "\n".join(rows)
+
+
+def fair_table(result: EstateResult) -> str:
+    """Every policy under the one set of measures (issue 34), against the best of the fair
+    baselines that ran (lowest work lost per 1,000 useful unit-hours)."""
+    from estate.engine import BASELINES
+
+    ran = {p.policy: p for p in result.policies}
+    fair = [ran[b] for b in BASELINES if b in ran]
+    best = min(fair, key=lambda p: (p.work_lost_per_1000_unit_hours, p.policy), default=None)
+    head = (
+        "| policy | cost / served unit-h | unserved unit-h | p99 time to capacity (min) "
+        "| work lost / 1,000 useful unit-h"
+        + (f" (vs {best.policy})" if best else "")
+        + " | minutes below floor | fallback refused (unit-steps) | voluntary releases |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|"
+    )
+    rows = [head]
+    for p in result.policies:
+        vs = ""
+        if best and p.policy != best.policy and best.work_lost_per_1000_unit_hours:
+            ratio = p.work_lost_per_1000_unit_hours / best.work_lost_per_1000_unit_hours
+            vs = f" ({ratio - 1:+.0%})"
+        rows.append(
+            f"| {p.policy} | {p.cost_per_served_unit_hour:.4f} | {p.unserved_unit_hours:,.0f} "
+            f"| {p.p99_time_to_capacity_minutes:.0f} | {p.work_lost_per_1000_unit_hours:.3f}{vs} "
+            f"| {p.below_floor_minutes} | {p.fallback_refused_units:,} | {p.voluntary_releases:,} |"
+        )
     return "\n".join(rows)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 
 class KindLoss(BaseModel):
@@ -44,6 +44,7 @@ class FallbackResult(BaseModel):
     minutes_over: int
     launched: int
     declined: int
+    refused_units: int = 0  # units over authority left unserved (no operator approves)
     reasons: list[str] = []
 
 
@@ -75,6 +76,14 @@ class RegionRun(BaseModel):
     exclusion: ExclusionResult | None = None
     floor_trace: dict[str, list[tuple[int, int]]] = {}  # hall -> (minute, floor units)
     floor_trace_contract: str = ""
+    # One set of measures for every policy (issue 34), from ready capacity.
+    served_unit_hours: float = 0.0  # min(demand, units up), sampled on ticks
+    unserved_unit_hours: float = 0.0
+    lost_unit_hours: float = 0.0  # work lost, reclaims and hall losses, in unit-hours
+    below_floor_minutes: int = 0  # tier-1 minutes with all serving capacity below floor
+    capacity_waits: list[int] = Field(default_factory=list, exclude=True)
+    """Minutes each shortfall lasted (demand above units up, until covered)."""
+    voluntary_releases: int = 0  # reclaimable instances the policy let go itself
 
 
 class PolicySummary(BaseModel):
@@ -94,6 +103,15 @@ class PolicySummary(BaseModel):
     fallback_max_share_of_authority: float
     wrongly_excluded_share: float | None = None  # good pools excluded / exposed good pools
     good_excluded_time_share: float | None = None  # of all excluded pool-minutes
+    # One set of measures for every policy (issue 34).
+    served_unit_hours: float = 0.0
+    unserved_unit_hours: float = 0.0
+    cost_per_served_unit_hour: float = 0.0
+    p99_time_to_capacity_minutes: float = 0.0
+    work_lost_per_1000_unit_hours: float = 0.0
+    below_floor_minutes: int = 0
+    fallback_refused_units: int = 0
+    voluntary_releases: int = 0
 
 
 class EstateResult(BaseModel):

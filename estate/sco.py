@@ -12,29 +12,22 @@ surplus once the new instances are up.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import ClassVar
 
-from estate.baselines import pool_index, release_committed
+from estate import fallback
+from estate.baselines import pool_index
 from estate.config import EstateConfig
 from estate.exclusion import PoolCycles
+from estate.fallback import FallbackLog
 from estate.fleet import Committed, Fleet, ceil_div, cheapest_committed_shape, shape_pools
 from estate.policy import PolicyBase
 from estate.results import ExclusionResult, FallbackResult, RegionRun
 from estate.trace import RegionTrace
-from planning.arbiter import price_fallback
 from planning.costs import expected_cost
 from planning.floor_spread import spread
 from planning.models import PlanInput, PoolInput, pool_input
 from planning.planner import plan
-
-
-@dataclass
-class FallbackLog:
-    max_spend: float = 0.0
-    minutes_over: int = 0
-    launched: int = 0
-    declined: int = 0
-    reasons: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -46,10 +39,21 @@ class FloorKeeper:
 
 
 class Sco(PolicyBase):
+    """SCO as it runs; the ablations below switch one of its parts off."""
+
     name = "sco"
+    excluding: ClassVar[bool] = True
+    """The exclusion cycle keeps pools out (off: every pool stays admitted)."""
+    risk_pricing: ClassVar[bool] = True
+    """The planner prices each pool by its observed reclaim rate (off: rate 0)."""
+    spreading: ClassVar[bool] = True
+    """Floors spread over halls, and each contract's pool share cap (off: one hall, no cap)."""
 
     def __init__(self, fleet: Fleet, cfg: EstateConfig, trace: RegionTrace) -> None:
         super().__init__(fleet, cfg, trace)
+        if not self.spreading:
+            for tenant in fleet.tenants:
+                tenant.demand = tenant.demand.model_copy(update={"max_pool_share": 1.0})
         self.cycles = PoolCycles(len(fleet.pools), cfg, f"{cfg.seed}:{fleet.region.id}")
         self.notices_by_day: list[dict[int, int]] = [{} for _ in fleet.pools]
         self.index = pool_index(fleet)
@@ -58,7 +62,7 @@ class Sco(PolicyBase):
         self.canary_minutes = 0
         self.exposed: set[int] = set()  # pools SCO ever held instances in (after a step)
         self.max_upi = [max(t.upi, default=1) for t in fleet.tenants]
-        self._inputs: dict[tuple[int, int, float, bool], PoolInput] = {}
+        self._inputs: dict[tuple[int, int, float, bool, float], PoolInput] = {}
         for t, tenant in enumerate(fleet.tenants):
             shape = cheapest_committed_shape(fleet, tenant) if tenant.floor_units else None
             if shape is None:
@@ -96,6 +100,10 @@ class Sco(PolicyBase):
             held[g.hall] = held.get(g.hall, 0) + g.count
         rooms = {h: held.get(h, 0) + fleet.committed_room(h, k.shape_pools[h]) for h in healthy}
         targets = spread(k.instances, healthy, rooms).targets
+        if not self.spreading:
+            whole = [h for h in healthy if rooms[h] >= k.instances]
+            if whole:
+                targets = {h: (k.instances if h == whole[0] else 0) for h in healthy}
         for hall, want in sorted(targets.items()):
             if want > held.get(hall, 0):
                 pool = k.shape_pools[hall]
@@ -106,7 +114,7 @@ class Sco(PolicyBase):
                         hall=hall,
                         pool=pool,
                         count=want - held.get(hall, 0),
-                        price=fleet.pools[pool].vcpu * fleet.committed_rate[hall],
+                        price=fleet.committed_price(pool, hall),
                         ready=minute + wait,
                         role="floor",
                     )
@@ -142,7 +150,8 @@ class Sco(PolicyBase):
     def on_reclaim(self, pool: int, instance_id: str, minute: int) -> None:
         day = self.notices_by_day[pool]
         day[minute // 1440] = day.get(minute // 1440, 0) + 1
-        self.cycles.notice(pool, instance_id, minute)
+        if self.excluding:
+            self.cycles.notice(pool, instance_id, minute)
 
     # -- reclaimable and fallback ----------------------------------------------------------
 
@@ -154,7 +163,7 @@ class Sco(PolicyBase):
         fleet, cfg = self.fleet, self.cfg
         for k in self.keepers:
             self.keep(k, minute)
-        for pool in self.cycles.tick(minute):
+        for pool in self.cycles.tick(minute) if self.excluding else ():
             self.canary_minutes += cfg.probe_minutes
             fleet.cost_committed["canary"] = fleet.cost_committed.get("canary", 0.0) + (
                 fleet.price[pool] * cfg.probe_minutes / 60.0
@@ -164,9 +173,11 @@ class Sco(PolicyBase):
             0 <= fleet.held_units[t] - wanted[t] < self.max_upi[t] for t in range(len(wanted))
         ):
             return  # every contract holds its demand: the planner would plan nothing
-        excluded = self.cycles.excluded()
+        excluded = self.cycles.excluded() if self.excluding else set()
         rates = [
             fleet.rate(p, self.notices_by_day[p], minute, cfg.rate_window_days)
+            if self.risk_pricing
+            else 0.0
             for p in range(len(fleet.pools))
         ]
         pools = self.pool_inputs(minute, rates, excluded)
@@ -202,6 +213,7 @@ class Sco(PolicyBase):
                 fleet.free(i, minute, self.cfg.reclaim_hold_minutes),
                 rates[i],
                 i in excluded or pool.hall in fleet.down,
+                fleet.price[i],
             )
             inp = self._inputs.get(key)
             if inp is None:
@@ -210,6 +222,8 @@ class Sco(PolicyBase):
                 inp = pool_input(
                     fleet.region, pool, free=key[1], reclaim_rate=key[2], excluded=key[3]
                 )
+                if key[4] != pool.price_per_hour:
+                    inp = inp.model_copy(update={"price_per_hour": key[4]})
                 self._inputs[key] = inp
             out.append(inp)
         return out
@@ -235,62 +249,13 @@ class Sco(PolicyBase):
             surplus -= fleet.remove(p, t, n, minute) * upi
 
     def arbitrate(self, t: int, shortfall: int, pools: list[PoolInput], minute: int) -> None:
-        fleet = self.fleet
-        tenant = fleet.tenants[t]
-        log = self.fallback[t]
-        have = fleet.committed_units(t, "fallback")
-        if have > shortfall:
-            release_committed(fleet, t, "fallback", have - shortfall)
-            return
-        if have == shortfall:
-            return
-        current = sum(
-            g.count * g.price for g in fleet.committed if g.tenant == t and g.role == "fallback"
+        fallback.arbitrate(
+            self.fleet, self.cfg, t, shortfall, pools, self.index, minute, self.fallback[t]
         )
-        rates = {h: r for h, r in fleet.committed_rate.items() if h not in fleet.down}
-        offer = price_fallback(
-            tenant.demand,
-            shortfall - have,
-            pools,
-            rates,
-            authority_per_hour=tenant.authority,
-            current_spend_per_hour=current,
-        )
-        if offer is None:
-            return
-        if offer.needs_approval:
-            # No operator approves in the simulation: the acquisition declines.
-            log.declined += 1
-            if len(log.reasons) < 3:
-                log.reasons.append(offer.reason)
-            return
-        for item in offer.items:
-            pool = self.index[item.pool_id]
-            n = min(item.instances, fleet.committed_room(item.hall, pool))
-            fleet.commit(
-                Committed(
-                    tenant=t,
-                    hall=item.hall,
-                    pool=pool,
-                    count=n,
-                    price=item.price_per_hour,
-                    ready=minute + self.cfg.committed_boot_minutes,
-                    role="fallback",
-                )
-            )
-            log.launched += n
 
     def after_change(self, minute: int) -> None:
         """Fallback spend against authority, in every minute the fleet changed."""
-        for t, log in self.fallback.items():
-            spend = sum(
-                g.count * g.price
-                for g in self.fleet.committed
-                if g.tenant == t and g.role == "fallback"
-            )
-            log.max_spend = max(log.max_spend, spend)
-            if spend > self.fleet.tenants[t].authority + 1e-9:
-                log.minutes_over += 1
+        fallback.watch(self.fleet, self.fallback)
 
     # -- results --------------------------------------------------------------------------
 
@@ -309,13 +274,13 @@ class Sco(PolicyBase):
             )
             for t, log in self.fallback.items()
         ]
-        out.exclusion = self.exclusion_result()
+        out.exclusion = self.exclusion_result() if self.excluding else None
         if self.plotted is not None:
             out.floor_trace_contract = fleet.tenants[self.plotted.tenant].name
 
     def exclusion_result(self) -> ExclusionResult:
         ids = [self.fleet.region.pool_id(p) for p in self.fleet.pools]
-        bad, cycles = self.trace.bad_pools, self.cycles
+        bad, cycles = self.trace.ever_bad(), self.cycles
         ever = [i for i, c in enumerate(cycles.pools) if c.timeline]
         return ExclusionResult(
             bad_pools=sorted(ids[i] for i in bad),
@@ -327,3 +292,18 @@ class Sco(PolicyBase):
             excluded_minutes={ids[i]: cycles.excluded_minutes(i, self.cfg.minutes) for i in ever},
             timelines={ids[i]: cycles.pools[i].timeline for i in sorted(bad)},
         )
+
+
+class ScoNoExclusion(Sco):
+    name = "sco-no-exclusion"
+    excluding = False
+
+
+class ScoNoRisk(Sco):
+    name = "sco-no-risk"
+    risk_pricing = False
+
+
+class ScoNoSpread(Sco):
+    name = "sco-no-spread"
+    spreading = False

@@ -5,9 +5,10 @@ the CLI's guard, the command's module, then the service's `run` from the registr
 `sco-agent`: its `main`, up to parsing arguments) and the top-level packages it then holds
 are compared with what it must not hold: scipy and numpy (the exact planner's, loaded by
 the region worker when a plan is improved), openstacksdk (loaded with the OpenStack
-provider only), aiohttp (nats-py's WebSocket transport: contracts/lean_imports.py), and
-per process the clients of services it never talks to. A heavy import that creeps in
-fails here, naming the process and the package.
+provider only), aiohttp (nats-py's WebSocket transport: contracts/lean_imports.py), rich
+(the CLI's tables and colours, loaded when a command prints through them: never by a
+process that only logs), and per process the clients of services it never talks to. A
+heavy import that creeps in fails here, naming the process and the package.
 """
 
 from __future__ import annotations
@@ -22,15 +23,36 @@ from tests.support.paths import REPO
 
 #: Never in a long-running process at start: loaded when configured or first used.
 NOWHERE = frozenset(
-    {"scipy", "numpy", "openstack", "keystoneauth1", "aiohttp", "torch", "pandas", "pyarrow"}
+    {
+        "scipy",
+        "numpy",
+        "openstack",
+        "keystoneauth1",
+        "aiohttp",
+        "torch",
+        "pandas",
+        "pyarrow",
+        "rich",
+    }
 )
 
 #: process -> (the CLI module its `sco` command lives in, what else it must not import)
 SERVICES: dict[str, tuple[str, frozenset[str]]] = {
-    # Temporal only with the first notice to tell (exclusion hooks, controller wakes).
+    # Temporal only with the first notice to tell (exclusion hooks, controller wakes). It
+    # signs notices without the bundle's contract models (contracts/canonical.py).
     "notice-relay": (
         "workers.cli.notices",
-        frozenset({"temporalio", "clickhouse_connect", "chdb", "confluent_kafka"}),
+        frozenset(
+            {
+                "temporalio",
+                "clickhouse_connect",
+                "chdb",
+                "confluent_kafka",
+                "planning",
+                "contracts.bundle",
+                "contracts.model",
+            }
+        ),
     ),
     # psycopg: refused reports are dead letters in the fleet DB (decision 0015).
     "drain-intake": ("workers.cli.ledger", frozenset({"temporalio", "confluent_kafka"})),
@@ -61,15 +83,27 @@ AGENT_FORBIDDEN = frozenset(
     }
 )
 
+#: Modules of packages the agent does use that it loads only when configured for them: the
+#: Kubernetes scheduler's HTTP client (Slurm and plain nodes never load it) and
+#: `--check`'s checks.
+AGENT_NOT_AT_START = frozenset(
+    {"urllib.request", "http.client", "agent.scheduler.kubernetes", "agent.check"}
+)
+
 _PRINT_MODULES = (
     "import atexit, json, sys\n"
-    "atexit.register(lambda: print(json.dumps(sorted({m.split('.')[0] for m, v in "
-    "sys.modules.items() if v is not None}))))\n"
+    "atexit.register(lambda: print(json.dumps(sorted(m for m, v in "
+    "sys.modules.items() if v is not None))))\n"
 )
 
 
 def _top_level_modules(code: str) -> set[str]:
     """Top-level packages a fresh interpreter holds after running `code`."""
+    return {m.split(".")[0] for m in _modules(code)}
+
+
+def _modules(code: str) -> set[str]:
+    """Every module a fresh interpreter holds after running `code`."""
     out = subprocess.run(
         [sys.executable, "-c", _PRINT_MODULES + code],
         cwd=REPO,
@@ -86,24 +120,26 @@ def _top_level_modules(code: str) -> set[str]:
 @pytest.mark.parametrize("name", sorted(SERVICES))
 def test_a_service_process_imports_only_what_it_uses(name: str) -> None:
     cli_module, forbidden = SERVICES[name]
-    loaded = _top_level_modules(
+    modules = _modules(
         "from contracts.lean_imports import no_websockets_for_nats\n"
         "no_websockets_for_nats()\n"  # what `sco`'s main does first
         f"import {cli_module}\n"
         "from services.registry import service\n"
         f"service({name!r}).load()\n"
     )
+    # A dotted name is one module; a plain one a whole package.
+    loaded = modules | {m.split(".")[0] for m in modules}
     assert sorted(loaded & (NOWHERE | forbidden)) == [], f"{name} imports them at start"
 
 
 @pytest.mark.timeout(150)
 def test_the_node_agent_imports_only_what_it_uses() -> None:
     # `sco-agent --help`: main() installs the guard, imports the daemon, parses, exits.
-    loaded = _top_level_modules(
-        "sys.argv = ['sco-agent', '--help']\nfrom agent.cli import main\nmain()\n"
-    )
-    assert "nats" in loaded and "agent" in loaded  # the probe saw the daemon load
+    modules = _modules("sys.argv = ['sco-agent', '--help']\nfrom agent.cli import main\nmain()\n")
+    loaded = {m.split(".")[0] for m in modules}
+    assert "nats" in loaded and "agent.daemon" in modules  # the probe saw the daemon load
     assert sorted(loaded & (NOWHERE | AGENT_FORBIDDEN)) == []
+    assert sorted(modules & AGENT_NOT_AT_START) == []
 
 
 @pytest.mark.timeout(150)

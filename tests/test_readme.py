@@ -107,5 +107,6 @@ def test_generated_tables_live_in_docs_and_make_points_there() -> None:
     makefile = (REPO / "Makefile").read_text()
     assert "bench/run_all.py --readme docs/evidence.md" in makefile
     assert "--out docs/estate --readme docs/evidence.md" in makefile
-    # The image path the estate command writes (relative to the rewritten file) resolves.
-    assert "![Estate spend per policy](estate/cost.png)" in evidence
+    # The image paths the estate command writes (relative to the rewritten file) resolve.
+    assert "![eval_synthetic](estate/eval_synthetic.png)" in evidence
+    assert "![eval_dc-azure](estate/eval_dc-azure.png)" in evidence

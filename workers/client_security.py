@@ -9,18 +9,32 @@ from __future__ import annotations
 
 import ssl
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
-
-from prometheus_client import Gauge
 
 from workers.settings import KafkaSettings, Settings, TLSSettings
 
-CLIENT_CERT_NOT_AFTER = Gauge(
-    "sco_client_certificate_not_after_timestamp_seconds",
-    "notAfter of the client certificate this process last loaded, by the setting naming it",
-    ["setting"],
-)
+if TYPE_CHECKING:
+    from prometheus_client import Gauge
+
+_cert_gauge: list[Gauge] = []
+
+
+def _client_cert_not_after() -> Gauge:
+    """The gauge, registered with the first certificate a process loads: a command that
+    loads none (most, in the box) does not import prometheus_client for it."""
+    if not _cert_gauge:
+        from prometheus_client import Gauge
+
+        _cert_gauge.append(
+            Gauge(
+                "sco_client_certificate_not_after_timestamp_seconds",
+                "notAfter of the client certificate this process last loaded, by the "
+                "setting naming it",
+                ["setting"],
+            )
+        )
+    return _cert_gauge[0]
 
 
 class SecretFileError(ValueError):
@@ -46,7 +60,7 @@ def observe_client_cert(path: Path | None, setting: str) -> None:
         cert = x509.load_pem_x509_certificate(path.read_bytes())
     except (OSError, ValueError):
         return
-    CLIENT_CERT_NOT_AFTER.labels(setting).set(cert.not_valid_after_utc.timestamp())
+    _client_cert_not_after().labels(setting).set(cert.not_valid_after_utc.timestamp())
 
 
 def read_secret(path: Path, setting: str) -> str:

@@ -102,6 +102,18 @@ def scientific() -> tuple[Any, Any, Any]:
         )
 
 
+def warm_up() -> bool:
+    """Import the scientific stack now (a worker at start, on a thread): the first demand
+    change's tick then plans without waiting ~0.5 s of CPU for scipy's import, and that
+    tick is on the operator's path (`sco demand set` until the acquisition is listed).
+    False: no scipy on this worker (the greedy plan stands, as in exact_plan)."""
+    try:
+        scientific()
+    except ImportError:
+        return False
+    return True
+
+
 def _solve(inp: PlanInput, greedy: Plan, budget: float, start: float) -> Plan | None:
     # scipy ships no type stubs: the modules are Any here, the results checked by value.
     np, optimize, sparse = scientific()

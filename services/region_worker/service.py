@@ -27,6 +27,7 @@ from temporalio.worker import Worker, WorkerDeploymentConfig
 
 from activities.budget import BudgetActivities
 from activities.control.activities import ControlActivities
+from activities.control.exact_plan import warm_up
 from activities.demand.intake import DemandIntakeActivities
 from activities.exclusion.activities import ExclusionActivities, exclusion_activities
 from activities.fleet.activities import FleetActivities, SyncPoolsInput
@@ -296,6 +297,11 @@ def deployment_config(settings: Settings, region: str) -> WorkerDeploymentConfig
     )
 
 
+async def _warm_exact_planner() -> None:
+    if not await asyncio.to_thread(warm_up):
+        log.warning("no scipy on this worker: its ticks keep the greedy plan")
+
+
 async def run(settings: Settings, region: str) -> None:
     """Serve the region's task queue until SIGTERM/SIGINT; everything opened here (the
     fleet-state pool, the provider, the ledger client, the health endpoint) is closed
@@ -360,6 +366,9 @@ async def run(settings: Settings, region: str) -> None:
             )
             async with worker:
                 running = True
+                # The exact planner's imports load beside the first tasks, not inside the
+                # first demand change's tick (activities/control/exact_plan.py: warm_up).
+                warming = asyncio.create_task(_warm_exact_planner())
                 if settings.worker.start_controllers:
                     # Floors and controllers plan against fleet state's pools: load the
                     # region's catalogue first, so a fresh box's first plans are not errors.
@@ -377,6 +386,7 @@ async def run(settings: Settings, region: str) -> None:
                 await stop.wait()
                 if collecting is not None:
                     await collecting
+                await warming
                 running = False
                 log.info(
                     "stopping: no new tasks; running activities get %.0f s",

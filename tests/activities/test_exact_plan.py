@@ -4,10 +4,14 @@ is never worse than the greedy plan, and out of time it answers with the greedy 
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from activities.control.exact_plan import ExactPlanInput, exact_plan
 from planning.planner import plan
+from tests.support.paths import REPO
 from tests.support.planner_reference import (
     check_plan,
     contended_instance,
@@ -41,3 +45,28 @@ def test_out_of_time_the_greedy_plan_stands() -> None:
     res = exact_plan(ExactPlanInput(problem=inp, greedy=greedy, time_budget_seconds=1e-6))
     assert res.plan == greedy
     assert res.source == "greedy-timeout"
+
+
+def test_a_warmed_worker_plans_exactly_without_importing() -> None:
+    """warm_up (the worker, at start) leaves nothing for the first exact plan to import:
+    the first demand change's tick does not wait for scipy."""
+    pytest.importorskip("scipy", reason="the exact planner needs scipy (HiGHS)")
+    code = (
+        "import sys\n"
+        "from activities.control.exact_plan import ExactPlanInput, exact_plan, warm_up\n"
+        "from planning.planner import plan\n"
+        "from tests.support.planner_reference import contended_instance\n"
+        "inp = contended_instance(3)\n"
+        "greedy = plan(inp)\n"
+        "assert 'scipy' not in sys.modules\n"
+        "assert warm_up()\n"
+        "before = set(sys.modules)\n"
+        "res = exact_plan(ExactPlanInput(problem=inp, greedy=greedy, time_budget_seconds=10))\n"
+        "assert res.source in ('exact', 'greedy'), res.source\n"
+        "print(sorted(m for m in set(sys.modules) - before if m.startswith(('scipy', 'numpy'))))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=240
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"

@@ -15,7 +15,7 @@ from contracts.model import Contract
 from contracts.region import Region, load_regions
 from contracts.source import read_contracts
 from estate.config import small_config
-from estate.engine import POLICIES, simulate
+from estate.engine import LEGACY_POLICIES, POLICIES, simulate
 from estate.policy import Policy
 from tests.support.paths import DATA, EXAMPLES, REGIONS_DIR, REPO
 
@@ -127,12 +127,15 @@ def _golden() -> dict[str, dict[str, object]]:
 @pytest.mark.parametrize("seed", sorted(_golden()))
 def test_the_estate_figures_are_unchanged(seed: str) -> None:
     regions, contracts = _estate()
-    result = simulate(regions, contracts, small_config(int(seed)))
+    # The planted scenario and the policies of the time: the measures added since (issue
+    # 34) are left out of the comparison, every figure the file holds must be unchanged.
+    result = simulate(regions, contracts, small_config(int(seed)), LEGACY_POLICIES)
     golden = _golden()[seed]
     sco = next(r for r in result.runs if r.policy == "sco")
     assert sco.exclusion is not None
+    kept = set(golden["policies"][0])  # type: ignore[index]
     got = {
-        "policies": [p.model_dump(mode="json") for p in result.policies],
+        "policies": [p.model_dump(mode="json", include=kept) for p in result.policies],
         "sco_exclusion": sco.exclusion.model_dump(
             mode="json",
             include={

@@ -152,6 +152,9 @@ async def test_worker_serves_health_metrics_and_the_operator_commands(
             )
         assert rows and rows[0]["contract"] == "ci-runners", rows
         assert sum(int(str(r["acquired"])) for r in rows) >= 1
+        # Completed ones' units come from their result (the close event), not a query.
+        assert all(r["units_requested"] is not None for r in rows), rows
+        assert sum(int(str(r["units_acquired"])) for r in rows) >= 1, rows
         code, out = await sco(env, "acquisitions", "show", str(rows[0]["id"]), "--region", "r1")
         assert code == 0 and "completed" in out
         code, out = await sco(env, "controller", "status", "--region", "r1", "--json")

@@ -8,15 +8,19 @@ workflows; these are recorded here, through the same fleet-state outbox, with th
 from __future__ import annotations
 
 import getpass
+from typing import TYPE_CHECKING
 
 import typer
-from psycopg_pool import ConnectionPool
 
 from activities.decisions import Decision, DecisionKind
-from activities.fleet.control_state import ControlRepository
 from workers.cli.common import fail, fleet_db
 from workers.operator_identity import IdentityError, operator_identity
 from workers.settings import Settings
+
+if TYPE_CHECKING:
+    # The database client loads with the first record (read-only commands of the modules
+    # that import this one, `sco acquisitions list` say, never open fleet state).
+    from psycopg_pool import ConnectionPool
 
 ByOpt = typer.Option(None, "--by", help="Who does this (recorded; default: your login name).")
 ReasonOpt = typer.Option(None, "--reason", help="Why (recorded in the ledger).")
@@ -69,6 +73,8 @@ def operator_decision(
 
 def record(s: Settings, decision: Decision, pool: ConnectionPool | None = None) -> None:
     """Queue the decision for the ledger (on `pool`, else a connection of its own)."""
+    from activities.fleet.control_state import ControlRepository
+
     if pool is not None:
         ControlRepository(pool).record_decision(decision)
         return

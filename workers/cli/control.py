@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from activities.budget import BudgetStatus
     from contracts.bundle import VerifiedBundle
     from contracts.model import Contract
-    from workflows.acquisition.models import AcquisitionProgress, ControlAck
+    from workflows.acquisition.messages import AcquisitionProgress, ControlAck
     from workflows.controller.models import ControllerStatus
 
 # Workflows are addressed by their handler names (the workflow modules would import the
@@ -255,7 +255,7 @@ def acq_list(
     """Acquisitions as the Temporal UI lists them (same search attributes). An unknown
     --contract or --state is an error, not an empty list."""
     from workflows import search_attributes as sa
-    from workflows.acquisition.models import AcquisitionState
+    from workflows.acquisition.messages import AcquisitionState
 
     s = settings()
     r = known_region(s, region)
@@ -271,18 +271,27 @@ def acq_list(
     if contract:
         query += f' AND {sa.WORKLOAD.name} = "{contract}"'
 
-    from workflows.acquisition.models import PROGRESS_QUERY, AcquisitionProgress
+    from workflows.acquisition.messages import PROGRESS_QUERY, AcquisitionProgress
 
-    async def units(client: Any, wid: str) -> tuple[int | None, int | None]:
+    async def units(client: Any, wf: Any) -> tuple[int | None, int | None]:
         """(acquired, requested) units from the acquisition's progress; demand is in units,
-        the search attributes count instances. Unknown when no worker answers in time."""
+        the search attributes count instances. A completed one's is in its result (the
+        close event: one read, no worker replays its history); a running one answers its
+        progress query. Unknown when no worker answers in time."""
+        from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
         from temporalio.service import RPCError
 
+        handle = client.get_workflow_handle(wf.id, run_id=wf.run_id, result_type=dict)
+        timeout = timedelta(seconds=3)
         try:
-            p: AcquisitionProgress = await client.get_workflow_handle(wid).query(
-                PROGRESS_QUERY, result_type=AcquisitionProgress, rpc_timeout=timedelta(seconds=3)
-            )
-        except RPCError:
+            if wf.status == WorkflowExecutionStatus.COMPLETED:
+                result = await handle.result(rpc_timeout=timeout)
+                p = AcquisitionProgress.model_validate(result["progress"])
+            else:
+                p = await handle.query(
+                    PROGRESS_QUERY, result_type=AcquisitionProgress, rpc_timeout=timeout
+                )
+        except (RPCError, WorkflowFailureError, KeyError, ValueError):
             return None, None
         return p.requested_units - p.shortfall_units, p.requested_units
 
@@ -290,7 +299,7 @@ def acq_list(
         client = await temporal_client(s, r)
         out = []
         listed = [wf async for wf in client.list_workflows(query, limit=limit)]
-        per_row = await asyncio.gather(*(units(client, wf.id) for wf in listed))
+        per_row = await asyncio.gather(*(units(client, wf) for wf in listed))
         for wf, (units_acquired, units_requested) in zip(listed, per_row, strict=True):
             attrs = wf.typed_search_attributes
             out.append(
@@ -370,7 +379,7 @@ def acq_show(
     r = known_region(s, region)
     _acquisition_id(s, acquisition_id, r)
 
-    from workflows.acquisition.models import PROGRESS_QUERY, AcquisitionProgress
+    from workflows.acquisition.messages import PROGRESS_QUERY, AcquisitionProgress
 
     async def go() -> AcquisitionProgress:
         handle = await _handle(s, r, acquisition_id, need_worker=True)()
@@ -414,7 +423,7 @@ def _operator_update(name: str) -> Callable[..., None]:
         reason: str | None = typer.Option(None, help="Why (recorded)."),
         json_out: bool = JsonOpt,
     ) -> None:
-        from workflows.acquisition.models import ControlAck, OperatorInput
+        from workflows.acquisition.messages import ControlAck, OperatorInput
 
         s = settings()
         r = known_region(s, region)
@@ -476,7 +485,7 @@ def acq_approve(
     json_out: bool = JsonOpt,
 ) -> None:
     """Approve (or decline) committed fallback above the contract's spend authority."""
-    from workflows.acquisition.models import APPROVE_FALLBACK_UPDATE, ApprovalInput, ControlAck
+    from workflows.acquisition.messages import APPROVE_FALLBACK_UPDATE, ApprovalInput, ControlAck
 
     s = settings()
     r = known_region(s, region)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 
 import typer
-from rich.table import Table
 
 from activities.fleet import dead_letters
 from workers.cli.common import console, errors_as_exit, fail, fleet_db, print_json, settings
@@ -29,6 +28,8 @@ def list_dead_letters(
             ]
         )
         return
+    from rich.table import Table
+
     table = Table("id", "source", "topic", "key", "attempts", "at", "reason", "retried")
     for d in letters:
         table.add_row(

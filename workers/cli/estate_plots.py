@@ -5,6 +5,7 @@ Imported only by `sco sim estate` when it runs: matplotlib is the optional `plot
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import matplotlib
@@ -14,6 +15,7 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
 from contracts.pool_id import PoolId
+from estate.evaluate import Evaluation
 from estate.results import EstateResult, RegionRun
 
 SKUS = ("gp", "cpu", "mem", "hmem", "stor", "gpu-a", "gpu-l", "bm-cpu", "bm-gpu")
@@ -118,3 +120,45 @@ def _save(fig: Figure, path: Path) -> Path:
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
+
+
+def write_evaluation_plots(ev: Evaluation, out: Path) -> list[Path]:
+    """eval_<scenario>.png: per policy, work lost per 1,000 useful unit-hours and cost per
+    served unit-hour, means with their 95 % intervals."""
+    written = []
+    for r in ev.scenarios:
+        policies = list(r.summary)
+        fig, axes = plt.subplots(1, 3, figsize=(15, 4.8))
+        for ax, metric, label in (
+            (axes[0], "work_lost_per_1000_unit_hours", "work lost / 1,000 useful unit-h"),
+            (axes[1], "cost_per_served_unit_hour", "cost / served unit-h (EUR)"),
+            (axes[2], "below_floor_minutes", "tier-1 minutes below floor"),
+        ):
+            means = [r.summary[p][metric].mean for p in policies]
+            errs = [
+                r.summary[p][metric].mean - r.summary[p][metric].low
+                if math.isfinite(r.summary[p][metric].low)
+                else 0.0
+                for p in policies
+            ]
+            colors = [
+                "tab:green"
+                if p == "sco"
+                else "tab:olive"
+                if p.startswith("sco-")
+                else "tab:red"
+                if p == r.best_baseline
+                else "tab:gray"
+                for p in policies
+            ]
+            ax.barh(policies, means, xerr=errs, color=colors, capsize=3)
+            ax.invert_yaxis()
+            ax.set_xlabel(label)
+            ax.grid(alpha=0.3, axis="x")
+        fig.suptitle(
+            f"{r.scenario}: {len(r.windows)} paired windows, mean and 95 % CI "
+            f"(red: best baseline {r.best_baseline})"
+        )
+        fig.tight_layout()
+        written.append(_save(fig, out / f"eval_{r.scenario}.png"))
+    return written

@@ -16,6 +16,8 @@ sim_app = typer.Typer(
 
 
 sim_app.command("estate")(estate.sim_estate)
+sim_app.command("trace")(estate.sim_trace)
+sim_app.command("evaluate")(estate.sim_evaluate)
 
 
 @sim_app.command("serve")
