@@ -52,6 +52,12 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+# tryfirst: the xdist groups must be set before pytest-xdist's worker reads them in its
+# own collection_modifyitems (it appends "@group" to each nodeid for --dist loadgroup). This
+# conftest is registered before that plugin, so without tryfirst it ran after it, and every
+# group set here was ignored: the test-cloud modules ran on several workers at once and each
+# one's clean-up deleted the servers and leases another's floor keeper was using.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """`@pytest.mark.tools("slurmctld", ...)`: the test skips unless those tools are here
     (a skip mark, so the skip is reported at the test). And the xdist groups

@@ -1,7 +1,8 @@
 """The xdist groups hold: tests of one `xdist_group` run on one worker under `make test`'s
 `--dist loadgroup` (tests/support/parallel.py). With pytest 9.2 and pytest-xdist 3.8 they
-silently did not: the test cloud's modules ran on several workers at once and each one's
-clean-up deleted the servers and leases of another's acquisition."""
+silently did not, nor when the suite's hook set the groups after xdist had read them: the
+test cloud's modules ran on several workers at once and each one's clean-up deleted the
+servers and leases of another's acquisition."""
 
 from __future__ import annotations
 
@@ -13,14 +14,21 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.paths import REPO
+
 pytestmark = pytest.mark.timeout(120)
 
+# A module with a module-scoped fixture: tests/support/parallel.py groups it (no mark of
+# its own), through the suite's own collection hook, as it groups the test cloud's modules.
 GROUPED = """
 import os, json, pathlib, pytest
 
-@pytest.mark.xdist_group("together")
+@pytest.fixture(scope="module")
+def shared():
+    return os.environ["PYTEST_XDIST_WORKER"]
+
 @pytest.mark.parametrize("i", range(8))
-def test_grouped(i):
+def test_grouped(i, shared):
     out = pathlib.Path(os.environ["GROUPS_OUT"]) / f"{i}.json"
     out.write_text(json.dumps(os.environ["PYTEST_XDIST_WORKER"]))
 
@@ -28,10 +36,12 @@ def test_grouped(i):
 def test_free(i):
     pass
 """
+CONFTEST = "from tests.conftest import pytest_collection_modifyitems  # noqa: F401\n"
 
 
 def test_one_group_runs_on_one_worker(tmp_path: Path) -> None:
     (tmp_path / "test_grouped.py").write_text(GROUPED)
+    (tmp_path / "conftest.py").write_text(CONFTEST)
     out = tmp_path / "out"
     out.mkdir()
     done = subprocess.run(
@@ -43,7 +53,7 @@ def test_one_group_runs_on_one_worker(tmp_path: Path) -> None:
             *("--basetemp", str(tmp_path / "basetemp")),
         ],
         cwd=tmp_path,
-        env={**os.environ, "GROUPS_OUT": str(out)},
+        env={**os.environ, "GROUPS_OUT": str(out), "PYTHONPATH": str(REPO)},
         capture_output=True,
         text=True,
     )
