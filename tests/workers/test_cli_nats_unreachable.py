@@ -60,3 +60,20 @@ def test_a_nats_command_without_nats_says_what_failed(
     res = CliRunner().invoke(app, argv, env=env)
     assert res.exit_code == 1, res.output
     assert f"error: {doing.format(url=url)}" in res.output, res.output
+
+
+def test_a_serial_reset_without_a_reason_is_refused_in_one_line(tmp_path: Path) -> None:
+    """It crashed with a ValidationError: the signed reset's reason is a string."""
+    _, private, _ = keys.generate(tmp_path / "keys")
+    out = tmp_path / "reset.json"
+    res = CliRunner().invoke(
+        app,
+        [
+            *("contracts", "reset-serial", "--region", "r1", "--to", "3"),
+            *("--key", str(private), "--out", str(out)),
+        ],
+        env={"SCO_REGIONS_DIR": str(REGIONS_DIR), "SCO_DATA_DIR": str(tmp_path / "data")},
+    )
+    assert res.exit_code in (1, 2), res.output
+    assert "--reason: required" in res.output and "Traceback" not in res.output
+    assert len(res.output.strip().splitlines()) == 1 and not out.exists()

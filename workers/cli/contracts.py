@@ -555,7 +555,7 @@ def reset_serial(
         False, "--publish", help="Also publish it to the region's bucket, where nodes fetch it."
     ),
     by: str | None = audit.ByOpt,
-    reason: str = audit.ReasonOpt,
+    reason: str | None = audit.ReasonOpt,
     json_out: bool = JsonOpt,
 ) -> None:
     """Sign a serial reset: the way out of a poisoned serial (a bundle signed with a leaked
@@ -571,8 +571,11 @@ def reset_serial(
     bounds.whole("--to", to, low=1, high=MAX_SERIAL)
     bounds.in_file("--key", key)
     bounds.out_file("--out", out)
-    if reason:
-        reason = bounds.text("--reason", reason, max_len=200)
+    # A reset overrides every node's rollback floor: it always says why (it used to crash
+    # on a missing reason, the signed reset's field being a string).
+    if reason is None:
+        fail("--reason: required: a serial reset is signed and recorded with why it was made")
+    reason = bounds.text("--reason", reason, max_len=200)
     who = bounds.text("--by", audit.who(by), max_len=100)
     s = settings() if publish_it else None
     if s is not None:
