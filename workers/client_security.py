@@ -8,6 +8,7 @@ straight to the client library; settings hold only paths, so printing settings (
 from __future__ import annotations
 
 import ssl
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
@@ -18,12 +19,17 @@ if TYPE_CHECKING:
     from prometheus_client import Gauge
 
 _cert_gauge: list[Gauge] = []
+# The box probes its services from several threads at once: two first loads both made
+# the gauge and the second registration raised "Duplicated timeseries".
+_cert_gauge_lock = threading.Lock()
 
 
 def _client_cert_not_after() -> Gauge:
     """The gauge, registered with the first certificate a process loads: a command that
     loads none (most, in the box) does not import prometheus_client for it."""
-    if not _cert_gauge:
+    with _cert_gauge_lock:
+        if _cert_gauge:
+            return _cert_gauge[0]
         from prometheus_client import Gauge
 
         _cert_gauge.append(
