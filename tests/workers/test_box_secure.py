@@ -80,7 +80,8 @@ def secure_box() -> Iterator[SecureBox]:
         "SCO_PROMETHEUS__PORT": str(services.free_port()),
         "SCO_PROMETHEUS__BOX_PORTS_FROM": str(services.free_port_range(32)),
     }
-    old = {k: os.environ.get(k) for k in env}
+    # The whole environment as it was, after, whatever the box set in it.
+    before = dict(os.environ)
     os.environ.update(env)
     try:
         box = Box(Settings(), with_workers=True, profile="secure")
@@ -97,12 +98,11 @@ def secure_box() -> Iterator[SecureBox]:
             os.environ.update(saved)
         yield SecureBox(env, box.secure, operator, operator_file)
     finally:
-        Box(Settings()).down()
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        try:
+            Box(Settings()).down()
+        finally:
+            os.environ.clear()
+            os.environ.update(before)
         shutil.rmtree(tmp, ignore_errors=True)
 
 
