@@ -43,15 +43,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable
 from datetime import datetime, timedelta
 from functools import partial
 from typing import TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ChildWorkflowError
-from temporalio.workflow import ParentClosePolicy
+from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
     from activities.budget import TOKENS_GRANTED_SIGNAL, TokenGrant
@@ -79,12 +77,11 @@ with workflow.unsafe.imports_passed_through():
     from workflows import search_attributes as sa
     from workflows.acquisition.models import (
         AcquisitionInput,
-        AcquisitionResult,
         AcquisitionState,
         LaunchItem,
     )
-    from workflows.acquisition.workflow import AcquisitionWorkflow
     from workflows.budget.client import BudgetClient
+    from workflows.child_acquisition import gather, run_child_acquisition
     from workflows.floor.models import (
         FLOOR_PARTITION,
         HALL_LOST_SIGNAL,
@@ -122,14 +119,6 @@ RELEASE_BY_GENERATION = "floor-release-by-generation"
 def _timer(seconds: float) -> asyncio.Task[None]:
     """A durable timer as a task: done when its TimerFired event is in history."""
     return asyncio.ensure_future(asyncio.sleep(seconds))
-
-
-async def _all(aws: list[Awaitable[T]]) -> list[T]:
-    """Run awaitables concurrently (workflow.wait, deterministic) and return their results."""
-    tasks = [asyncio.ensure_future(a) for a in aws]
-    if tasks:
-        await workflow.wait(tasks)
-    return [t.result() for t in tasks]
 
 
 @workflow.defn
@@ -384,7 +373,7 @@ class FloorKeeperWorkflow:
             elif self._status.state is not FloorState.DEGRADED or self._rebuild_since:
                 self._set_state(FloorState.REBUILDING)
             shape = plan.shape
-            await _all(
+            await gather(
                 [
                     self._hold_hall(hall, n, shape, snap, plan)
                     for hall, n in sorted(plan.launch.items())
@@ -486,7 +475,7 @@ class FloorKeeperWorkflow:
             if hall in snap.committed
             else None
         )
-        results = await _all([self._launch(res, k, shape, price) for res, k in batches])
+        results = await gather([self._launch(res, k, shape, price) for res, k in batches])
         return sum(results)
 
     async def _reserve(
@@ -509,8 +498,7 @@ class FloorKeeperWorkflow:
         inp = self._inp
         acq_id = f"{reservation_key(res)}-{workflow.uuid4().hex[:6]}"
         pool_id = shape.pool_ids[res.hall]
-        await workflow.execute_activity_method(
-            ControlActivities.record_acquisition,
+        result = await run_child_acquisition(
             AcquisitionRecord(
                 acquisition_id=acq_id,
                 region=inp.region,
@@ -522,39 +510,30 @@ class FloorKeeperWorkflow:
                 pool_ids=[pool_id],
                 detail=f"floor:{reservation_key(res)}",
             ),
-            start_to_close_timeout=timedelta(seconds=30),
-            retry_policy=_RETRY,
+            AcquisitionInput(
+                region=inp.region,
+                partition=FLOOR_PARTITION,
+                contract=inp.contract,
+                tier=1,
+                items=[
+                    LaunchItem(
+                        pool_id=pool_id,
+                        hall=res.hall,
+                        flavor=shape.flavor,
+                        instances=instances,
+                        units=instances * shape.units_per_instance,
+                        capacity_type=CapacityType.COMMITTED,
+                        price_per_hour=price,
+                        reservation_id=res.reservation_id,
+                    )
+                ],
+                poll_seconds=self._cfg.poll_seconds,
+                build_timeout_seconds=self._cfg.build_timeout_seconds,
+            ),
+            record_retry=_RETRY,
+            what="floor",
         )
-        try:
-            result: AcquisitionResult = await workflow.execute_child_workflow(
-                AcquisitionWorkflow.run,
-                AcquisitionInput(
-                    region=inp.region,
-                    partition=FLOOR_PARTITION,
-                    contract=inp.contract,
-                    tier=1,
-                    items=[
-                        LaunchItem(
-                            pool_id=pool_id,
-                            hall=res.hall,
-                            flavor=shape.flavor,
-                            instances=instances,
-                            units=instances * shape.units_per_instance,
-                            capacity_type=CapacityType.COMMITTED,
-                            price_per_hour=price,
-                            reservation_id=res.reservation_id,
-                        )
-                    ],
-                    poll_seconds=self._cfg.poll_seconds,
-                    build_timeout_seconds=self._cfg.build_timeout_seconds,
-                ),
-                id=acq_id,
-                parent_close_policy=ParentClosePolicy.ABANDON,
-            )
-        except ChildWorkflowError as exc:
-            workflow.logger.warning("floor acquisition %s failed: %s", acq_id, exc.cause)
-            return 0
-        return result.progress.active
+        return result.progress.active if result is not None else 0
 
     # -- releasing -----------------------------------------------------------------------
 
@@ -563,7 +542,7 @@ class FloorKeeperWorkflow:
         gone = to_release(
             plan, snap.instances, lost, by_generation=workflow.patched(RELEASE_BY_GENERATION)
         )
-        done = await _all([self._release_one(i, lost) for i in gone])
+        done = await gather([self._release_one(i, lost) for i in gone])
         released = {i.instance_id for i, ok in zip(gone, done, strict=True) if ok}
         for inst in gone:
             if inst.instance_id in released and inst.hall in plan.held:

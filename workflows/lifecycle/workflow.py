@@ -45,16 +45,13 @@ counter.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-from collections.abc import Awaitable
 from datetime import timedelta
 from typing import TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ChildWorkflowError, FailureError
-from temporalio.workflow import ParentClosePolicy
+from temporalio.exceptions import ActivityError, FailureError
 
 with workflow.unsafe.imports_passed_through():
     from activities.budget import TOKENS_GRANTED_SIGNAL, TokenGrant
@@ -85,12 +82,11 @@ with workflow.unsafe.imports_passed_through():
     from workflows import search_attributes as sa
     from workflows.acquisition.models import (
         AcquisitionInput,
-        AcquisitionResult,
         AcquisitionState,
         LaunchItem,
     )
-    from workflows.acquisition.workflow import AcquisitionWorkflow
     from workflows.budget.client import BudgetClient
+    from workflows.child_acquisition import gather, run_child_acquisition
     from workflows.lifecycle.models import (
         PAUSE_SIGNAL,
         RECENT,
@@ -108,14 +104,6 @@ with workflow.unsafe.imports_passed_through():
 T = TypeVar("T")
 
 _RETRY = RetryPolicy(maximum_attempts=10, maximum_interval=timedelta(seconds=30))
-
-
-async def _all(aws: list[Awaitable[T]]) -> list[T]:
-    """Run awaitables concurrently (workflow.wait, deterministic) and return their results."""
-    tasks = [asyncio.ensure_future(a) for a in aws]
-    if tasks:
-        await workflow.wait(tasks)
-    return [t.result() for t in tasks]
 
 
 @workflow.defn
@@ -290,7 +278,7 @@ class LifecycleWorkflow:
             return
         self._set_state(LifecycleState.REPLACING, "")
         views = {v.contract.name: v for v in snap.contracts}
-        await _all([self._replace_or_log(r, views[r.contract]) for r in plan.replace])
+        await gather([self._replace_or_log(r, views[r.contract]) for r in plan.replace])
         self._set_state(LifecycleState.WATCHING)
 
     async def _record_held(self, held: list[Held]) -> None:
@@ -373,8 +361,7 @@ class LifecycleWorkflow:
     async def _launch(self, r: Replacement, view: ContractLife) -> str | None:
         inp = self._inp
         acq_id = f"{LIFECYCLE_PREFIX}{inp.region}-{r.contract}-{workflow.uuid4().hex[:8]}"
-        await workflow.execute_activity_method(
-            ControlActivities.record_acquisition,
+        result = await run_child_acquisition(
             AcquisitionRecord(
                 acquisition_id=acq_id,
                 region=inp.region,
@@ -386,34 +373,27 @@ class LifecycleWorkflow:
                 pool_ids=[r.pool_id],
                 detail=f"lifecycle:{r.reason.value}:{r.instance_id}",
             ),
-            start_to_close_timeout=timedelta(seconds=30),
-            retry_policy=_RETRY,
+            AcquisitionInput(
+                region=inp.region,
+                partition=LIFECYCLE_PARTITION,
+                contract=r.contract,
+                tier=view.tier,
+                items=[
+                    LaunchItem(
+                        pool_id=r.pool_id,
+                        hall=r.hall,
+                        flavor=r.flavor,
+                        instances=1,
+                        units=r.units,
+                    )
+                ],
+                poll_seconds=self._cfg.poll_seconds,
+                build_timeout_seconds=self._cfg.build_timeout_seconds,
+            ),
+            record_retry=_RETRY,
+            what="lifecycle",
         )
-        try:
-            result: AcquisitionResult = await workflow.execute_child_workflow(
-                AcquisitionWorkflow.run,
-                AcquisitionInput(
-                    region=inp.region,
-                    partition=LIFECYCLE_PARTITION,
-                    contract=r.contract,
-                    tier=view.tier,
-                    items=[
-                        LaunchItem(
-                            pool_id=r.pool_id,
-                            hall=r.hall,
-                            flavor=r.flavor,
-                            instances=1,
-                            units=r.units,
-                        )
-                    ],
-                    poll_seconds=self._cfg.poll_seconds,
-                    build_timeout_seconds=self._cfg.build_timeout_seconds,
-                ),
-                id=acq_id,
-                parent_close_policy=ParentClosePolicy.ABANDON,
-            )
-        except ChildWorkflowError as exc:
-            workflow.logger.warning("lifecycle acquisition %s failed: %s", acq_id, exc.cause)
+        if result is None:
             return None
         if result.progress.active < 1 or not result.instance_ids:
             return None
