@@ -40,7 +40,7 @@ from activities.ledger.queries import reclaim_rate
 from activities.ledger.store import LedgerStore, LedgerUnavailable
 from activities.lifecycle.models import LIFECYCLE_PREFIX
 from activities.plan_sources import PlanSources
-from activities.provider.errors import ProviderError
+from activities.provider.free_capacity import free_capacity
 from activities.provider.interface import CloudProvider
 from contracts.region import Region
 from planning.planner import (
@@ -59,7 +59,6 @@ log = logging.getLogger(__name__)
 #: replacement starts at the notice, not after the loss.
 _COVERING = (InstanceState.REQUESTED, InstanceState.ACTIVE)
 _RATE_CACHE_SECONDS = 300.0
-_FREE_CAPACITY_CONCURRENCY = 16
 
 
 class ControlActivities:
@@ -144,7 +143,7 @@ class ControlActivities:
                 if c.name in wanted
             )
         ]
-        free = await self._free_capacity(pool_ids)
+        free = await free_capacity(self._provider, pool_ids)
         rates = await asyncio.to_thread(self._reclaim_rates, region, inp.reclaim_window_hours)
         live_per_pool: dict[str, int] = {}
         for row in live:
@@ -252,21 +251,6 @@ class ControlActivities:
         declines = self._control.last_fallback_decline(region, names)
         leaving = {p.instance_id for p in self._fleet.planned_reclaims(region, workloads=names)}
         return demand, live, open_acqs, excluded, declines, leaving
-
-    async def _free_capacity(self, pool_ids: list[str]) -> dict[str, int]:
-        gate = asyncio.Semaphore(_FREE_CAPACITY_CONCURRENCY)
-
-        async def one(pool_id: str) -> tuple[str, int]:
-            async with gate:
-                try:
-                    return pool_id, await self._provider.free_capacity(pool_id)
-                except ProviderError as exc:
-                    # One pool the provider cannot answer for is planned as full, not
-                    # a failed tick.
-                    log.warning("free capacity of %s: %s", pool_id, exc)
-                    return pool_id, 0
-
-        return dict(await asyncio.gather(*(one(p) for p in pool_ids)))
 
     def _reclaim_rates(self, region: Region, window_hours: float) -> dict[str, float]:
         if self._ledger is None:

@@ -42,7 +42,7 @@ from activities.lifecycle.models import (
     LifecycleSnapshotInput,
 )
 from activities.plan_sources import PlanSources
-from activities.provider.errors import ProviderError
+from activities.provider.free_capacity import free_capacity
 from activities.provider.interface import CloudProvider
 from contracts.feasibility import units_per_instance
 from contracts.model import Contract
@@ -56,7 +56,6 @@ log = logging.getLogger(__name__)
 #: Acquisitions whose instances the lifecycle may replace: the controller's and its own.
 _REPLACEABLE = ("acq-", LIFECYCLE_PREFIX)
 _LIVE = (InstanceState.REQUESTED, InstanceState.ACTIVE)
-_FREE_CAPACITY_CONCURRENCY = 16
 
 
 class LifecycleActivities:
@@ -117,7 +116,7 @@ class LifecycleActivities:
                 )
             )
         wanted = sorted({p.pool_id for v in views for p in v.pools if not p.excluded})
-        free = await self._free_capacity(wanted)
+        free = await free_capacity(self._provider, wanted)
         for v in views:
             for p in v.pools:
                 lends = region.pool(p.pool_id).reclaimable_units - live_per_pool.get(p.pool_id, 0)
@@ -137,21 +136,6 @@ class LifecycleActivities:
         leaving = {p.instance_id for p in self._fleet.planned_reclaims(region, workloads=names)}
         excluded = self._control.excluded_pools(region)
         return rows, leaving, excluded, self._control.demand_by_contract(region)
-
-    async def _free_capacity(self, pool_ids: list[str]) -> dict[str, int]:
-        gate = asyncio.Semaphore(_FREE_CAPACITY_CONCURRENCY)
-
-        async def one(pool_id: str) -> tuple[str, int]:
-            async with gate:
-                try:
-                    return pool_id, await self._provider.free_capacity(pool_id)
-                except ProviderError as exc:
-                    # A pool the provider cannot answer for is full this round: a
-                    # replacement is never planned into capacity nobody vouched for.
-                    log.warning("free capacity of %s: %s", pool_id, exc)
-                    return pool_id, 0
-
-        return dict(await asyncio.gather(*(one(p) for p in pool_ids)))
 
     @activity.defn(name="lifecycle.instance")
     async def instance(self, inp: InstanceLookup) -> InstanceRef:
