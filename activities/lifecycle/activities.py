@@ -18,7 +18,6 @@ control plane down too; the relay deletes what outlives its deadline.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -50,8 +49,6 @@ from contracts.notice import ReclaimReply, ReclaimRequest, reclaim_subject
 from contracts.region import Region
 from planning.costs import pool_share_cap
 from planning.lifecycle import ContractLife, LifeInstance, LifePool
-
-log = logging.getLogger(__name__)
 
 #: Acquisitions whose instances the lifecycle may replace: the controller's and its own.
 _REPLACEABLE = ("acq-", LIFECYCLE_PREFIX)
