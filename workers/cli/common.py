@@ -12,7 +12,7 @@ import asyncio
 import gc
 import json
 import sys
-from collections.abc import Awaitable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, cast
 
@@ -145,6 +145,34 @@ def print_workflow_link(s: Settings, region: str, workflow_id: str) -> None:
         highlight=False,
         soft_wrap=True,
     )
+
+
+def start_region_workflows(
+    s: Settings,
+    region: str,
+    ensure: Callable[[Client, Settings, str], Awaitable[list[str]]],
+    *,
+    json_out: bool,
+    none_running: str = "",
+) -> None:
+    """`sco <controller|floor|lifecycle> start`: `ensure` starts what is not running (on a
+    region a worker polls), then each workflow id with its Temporal UI link, or as JSON;
+    `none_running` is said when there was nothing to start."""
+
+    async def go() -> list[str]:
+        client = await temporal_client(s, region)
+        await require_worker(client, region)
+        return await ensure(client, s, region)
+
+    ids = run_temporal(go())
+    if json_out:
+        print_json([{"workflow_id": wid, "ui_url": workflow_url(s, region, wid)} for wid in ids])
+        return
+    if not ids and none_running:
+        console.print(none_running)
+    for wid in ids:
+        console.print(f"running: {wid}")
+        print_workflow_link(s, region, wid)
 
 
 def print_workflow_urls(s: Settings, region: str, workflow_ids: Sequence[str]) -> None:

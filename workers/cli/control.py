@@ -24,6 +24,7 @@ from workers.cli.common import (
     require_worker,
     run_temporal,
     settings,
+    start_region_workflows,
     table,
     temporal_client,
     worker_runs,
@@ -524,18 +525,7 @@ def controller_start(region: str = RegionOpt, json_out: bool = JsonOpt) -> None:
     s = settings()
     r = known_region(s, region)
 
-    async def go() -> list[str]:
-        client = await temporal_client(s, r)
-        await require_worker(client, r)
-        return await ensure_controllers(client, s, r)
-
-    ids = run_temporal(go())
-    if json_out:
-        print_json([{"workflow_id": wid, "ui_url": workflow_url(s, r, wid)} for wid in ids])
-        return
-    for wid in ids:
-        console.print(f"running: {wid}")
-        print_workflow_link(s, r, wid)
+    start_region_workflows(s, r, ensure_controllers, json_out=json_out)
 
 
 @controller_app.command("status")

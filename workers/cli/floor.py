@@ -16,9 +16,9 @@ from workers.cli.common import (
     print_workflow_link,
     print_workflow_urls,
     region_or_exit,
-    require_worker,
     run_temporal,
     settings,
+    start_region_workflows,
     table,
     temporal_client,
     worker_runs,
@@ -133,20 +133,13 @@ def floor_start(region: str = RegionOpt, json_out: bool = JsonOpt) -> None:
     if bundle is None:
         fail(problem)
 
-    async def go() -> list[str]:
-        client = await temporal_client(s, r)
-        await require_worker(client, r)
-        return await ensure_floor_keepers(client, s, r)
-
-    ids = run_temporal(go())
-    if json_out:
-        print_json([{"workflow_id": wid, "ui_url": workflow_url(s, r, wid)} for wid in ids])
-        return
-    if not ids:
-        console.print(f"no tier-1 contract has a floor in {r} (bundle serial {bundle.serial})")
-    for wid in ids:
-        console.print(f"running: {wid}")
-        print_workflow_link(s, r, wid)
+    start_region_workflows(
+        s,
+        r,
+        ensure_floor_keepers,
+        json_out=json_out,
+        none_running=f"no tier-1 contract has a floor in {r} (bundle serial {bundle.serial})",
+    )
 
 
 @floor_app.command("status")

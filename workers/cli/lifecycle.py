@@ -15,9 +15,9 @@ from workers.cli.common import (
     known_region,
     print_json,
     print_workflow_link,
-    require_worker,
     run_temporal,
     settings,
+    start_region_workflows,
     table,
     temporal_client,
     worker_runs,
@@ -136,18 +136,7 @@ def lifecycle_start(region: str = RegionOpt, json_out: bool = JsonOpt) -> None:
     if not s.lifecycle.enabled:
         fail("lifecycle.enabled is false (SCO_LIFECYCLE__ENABLED): nothing started")
 
-    async def go() -> list[str]:
-        client = await temporal_client(s, r)
-        await require_worker(client, r)
-        return await ensure_lifecycle(client, s, r)
-
-    ids = run_temporal(go())
-    if json_out:
-        print_json([{"workflow_id": wid, "ui_url": workflow_url(s, r, wid)} for wid in ids])
-        return
-    for wid in ids:
-        console.print(f"running: {wid}")
-        print_workflow_link(s, r, wid)
+    start_region_workflows(s, r, ensure_lifecycle, json_out=json_out)
 
 
 @lifecycle_app.command("status")
