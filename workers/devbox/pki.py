@@ -57,7 +57,7 @@ class CertificateIssuer(Protocol):
         ...
 
 
-def _write_private(path: Path, data: bytes) -> None:
+def write_private(path: Path, data: bytes) -> None:
     """Keys are 0600 from the first byte (never world-readable, not even briefly)."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
@@ -133,7 +133,7 @@ class BoxCA:
             .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), False)
             .sign(key, hashes.SHA256())
         )
-        _write_private(key_path, _key_pem(key))
+        write_private(key_path, _key_pem(key))
         cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
         return cert, key
 
@@ -166,7 +166,7 @@ class BoxCA:
             )
             .sign(ca_key, hashes.SHA256())
         )
-        _write_private(key_path, _key_pem(key))
+        write_private(key_path, _key_pem(key))
         cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
         return Issued(cert_path, key_path)
 
