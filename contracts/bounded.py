@@ -19,6 +19,8 @@ from typing import Any
 MAX_BUNDLE_BYTES = 8 * 1024 * 1024
 #: Largest signed notice (a real one is ~600 bytes).
 MAX_NOTICE_BYTES = 16 * 1024
+#: A notice relay's answer to a reclaim request: the nodes it noticed, a hall's worth.
+MAX_RECLAIM_REPLY_BYTES = 1024 * 1024
 #: Deepest nesting of objects and arrays (a bundle nests 7 deep).
 MAX_DEPTH = 32
 #: Longest integer or number literal, in characters (a serial, a count, a price).

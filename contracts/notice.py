@@ -22,10 +22,13 @@ from pydantic import (
     Field,
     SerializationInfo,
     SerializerFunctionWrapHandler,
+    ValidationError,
     field_validator,
     model_serializer,
     model_validator,
 )
+
+from contracts.bounded import MAX_RECLAIM_REPLY_BYTES, InputRejected, loads
 
 _TOKEN = re.compile(r"^[A-Za-z0-9_-]+$")
 
@@ -253,3 +256,15 @@ class ReclaimReply(BaseModel):
         if self.hooks_pending:
             line += f" (exclusion cycle: {self.hooks_pending} notices queued to tell it)"
         return line
+
+
+def parse_reclaim_reply(raw: bytes) -> ReclaimReply:
+    """A relay's answer as it came over NATS: bounded (size, depth, numbers) before it is
+    parsed, then validated; InputRejected (a ValueError, one line) for anything else."""
+    data = loads(raw, what="reclaim reply", max_bytes=MAX_RECLAIM_REPLY_BYTES)
+    try:
+        return ReclaimReply.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "reply"
+        raise InputRejected(f"reclaim reply: {where}: {first['msg']}") from None

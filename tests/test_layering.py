@@ -117,7 +117,7 @@ def test_no_layer_under_the_services_imports_one(package: str, tmp_path: Path) -
     runtime: a service's loop is never theirs to call."""
     probe = tmp_path / "probe.py"
     probe.write_text(
-        "from services.notice_relay.reply import ReclaimReply\nimport services\n"
+        "from services.notice_relay.service import run\nimport services\n"
         "import importlib\nimportlib.import_module('services.registry')\n"
     )
     assert len(violations(probe, FORBIDDEN[package])) == 3

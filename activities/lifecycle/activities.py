@@ -43,9 +43,10 @@ from activities.lifecycle.models import (
 from activities.plan_sources import PlanSources
 from activities.provider.free_capacity import free_capacity
 from activities.provider.interface import CloudProvider
+from contracts.bounded import InputRejected
 from contracts.feasibility import units_per_instance
 from contracts.model import Contract
-from contracts.notice import ReclaimReply, ReclaimRequest, reclaim_subject
+from contracts.notice import ReclaimRequest, parse_reclaim_reply, reclaim_subject
 from contracts.region import Region
 from planning.costs import pool_share_cap
 from planning.lifecycle import ContractLife, LifeInstance, LifePool
@@ -176,7 +177,9 @@ class LifecycleActivities:
             msg = await nc.request(
                 subject, request.model_dump_json().encode(), timeout=self._request_seconds
             )
-            reply = ReclaimReply.model_validate_json(msg.data)
+            reply = parse_reclaim_reply(msg.data)
+        except InputRejected as exc:
+            raise _unavailable(f"the notice relay for {inp.region}/{inp.hall}: {exc}") from exc
         except nats.errors.NoRespondersError as exc:
             raise _unavailable(f"no notice relay runs for {inp.region}/{inp.hall}") from exc
         except (nats.errors.TimeoutError, TimeoutError) as exc:

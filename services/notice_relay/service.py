@@ -22,7 +22,7 @@ from prometheus_client import Counter, Gauge
 from activities.backoff import CappedBackoff
 from activities.fleet.db import open_pool
 from activities.fleet.repository import FleetRepository
-from contracts.notice import ReclaimNotice, ReclaimRequest, reclaim_subject
+from contracts.notice import ReclaimNotice, ReclaimReply, ReclaimRequest, reclaim_subject
 from contracts.region import Region
 from services.notice_relay.keyfile import KeyFileSigner
 from services.notice_relay.relay import (
@@ -31,7 +31,6 @@ from services.notice_relay.relay import (
     PUBLISH_SLACK,
     NoticeRelay,
 )
-from services.notice_relay.reply import ReclaimReply
 from workers.client_security import postgres_conninfo
 from workers.endpoints import serve_health, start_metrics
 from workers.exclusion_hooks import ExclusionHookQueue

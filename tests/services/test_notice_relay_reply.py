@@ -10,8 +10,8 @@ from typing import Any, cast
 
 import pytest
 
-from contracts.notice import ReclaimRequest
-from services.notice_relay.reply import ReclaimReply
+from contracts.bounded import MAX_RECLAIM_REPLY_BYTES, InputRejected
+from contracts.notice import ReclaimReply, ReclaimRequest, parse_reclaim_reply
 from services.notice_relay.service import request_handler
 
 AT = datetime(2026, 12, 4, 21, 0, tzinfo=UTC)
@@ -32,6 +32,23 @@ def test_round_trips_as_json_and_old_fields_default() -> None:
     reply = ReclaimReply(warned_early=["b3"], reclaim_at=AT, lead_seconds=60.0)
     assert ReclaimReply.model_validate_json(reply.model_dump_json()) == reply
     assert ReclaimReply.model_validate_json("{}").ok
+
+
+def test_a_reply_off_the_wire_is_bounded_before_it_is_parsed() -> None:
+    """What the CLI and the lifecycle activity read from NATS: a reply too big, too deep or
+    of the wrong shape is one InputRejected line, never a traceback."""
+    assert parse_reclaim_reply(b'{"noticed": ["a1"]}').noticed == ["a1"]
+    hostile = [
+        b"[" * 100 + b"]" * 100,
+        b'{"noticed": "' + b"x" * MAX_RECLAIM_REPLY_BYTES + b'"}',
+        b'{"noticed": 7}',
+        b'{"lead_seconds": NaN}',
+        b"\xff",
+    ]
+    for raw in hostile:
+        with pytest.raises(InputRejected, match=r"^reclaim reply: ") as caught:
+            parse_reclaim_reply(raw)
+        assert "\n" not in str(caught.value) and len(str(caught.value)) < 400
 
 
 @dataclass

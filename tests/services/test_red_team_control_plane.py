@@ -52,7 +52,7 @@ from activities.ledger.store import LedgerStore
 from activities.provider.simulator import SimulatedCloud
 from contracts import keys
 from contracts.distribution import bucket_for
-from contracts.notice import ReclaimRequest, notice_subject, reclaim_subject
+from contracts.notice import ReclaimReply, ReclaimRequest, notice_subject, reclaim_subject
 from contracts.region import Region
 from services.drain_intake.intake import (
     DEAD_LETTERS_PER_NODE,
@@ -61,7 +61,6 @@ from services.drain_intake.intake import (
     drain_stream,
 )
 from services.notice_relay.relay import NoticeRelay
-from services.notice_relay.reply import ReclaimReply
 from services.notice_relay.service import request_handler
 from tests.support.agent_fakes import signed_bundle
 from tests.support.fuzz import examples

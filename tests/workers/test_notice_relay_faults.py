@@ -21,9 +21,14 @@ from activities.fleet.db import open_pool
 from activities.fleet.repository import FleetRepository, InstanceSpec
 from activities.provider.interface import CreateRequest
 from activities.provider.sim_service import SimulatorClient
-from contracts.notice import ReclaimNotice, ReclaimRequest, hall_notice_subjects, reclaim_subject
+from contracts.notice import (
+    ReclaimNotice,
+    ReclaimReply,
+    ReclaimRequest,
+    hall_notice_subjects,
+    reclaim_subject,
+)
 from contracts.region import Region
-from services.notice_relay.reply import ReclaimReply
 from tests.support import chaos, services
 from tests.support.nats_sync import server_has_seen
 from tests.support.paths import REPO

@@ -202,7 +202,7 @@ SCHEMAS: dict[str, JsonOutput] = {
     "sco pools sync": JsonOutput("object", "activities.fleet.activities:SyncPoolsOutput"),
     "sco reclaim": JsonOutput(
         "object",
-        "services.notice_relay.reply:ReclaimReply",
+        "contracts.notice:ReclaimReply",
         ("region", "hall", "pool_id", "summary", "exclusion_ui_url"),
     ),
     "sco reconcile": JsonOutput(

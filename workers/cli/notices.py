@@ -13,10 +13,10 @@ import typer
 
 from activities.fleet.repository import FleetRepository, InstanceRow
 from contracts import keys
-from contracts.notice import ReclaimRequest, reclaim_subject
+from contracts.bounded import InputRejected
+from contracts.notice import ReclaimReply, ReclaimRequest, parse_reclaim_reply, reclaim_subject
 from contracts.notice_signing import EARLY_WARNING_HORIZON
 from services.notice_relay.keyfile import KeyFileSigner
-from services.notice_relay.reply import ReclaimReply
 from workers.cli import audit
 from workers.cli.bounds import path_value
 from workers.cli.common import (
@@ -214,7 +214,9 @@ def reclaim(
             msg = await nc.request(
                 reclaim_subject(region_id, hall), req.model_dump_json().encode(), timeout=wait
             )
-            return ReclaimReply.model_validate_json(msg.data)
+            return parse_reclaim_reply(msg.data)
+        except InputRejected as exc:
+            fail(f"the notice relay for {region_id}/{hall} answered what is not a reply: {exc}")
         except nats.errors.NoRespondersError:
             fail(
                 f"no notice relay runs for {region_id}/{hall}; start "
