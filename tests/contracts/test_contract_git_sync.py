@@ -569,8 +569,15 @@ def _story(rig: Rig) -> None:
     b7, took = _published(rig, c7, within=INTERVAL + 60)
     assert b7["source"]["remote"] == rig.mirror.url("contracts.git")
     assert b7["serial"] == s1 + 3  # the refused and failing commits took no serial
-    assert _metric("sco_contract_sync_remote_index", region=region) == 1
-    assert _metric("sco_contract_sync_compile_failing", region=region) == 0
+    # The round's metrics are set when the round returns, just after it publishes.
+    eventually(
+        lambda: (
+            _metric("sco_contract_sync_remote_index", region=region) == 1
+            and _metric("sco_contract_sync_compile_failing", region=region) == 0
+        ),
+        timeout=30,
+        what="the mirror's round observed (remote index 1, compiling)",
+    )
     assert c6 in work.git("log", "--format=%H", c7)
 
     # 6b. The primary back but behind (it missed c7), the mirror down: nothing to do,
