@@ -67,7 +67,6 @@ def observe(region: str, report: SyncReport, now: float, counted: set[str]) -> l
             continue
         counted.add(key)
         new.append(r)
-        COMMITS.labels(region, r.outcome.value).inc()
         if r.outcome is Outcome.REFUSED_SIGNATURE:
             REFUSED.labels(region, _reason_label(r.reason), r.key or "-").inc()
     if report.held is not None:
@@ -81,4 +80,8 @@ def observe(region: str, report: SyncReport, now: float, counted: set[str]) -> l
     if report.fetched is not None:
         REMOTE.labels(region).set(report.fetched.index)
     LAST_SUCCESS.labels(region).set(now)
+    # The per-outcome counters last: a reader that saw a commit counted sees the round's
+    # reasons and gauges too (a scrape between the lines saw a count without its gauge).
+    for r in new:
+        COMMITS.labels(region, r.outcome.value).inc()
     return new

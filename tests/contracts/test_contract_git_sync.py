@@ -410,6 +410,16 @@ def _counted(outcome: str, region: str, before: float) -> None:
     )
 
 
+def _head_refused_becomes(region: str, value: float) -> None:
+    """The head-refused gauge is set at the end of the round that counted the commit (and
+    after the round published), so a reader waits for the round to finish."""
+    eventually(
+        lambda: _metric("sco_contract_sync_head_refused", region=region) == value,
+        timeout=15,
+        what=f"sco_contract_sync_head_refused={value}",
+    )
+
+
 def _operator_sync_refused(rig: Rig) -> str:
     """`sco contracts sync --once` as an operator runs it (a mirror of its own): it exits 1
     for a refused commit; its output on one line."""
@@ -534,7 +544,7 @@ def _story(rig: Rig) -> None:
         )
         == 1
     )
-    assert _metric("sco_contract_sync_head_refused", region=region) == 1
+    _head_refused_becomes(region, 1)
     held = rig.bundle()
     assert held is not None and held["source"]["commit"] == c3 and held["serial"] == s1 + 2
     assert c4 != c5
@@ -676,7 +686,7 @@ def test_tampered_signatures_refused_as_bad_and_last_good_kept(rig: Rig) -> None
         work.push()
         _counted("refused-signature", region, refused_before)
         assert bad_counted() == 1
-        assert _metric("sco_contract_sync_head_refused", region=region) == 1
+        _head_refused_becomes(region, 1)
 
         # 2. Alice signs a 10 s grace; one character of the signature block is changed.
         _set_grace(work.path, 10)
@@ -705,7 +715,7 @@ def test_tampered_signatures_refused_as_bad_and_last_good_kept(rig: Rig) -> None
         work.push()
         b3, _ = _published(rig, c3, within=INTERVAL + 60)
         assert b3["serial"] == s1 + 1
-        assert _metric("sco_contract_sync_head_refused", region=region) == 0
+        _head_refused_becomes(region, 0)
         assert bad_counted() == 2  # each refused commit counted once
     finally:
         running.close()
