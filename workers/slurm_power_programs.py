@@ -28,6 +28,7 @@ import json
 import os
 import sys
 import time
+import traceback
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -382,10 +383,22 @@ def _log(entry: dict[str, Any], s: Settings | None) -> None:
             fh.write(line + "\n")
 
 
-if __name__ == "__main__":
-    code = main()
-    # Leave without interpreter teardown: the Temporal client's runtime threads can abort
-    # it (SIGABRT in PyGILState_Release), and Slurm would log a failed program.
+def _exit_without_teardown() -> None:
+    """Run `main` and leave without interpreter teardown, whatever happens: the Temporal
+    client's runtime threads can abort it (SIGABRT in PyGILState_Release, a core file under
+    slurmctld), and Slurm would log a failed program. An unexpected exception is printed
+    and exits 1 the same way (it used to fall through to the teardown)."""
+    try:
+        code = main()
+    except SystemExit as exc:  # argparse's usage errors
+        code = exc.code if isinstance(exc.code, int) else 2
+    except BaseException:
+        traceback.print_exc()
+        code = 1
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+if __name__ == "__main__":
+    _exit_without_teardown()
