@@ -29,6 +29,7 @@ from contracts.bundle import VerifiedBundle
 from contracts.disruption import VOLUNTARY_REASONS
 from contracts.feasibility import units_per_instance
 from contracts.model import Contract, UnitShape
+from planning.choice import ChoiceRecord, PoolChoice
 from planning.disruption_budget import allowed_disruptions
 from planning.drift import fleet_drift
 
@@ -108,11 +109,23 @@ class InstanceExplanation(BaseModel):
     row: InstanceRow | None = None
     made_by: str = ""
     acquisition: AcquisitionLine | None = None
+    # Why its pool, and not the others: what the acquisition's maker recorded
+    # (planning/choice.py); None: not recorded (before SCO kept it, or no acquisition).
+    choice: ChoiceRecord | None = None
+    chosen_over: list[str] = []  # one line per pool passed over, the most telling first
     drift: str = ""
     decisions: list[DecisionLine] = []
     history: list[str] = []
     why: list[str] = []
     released_by: list[str] = []
+
+
+class PassedOverLine(BaseModel):
+    acquisition_id: str
+    contract: str
+    at: datetime
+    verdict: str
+    why: str
 
 
 class PoolExplanation(BaseModel):
@@ -125,6 +138,8 @@ class PoolExplanation(BaseModel):
     instances_by_workload: dict[str, int] = {}
     contracts_allowing: list[str] = []
     decisions: list[DecisionLine] = []
+    # The newest acquisition whose maker passed this pool over, and why.
+    last_passed_over: PassedOverLine | None = None
     why: list[str] = []
 
 
@@ -202,6 +217,62 @@ def _line(a: AcquisitionRow) -> AcquisitionLine:
         pool_ids=a.pool_ids,
         updated_at=a.updated_at,
     )
+
+
+def _last_passed_over(
+    pg: ConnectionPool, region: str, pool_id: str, since: datetime
+) -> PassedOverLine | None:
+    """The newest acquisition whose recorded choice passed ``pool_id`` over."""
+    with pg.connection() as conn:
+        cur = conn.cursor(row_factory=class_row(AcquisitionRow))
+        row = cur.execute(
+            """SELECT * FROM acquisitions
+               WHERE region = %s AND created_at >= %s
+                 AND choice -> 'passed_over' @> jsonb_build_array(jsonb_build_object('pool_id', %s::text))
+               ORDER BY created_at DESC LIMIT 1""",
+            (region, since, pool_id),
+        ).fetchone()
+    if row is None or row.choice is None:
+        return None
+    passed = next(c for c in row.choice.passed_over if c.pool_id == pool_id)
+    return PassedOverLine(
+        acquisition_id=row.acquisition_id,
+        contract=row.workload,
+        at=row.created_at,
+        verdict=passed.verdict.value,
+        why=passed.why,
+    )
+
+
+def _choice_lines(choice: ChoiceRecord | None, pool_id: str) -> tuple[list[str], list[str]]:
+    """(why lines, "chosen over" lines) for an instance in ``pool_id`` from its
+    acquisition's recorded choice."""
+    if choice is None:
+        return [
+            "why this pool: not recorded (the acquisition was recorded before SCO kept the "
+            "planner's reasons, or by a maker that keeps none)"
+        ], []
+    if choice.basis != "planner":
+        return [f"why this pool: {choice.summary}"], []
+    why: list[str] = []
+    mine = [c for c in choice.chosen if c.pool_id == pool_id]
+    why += [f"why {c.pool_id}: {c.why}" for c in mine]
+    why += [
+        f"chosen with it: {c.pool_id} ({_per_unit(c)}, rank {c.rank} of {choice.ranked}, "
+        f"{c.instances} instance{'' if c.instances == 1 else 's'})"
+        for c in choice.chosen
+        if c.pool_id != pool_id
+    ]
+    over = [f"{c.pool_id}: {c.why}" for c in choice.passed_over]
+    if choice.left_off:
+        over.append(f"{choice.left_off} more pools, not recorded (dearer or less telling)")
+    if not over:
+        over.append("no other pool: the contract may use no other")
+    return why, over
+
+
+def _per_unit(c: PoolChoice) -> str:
+    return "?" if c.cost_per_unit_hour is None else f"{c.cost_per_unit_hour:.4f}/unit-h"
 
 
 def _units(unit: UnitShape, pool: PoolRow | None) -> int:
@@ -378,6 +449,10 @@ def explain_instance(src: ExplainSources, instance_id: str) -> InstanceExplanati
             f"asked in {', '.join(acq.pool_ids) or row.pool_id}"
             + (f" ({acq.detail})" if acq.detail else "")
         )
+        out.choice = acq.choice
+        chosen, out.chosen_over = _choice_lines(acq.choice, row.pool_id)
+        why += chosen
+        why += [f"chosen over {line}" for line in out.chosen_over]
     why.extend(f"decision: {d.kind} {d.outcome}: {d.reason}" for d in out.decisions[:3])
     if out.drift:
         why.append(f"drifted: {out.drift}")
@@ -464,4 +539,10 @@ def explain_pool(src: ExplainSources, pool_id: str) -> PoolExplanation:
     why.append(
         f"used by: {users}; allowed by: {', '.join(out.contracts_allowing) or 'no contract'}"
     )
+    out.last_passed_over = _last_passed_over(src.pg, region, pool_id, src.now - LOOKBACK)
+    if (p := out.last_passed_over) is not None:
+        why.append(
+            f"last passed over {p.at:%Y-%m-%d %H:%M} for {p.contract} "
+            f"(acquisition {p.acquisition_id}): {p.why}"
+        )
     return out

@@ -10,11 +10,13 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 
 from psycopg.rows import class_row
+from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 from pydantic import BaseModel
 
 from activities.decisions import Decision
 from activities.fleet import outbox
+from planning.choice import ChoiceRecord
 
 #: Acquisition states after which it holds no more in-flight work.
 FINISHED_ACQUISITION_STATES = ("completed", "cancelled", "declined", "failed")
@@ -44,6 +46,7 @@ class AcquisitionRow(BaseModel):
     detail: str
     created_at: datetime
     updated_at: datetime
+    choice: ChoiceRecord | None = None  # None: recorded before SCO kept its reasons
 
 
 class AcquisitionRecord(BaseModel):
@@ -62,6 +65,10 @@ class AcquisitionRecord(BaseModel):
     shortfall_units: int = 0
     pool_ids: list[str] = []
     detail: str = ""
+    # Why these pools (planning/choice.py), written by the acquisition's maker when it
+    # records the acquisition; None leaves a recorded one as it is (the acquisition's own
+    # progress records carry none).
+    choice: ChoiceRecord | None = None
 
 
 class ControlRepository:
@@ -133,10 +140,11 @@ class ControlRepository:
             conn.execute(
                 """INSERT INTO acquisitions (acquisition_id, region, workload, partition, state,
                        requested_units, requested_instances, launched, active, failed,
-                       shortfall_units, pool_ids, detail)
+                       shortfall_units, pool_ids, detail, choice)
                    VALUES (%(acquisition_id)s, %(region)s, %(workload)s, %(partition)s,
                        %(state)s, %(requested_units)s, %(requested_instances)s, %(launched)s,
-                       %(active)s, %(failed)s, %(shortfall_units)s, %(pool_ids)s, %(detail)s)
+                       %(active)s, %(failed)s, %(shortfall_units)s, %(pool_ids)s, %(detail)s,
+                       %(choice)s)
                    ON CONFLICT (acquisition_id) DO UPDATE SET
                        state = excluded.state, launched = excluded.launched,
                        active = excluded.active, failed = excluded.failed,
@@ -144,8 +152,14 @@ class ControlRepository:
                        requested_units = excluded.requested_units,
                        requested_instances = excluded.requested_instances,
                        pool_ids = excluded.pool_ids, detail = excluded.detail,
+                       choice = coalesce(excluded.choice, acquisitions.choice),
                        updated_at = now()""",
-                rec.model_dump(),
+                rec.model_dump()
+                | {
+                    "choice": None
+                    if rec.choice is None
+                    else Jsonb(rec.choice.model_dump(mode="json"))
+                },
             )
 
     def open_acquisitions(self, region: str, partition: int | None = None) -> list[AcquisitionRow]:

@@ -31,6 +31,7 @@ with workflow.unsafe.imports_passed_through():
         SnapshotInput,
     )
     from activities.fleet.control_state import AcquisitionRecord
+    from planning.choice import ChoiceRecord, explain_choice
     from planning.planner import Plan, PlanInput, plan
     from workflows import search_attributes as sa
     from workflows.acquisition.models import AcquisitionInput, AcquisitionState
@@ -54,6 +55,19 @@ with workflow.unsafe.imports_passed_through():
 PLAN_OFF_THREAD_PATCH = "plan-off-thread"
 
 _RETRY = RetryPolicy(maximum_attempts=10, maximum_interval=timedelta(seconds=30))
+
+
+def _choice(problem: PlanInput | None, planned: Plan | None, contract: str) -> ChoiceRecord | None:
+    """Why the plan chose its pools for ``contract`` (planning/choice.py), recorded with the
+    acquisition; None without the tick's problem and plan (runs that plan in the workflow
+    task). Pure, so replays compute the same; a failure here must never stop a tick."""
+    if problem is None or planned is None:
+        return None
+    try:
+        return explain_choice(problem, planned, contract)
+    except Exception as exc:  # noqa: BLE001 - a why-record is never worth a stuck controller
+        workflow.logger.warning("no choice record for %s: %s", contract, exc)
+        return None
 
 
 def _pinned_here() -> PinnedVersioningOverride | None:
@@ -150,6 +164,7 @@ class RegionControllerWorkflow:
                 "controller %s/p%d: %s", inp.region, inp.partition, snap.problem
             )
             return
+        planned: Plan | None = None  # ticks that plan off-thread record why (_choice)
         if workflow.patched(PLAN_OFF_THREAD_PATCH):
             planned = None
             if snap.contracts:  # else nothing to plan, no activity call
@@ -176,6 +191,8 @@ class RegionControllerWorkflow:
         summary.shortfall_units = result.shortfall_units
         summary.plan_cost_per_hour = result.plan_cost_per_hour
         k8s = {v.demand.contract for v in snap.contracts if v.kubernetes}
+        # Why each acquisition's pools, from this tick's own problem and plan (no command).
+        problem = plan_input(snap, cfg) if planned is not None and result.acquisitions else None
         for req in result.acquisitions:
             acq_id = f"{ACQUISITION_PREFIX}{inp.region}-{req.contract}-{workflow.uuid4().hex[:10]}"
             acq = AcquisitionInput(
@@ -204,6 +221,7 @@ class RegionControllerWorkflow:
                     requested_instances=sum(i.instances for i in req.items)
                     + (sum(i.instances for i in fb.items) if fb else 0),
                     pool_ids=sorted({i.pool_id for i in req.items}),
+                    choice=_choice(problem, planned, req.contract),
                 ),
                 start_to_close_timeout=timedelta(seconds=30),
                 retry_policy=_RETRY,

@@ -58,6 +58,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.events import CapacityType, EventKind
     from activities.fleet.activities import FleetActivities, RecordEventInput
     from activities.fleet.control_state import AcquisitionRecord
+    from planning.choice import ChoiceRecord
     from activities.floor.activities import FloorActivities
     from activities.floor.models import (
         FloorInstance,
@@ -509,6 +510,17 @@ class FloorKeeperWorkflow:
                 requested_instances=instances,
                 pool_ids=[pool_id],
                 detail=f"floor:{reservation_key(res)}",
+                choice=ChoiceRecord(
+                    basis="floor",
+                    summary=f"committed floor of {inp.contract} in hall {res.hall}: "
+                    f"{instances} instances of {shape.flavor}, the cheapest committed shape per "
+                    "unit, spread over the healthy halls"
+                    + (
+                        f" (rebuilding while hall {', '.join(sorted(self._lost))} is lost)"
+                        if self._lost
+                        else ""
+                    ),
+                ),
             ),
             AcquisitionInput(
                 region=inp.region,

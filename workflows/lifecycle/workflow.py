@@ -58,6 +58,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.control.activities import ControlActivities
     from activities.decisions import Decision, DecisionKind
     from activities.fleet.control_state import AcquisitionRecord
+    from planning.choice import ChoiceRecord
     from activities.lifecycle.activities import LifecycleActivities
     from activities.lifecycle.models import (
         LIFECYCLE_PARTITION,
@@ -372,6 +373,11 @@ class LifecycleWorkflow:
                 requested_instances=1,
                 pool_ids=[r.pool_id],
                 detail=f"lifecycle:{r.reason.value}:{r.instance_id}",
+                choice=ChoiceRecord(
+                    basis="lifecycle",
+                    summary=f"{r.reason.value}: replacement for "
+                    f"{', '.join(r.replaced)} in {r.pool_id}: {r.why}",
+                ),
             ),
             AcquisitionInput(
                 region=inp.region,
