@@ -228,7 +228,8 @@ def _last_passed_over(
         row = cur.execute(
             """SELECT * FROM acquisitions
                WHERE region = %s AND created_at >= %s
-                 AND choice -> 'passed_over' @> jsonb_build_array(jsonb_build_object('pool_id', %s::text))
+                 AND choice -> 'passed_over'
+                     @> jsonb_build_array(jsonb_build_object('pool_id', %s::text))
                ORDER BY created_at DESC LIMIT 1""",
             (region, since, pool_id),
         ).fetchone()

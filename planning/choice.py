@@ -21,7 +21,14 @@ from enum import StrEnum
 from pydantic import BaseModel, ConfigDict
 
 from planning.costs import pool_share_cap, spread_cap
-from planning.models import ContractDemand, Plan, PlanInput, PoolInput, risk_cost, units_per_instance
+from planning.models import (
+    ContractDemand,
+    Plan,
+    PlanInput,
+    PoolInput,
+    risk_cost,
+    units_per_instance,
+)
 
 #: Pools passed over kept per record: enough for "why not that one", small enough that an
 #: acquisition row stays a few kilobytes.
@@ -167,8 +174,7 @@ def explain_choice(
         if held >= cap:
             return (
                 f"max_pool_share {c.max_pool_share:g} of {p.reclaimable_units} instances "
-                f"allows {cap}; the contract holds {held}"
-                + (" with this plan" if new else "")
+                f"allows {cap}; the contract holds {held}" + (" with this plan" if new else "")
             )
         return ""
 
@@ -183,9 +189,7 @@ def explain_choice(
 
     # Rank the pools the contract may use that a unit fits, excluded ones too.
     usable = [
-        (cost, p.pool_id)
-        for p in pools
-        if not _allowed(c, p) and (cost := per_unit(p)) is not None
+        (cost, p.pool_id) for p in pools if not _allowed(c, p) and (cost := per_unit(p)) is not None
     ]
     usable.sort()
     rank = {pool_id: k + 1 for k, (_, pool_id) in enumerate(usable)}

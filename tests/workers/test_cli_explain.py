@@ -149,8 +149,11 @@ def test_explain_answers_from_recorded_reasons(
     assert "decision: fallback awaiting_approval" in out.output
     assert "drifted: sku cpu no longer allowed (gp, mem)" in out.output
     assert "released by: a reclaim of r2.A.cpu.xl" in out.output
+    # Recorded without the planner's reasons (as before SCO kept them): said, not guessed.
+    assert "why this pool: not recorded" in out.output
     doc = json.loads(runner.invoke(app, ["explain", "instance", good, "--json"]).output)
     assert doc["found"] and doc["drift"] == "" and doc["acquisition"]["acquisition_id"] == acq
+    assert doc["choice"] is None and doc["chosen_over"] == []
     missing = runner.invoke(app, ["explain", "instance", f"nope-{tag}"])
     assert missing.exit_code == 1 and "no instance" in missing.output
 

@@ -160,7 +160,7 @@ CASES = [
 
 @pytest.mark.parametrize(
     ("problem", "pool_id", "verdict", "words"),
-    [pytest.param(*c[1:], id=c[0]) for c in CASES],  # type: ignore[arg-type]
+    [pytest.param(*c[1:], id=c[0]) for c in CASES],
 )
 def test_each_reason_to_pass_a_pool_over(
     problem: PlanInput, pool_id: str, verdict: Verdict, words: str
@@ -226,7 +226,9 @@ def test_the_record_is_bounded_to_the_most_telling_pools() -> None:
     pools = [_pool("r1.A.cpu.l", 0.10)]
     pools += [_pool(f"r1.B{i:02d}.cpu.l", 0.20 + i / 100) for i in range(20)]
     pools += [_pool("r1.A.cpu.xl", 0.05)]  # not allowed, cheaper: after the usable ones
-    inp = PlanInput(contracts=[_demand(halls=["A"] + [f"B{i:02d}" for i in range(20)])], pools=pools)
+    inp = PlanInput(
+        contracts=[_demand(halls=["A"] + [f"B{i:02d}" for i in range(20)])], pools=pools
+    )
     rec = explain_choice(inp, plan(inp), "ci", limit=8)
     assert len(rec.passed_over) == 8 and rec.left_off == 13
     assert [c.pool_id for c in rec.passed_over[:2]] == ["r1.B00.cpu.l", "r1.B01.cpu.l"]

@@ -28,7 +28,7 @@ from tests.support.control_harness import (
     scratch_fleet,
 )
 from workers.cli.main import app
-from workflows.controller.models import ControllerConfig, ControllerInput
+from workflows.controller.models import ControllerInput
 from workflows.controller.workflow import RegionControllerWorkflow
 
 pytestmark = pytest.mark.timeout(180)
@@ -83,9 +83,7 @@ async def test_instance_explanation_names_the_pools_passed_over_and_why(
             await poll_until(active)
             await handle.terminate()
         inst = next(
-            r
-            for r in fleet.list_instances("r1", [InstanceState.ACTIVE])
-            if r.workload == CONTRACT
+            r for r in fleet.list_instances("r1", [InstanceState.ACTIVE]) if r.workload == CONTRACT
         )
         assert inst.pool_id != excluded
 
@@ -105,7 +103,9 @@ async def test_instance_explanation_names_the_pools_passed_over_and_why(
         # spread group may add only 2: the planner's real reason, said.
         assert "an instance holds 4 units but spread group batch may add only 2 here" in text
 
-        doc = json.loads(runner.invoke(app, ["explain", "instance", inst.instance_id, "--json"]).output)
+        doc = json.loads(
+            runner.invoke(app, ["explain", "instance", inst.instance_id, "--json"]).output
+        )
         choice = doc["choice"]
         assert choice["basis"] == "planner" and choice["ranked"] == 16  # 2 skus x 2 sizes x 4 halls
         assert inst.pool_id in {c["pool_id"] for c in choice["chosen"]}

@@ -120,7 +120,8 @@ def instance(
     instance_id: str = typer.Argument(..., help="The instance id (its provider-side name)."),
     as_json: bool = JsonOpt,
 ) -> None:
-    """Why it exists (the acquisition or floor that made it, the decisions) and what would
+    """Why it exists (the acquisition or floor that made it, the decisions), why its pool was
+    chosen over the others (the reasons recorded with its acquisition) and what would
     release it."""
     from activities.explain import explain_instance
     from workers.cli import bounds
@@ -142,7 +143,8 @@ def pool(
     pool_id: str = typer.Argument(..., help="The pool: region.hall.sku.size, e.g. r1.A.gp.xl."),
     as_json: bool = JsonOpt,
 ) -> None:
-    """Its exclusion state and why, reclaims, price, who uses it and which contracts may."""
+    """Its exclusion state and why, reclaims, price, who uses it and which contracts may,
+    and when an acquisition last passed it over and why."""
     from activities.explain import explain_pool
     from contracts.pool_id import PoolId
 

@@ -65,7 +65,7 @@ def _choice(problem: PlanInput | None, planned: Plan | None, contract: str) -> C
         return None
     try:
         return explain_choice(problem, planned, contract)
-    except Exception as exc:  # noqa: BLE001 - a why-record is never worth a stuck controller
+    except Exception as exc:  # a why-record is never worth a stuck controller
         workflow.logger.warning("no choice record for %s: %s", contract, exc)
         return None
 
@@ -192,7 +192,7 @@ class RegionControllerWorkflow:
         summary.plan_cost_per_hour = result.plan_cost_per_hour
         k8s = {v.demand.contract for v in snap.contracts if v.kubernetes}
         # Why each acquisition's pools, from this tick's own problem and plan (no command).
-        problem = plan_input(snap, cfg) if planned is not None and result.acquisitions else None
+        asked = plan_input(snap, cfg) if planned is not None and result.acquisitions else None
         for req in result.acquisitions:
             acq_id = f"{ACQUISITION_PREFIX}{inp.region}-{req.contract}-{workflow.uuid4().hex[:10]}"
             acq = AcquisitionInput(
@@ -221,7 +221,7 @@ class RegionControllerWorkflow:
                     requested_instances=sum(i.instances for i in req.items)
                     + (sum(i.instances for i in fb.items) if fb else 0),
                     pool_ids=sorted({i.pool_id for i in req.items}),
-                    choice=_choice(problem, planned, req.contract),
+                    choice=_choice(asked, planned, req.contract),
                 ),
                 start_to_close_timeout=timedelta(seconds=30),
                 retry_policy=_RETRY,

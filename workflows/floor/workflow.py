@@ -58,7 +58,6 @@ with workflow.unsafe.imports_passed_through():
     from activities.events import CapacityType, EventKind
     from activities.fleet.activities import FleetActivities, RecordEventInput
     from activities.fleet.control_state import AcquisitionRecord
-    from planning.choice import ChoiceRecord
     from activities.floor.activities import FloorActivities
     from activities.floor.models import (
         FloorInstance,
@@ -75,6 +74,7 @@ with workflow.unsafe.imports_passed_through():
         ProviderActivities,
     )
     from activities.provider.interface import Reservation, ReservationRequest
+    from planning.choice import ChoiceRecord
     from workflows import search_attributes as sa
     from workflows.acquisition.models import (
         AcquisitionInput,

@@ -58,7 +58,6 @@ with workflow.unsafe.imports_passed_through():
     from activities.control.activities import ControlActivities
     from activities.decisions import Decision, DecisionKind
     from activities.fleet.control_state import AcquisitionRecord
-    from planning.choice import ChoiceRecord
     from activities.lifecycle.activities import LifecycleActivities
     from activities.lifecycle.models import (
         LIFECYCLE_PARTITION,
@@ -70,6 +69,7 @@ with workflow.unsafe.imports_passed_through():
         LifecycleSnapshot,
         LifecycleSnapshotInput,
     )
+    from planning.choice import ChoiceRecord
     from planning.lifecycle import (
         AntiChurn,
         ContractLife,
