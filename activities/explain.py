@@ -264,6 +264,11 @@ def _choice_lines(choice: ChoiceRecord | None, pool_id: str) -> tuple[list[str],
         for c in choice.chosen
         if c.pool_id != pool_id
     ]
+    if choice.chosen_elsewhere:
+        why.append(
+            f"the same plan chose {choice.chosen_elsewhere} more pools, recorded with its "
+            "other acquisitions"
+        )
     over = [f"{c.pool_id}: {c.why}" for c in choice.passed_over]
     if choice.left_off:
         over.append(f"{choice.left_off} more pools, not recorded (dearer or less telling)")

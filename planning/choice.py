@@ -15,7 +15,7 @@ rest are counted in ``left_off``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Collection
 from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
@@ -78,6 +78,7 @@ class ChoiceRecord(BaseModel):
     chosen: list[PoolChoice] = []
     passed_over: list[PoolChoice] = []  # the most telling first, at most MAX_ALTERNATIVES
     left_off: int = 0  # pools passed over not kept here
+    chosen_elsewhere: int = 0  # pools chosen too, recorded with the plan's other acquisitions
 
 
 def _allowed(c: ContractDemand, p: PoolInput) -> str:
@@ -105,70 +106,259 @@ def explain_choice(
     """Every pool of ``inp`` judged for ``contract`` against the plan ``result`` of ``inp``:
     the pools chosen (cost per unit-hour, rank) and the most telling of those passed over,
     each with the planner's reason. Raises KeyError when ``contract`` is not in ``inp``."""
-    demands = {c.contract: c for c in inp.contracts}
-    c = demands[contract]
-    pools = sorted(inp.pools, key=lambda p: p.pool_id)
-    target = {d.contract: min(d.demand_units, d.max_units_per_region) for d in inp.contracts}
-    by_id = {p.pool_id: p for p in pools}
+    return ChoiceExplainer(inp, result).record(contract, limit=limit)
 
-    # What the plan put where: instances per pool over all contracts, units per
-    # (contract, pool), and who took each pool's free capacity.
-    placed: dict[str, int] = {}
-    takers: dict[str, list[str]] = {}
-    units_at: dict[tuple[str, str], int] = {}
-    mine: dict[str, tuple[int, int]] = {}
-    for a in result.allocations:
-        placed[a.pool_id] = placed.get(a.pool_id, 0) + a.instances
-        units_at[a.contract, a.pool_id] = units_at.get((a.contract, a.pool_id), 0) + a.units
-        if a.contract == contract:
-            n, u = mine.get(a.pool_id, (0, 0))
-            mine[a.pool_id] = (n + a.instances, u + a.units)
-        elif a.contract not in takers.setdefault(a.pool_id, []):
-            takers[a.pool_id].append(a.contract)
 
-    def per_unit(p: PoolInput) -> float | None:
-        upi = units_per_instance(c, p)
-        return round(risk_cost(p, c.kind) / upi, _DIGITS) if upi > 0 else None
+class ChoiceExplainer:
+    """:func:`explain_choice` for many contracts of one plan: what they have in common
+    (what the plan put where, the spread groups' room) is computed once, here (under a
+    millisecond for a whole region), and each contract's record when first asked for
+    (about a millisecond for 144 pools), so a controller spreads the cost over the
+    workflow activations of the acquisitions it starts."""
 
-    def spread(p: PoolInput) -> list[tuple[str, int, int]]:
-        """(group, units its members hold in ``p`` after the plan, its cap per pool) for
-        each spread group of ``c``, by name."""
-        out = []
-        for g in sorted(set(c.spread_groups)):
-            members = [d for d in inp.contracts if g in d.spread_groups]
-            cap = spread_cap(inp.spread_max_pool_fraction, sum(target[d.contract] for d in members))
-            used = sum(
-                d.existing.get(p.pool_id, 0) * units_per_instance(d, p)
-                + units_at.get((d.contract, p.pool_id), 0)
-                for d in members
+    def __init__(self, inp: PlanInput, result: Plan) -> None:
+        self._ctx = _Context(inp, result)
+        self._records: dict[tuple[str, int], ChoiceRecord] = {}
+
+    def record(self, contract: str, *, limit: int = MAX_ALTERNATIVES) -> ChoiceRecord:
+        key = (contract, limit)
+        if key not in self._records:
+            self._records[key] = self._ctx.record(contract, limit)
+        return self._records[key]
+
+    def for_acquisition(self, contract: str, pool_ids: Collection[str]) -> ChoiceRecord:
+        """The record as one acquisition of the plan keeps it: only the chosen pools it
+        launches in (a plan split over several acquisitions records each pool once), the
+        others counted in ``chosen_elsewhere``."""
+        record = self.record(contract)
+        mine = [c for c in record.chosen if c.pool_id in pool_ids]
+        return record.model_copy(
+            update={"chosen": mine, "chosen_elsewhere": len(record.chosen) - len(mine)}
+        )
+
+
+class _Context:
+    """What the plan put where, computed once for every contract explained."""
+
+    def __init__(self, inp: PlanInput, result: Plan) -> None:
+        self.inp = inp
+        self.pools = sorted(inp.pools, key=lambda p: p.pool_id)
+        self.by_id = {p.pool_id: p for p in self.pools}
+        self.demands = {c.contract: c for c in inp.contracts}
+        # Instances per pool over all contracts; each contract's (instances, units) per
+        # pool; who took each pool's free capacity.
+        self.placed: dict[str, int] = {}
+        self.mine: dict[str, dict[str, tuple[int, int]]] = {}
+        self.takers: dict[str, list[str]] = {}
+        for a in result.allocations:
+            self.placed[a.pool_id] = self.placed.get(a.pool_id, 0) + a.instances
+            own = self.mine.setdefault(a.contract, {})
+            n, u = own.get(a.pool_id, (0, 0))
+            own[a.pool_id] = (n + a.instances, u + a.units)
+            if a.contract not in self.takers.setdefault(a.pool_id, []):
+                self.takers[a.pool_id].append(a.contract)
+        # Per spread group: its cap per pool and the units its members hold in each pool
+        # after the plan (existing instances and new units).
+        target = {d.contract: min(d.demand_units, d.max_units_per_region) for d in inp.contracts}
+        totals: dict[str, int] = {}
+        self.used: dict[str, dict[str, int]] = {}
+        for d in inp.contracts:
+            for g in set(d.spread_groups):
+                totals[g] = totals.get(g, 0) + target[d.contract]
+                used = self.used.setdefault(g, {})
+                for pool_id, n in d.existing.items():
+                    if pool_id in self.by_id:
+                        upi = units_per_instance(d, self.by_id[pool_id])
+                        used[pool_id] = used.get(pool_id, 0) + n * upi
+                for pool_id, (_, u) in self.mine.get(d.contract, {}).items():
+                    used[pool_id] = used.get(pool_id, 0) + u
+        self.cap = {g: spread_cap(inp.spread_max_pool_fraction, t) for g, t in totals.items()}
+        self._upi: dict[tuple[int, ...], int] = {}
+
+    def upi(self, c: ContractDemand, p: PoolInput) -> int:
+        """units_per_instance, once per (unit shape, instance shape): a region's pools
+        repeat a few shapes over its halls."""
+        key = (c.unit_vcpu, c.unit_memory_gib, c.unit_gpus, p.vcpu, p.memory_gib, p.gpus)
+        n = self._upi.get(key)
+        if n is None:
+            n = self._upi[key] = units_per_instance(c, p)
+        return n
+
+    def record(self, contract: str, limit: int) -> ChoiceRecord:
+        c = self.demands[contract]
+        mine = self.mine.get(contract, {})
+        skus, sizes, halls = set(c.skus), set(c.sizes), set(c.halls)
+        judge = _Judge(self, c)
+        # Cost per unit-hour of each pool a unit fits; rank among those the contract may
+        # use (excluded ones too), cheapest first, ties by pool id.
+        cost: dict[str, float] = {}
+        usable: list[tuple[float, str]] = []
+        for p in self.pools:
+            upi = self.upi(c, p)
+            if upi < 1:
+                continue
+            cost[p.pool_id] = x = round(risk_cost(p, c.kind) / upi, _DIGITS)
+            if p.sku in skus and p.size in sizes and p.hall in halls:
+                usable.append((x, p.pool_id))
+        usable.sort()
+        rank = {pool_id: k + 1 for k, (_, pool_id) in enumerate(usable)}
+        judge.rank, judge.ranked = rank, len(usable)
+
+        chosen = [judge.chosen(self.by_id[pool_id], *mine[pool_id]) for pool_id in sorted(mine)]
+        dearest = max((cost.get(pool_id, 0.0) for pool_id in mine), default=None)
+        # The pools passed over, the most telling first: those the contract may use,
+        # cheapest first (a unit that does not fit last); then pools it may not use that
+        # would have been cheaper than what was chosen. Only the kept ones are judged.
+        order: list[tuple[int, float, str]] = []
+        for p in self.pools:
+            if p.pool_id in mine:
+                continue
+            known = cost.get(p.pool_id)
+            if p.sku in skus and p.size in sizes and p.hall in halls:
+                order.append((0, float("inf") if known is None else known, p.pool_id))
+            elif known is not None and (dearest is None or known < dearest - _TOL):
+                order.append((1, known, p.pool_id))
+        order.sort()
+        kept = order[: max(0, limit)]
+        passed = [
+            judge.passed_over(self.by_id[pool_id], cost.get(pool_id), dearest)
+            for _, _, pool_id in kept
+        ]
+        return ChoiceRecord(
+            basis="planner",
+            ranked=len(usable),
+            chosen=chosen,
+            passed_over=passed,
+            left_off=len(order) - len(kept),
+        )
+
+
+class _Judge:
+    """The reasons about one contract's pools, in words. PoolChoice.model_construct: the
+    values are this module's own, and validating a whole region's worth (hundreds per
+    tick) would cost the workflow task more than judging them."""
+
+    def __init__(self, ctx: _Context, c: ContractDemand) -> None:
+        self.ctx = ctx
+        self.c = c
+        self.rank: dict[str, int] = {}
+        self.ranked = 0
+
+    def chosen(self, p: PoolInput, n: int, u: int) -> PoolChoice:
+        c = self.c
+        cost = round(risk_cost(p, c.kind) / self.ctx.upi(c, p), _DIGITS)
+        limited = self.free_gone(p, mine=True) or self.share_full(p, n) or self.spread_full(p)
+        return PoolChoice.model_construct(
+            pool_id=p.pool_id,
+            verdict=Verdict.CHOSEN,
+            cost_per_unit_hour=cost,
+            rank=self.rank.get(p.pool_id),
+            instances=n,
+            units=u,
+            why=(
+                f"chosen: {_f(cost)}/unit-h risk-adjusted (price {p.price_per_hour:g}/h, "
+                f"{p.reclaim_rate:g} reclaims/instance-h), rank "
+                f"{self.rank.get(p.pool_id, '?')} of {self.ranked}; {_n(n, 'instance')} for "
+                f"{u} units" + (f"; then full: {limited}" if limited else "")
+            ),
+        )
+
+    def passed_over(self, p: PoolInput, cost: float | None, dearest: float | None) -> PoolChoice:
+        c = self.c
+        if not_allowed := _allowed(c, p):
+            return PoolChoice.model_construct(
+                pool_id=p.pool_id,
+                verdict=Verdict.NOT_ALLOWED,
+                cost_per_unit_hour=cost,
+                why=f"not allowed by the contract: {not_allowed}",
             )
-            out.append((g, used, cap))
-        return out
+        verdict, why, by = self.reason(p, cost, dearest)
+        return PoolChoice.model_construct(
+            pool_id=p.pool_id,
+            verdict=verdict,
+            cost_per_unit_hour=cost,
+            rank=self.rank.get(p.pool_id),
+            dearer_by=by,
+            why=why,
+        )
 
-    def spread_full(p: PoolInput) -> str:
-        """The first spread group of ``c`` with no room left in ``p`` after the plan."""
-        for g, used, cap in spread(p):
+    def reason(
+        self, p: PoolInput, cost: float | None, dearest: float | None
+    ) -> tuple[Verdict, str, float | None]:
+        """The planner's first reason to leave out a pool the contract may use: its own
+        tests in its order (excluded, a unit fits, free, share cap, spread room), then the
+        plan's (free capacity others took), then price."""
+        dearer = (
+            round(cost - dearest, _DIGITS)
+            if cost is not None and dearest is not None and cost > dearest + _TOL
+            else None
+        )
+        also = f" (and dearer by {_f(dearer)}/unit-h)" if dearer is not None else ""
+        if p.excluded:
+            return Verdict.EXCLUDED, "excluded by the pool exclusion cycle" + also, dearer
+        if cost is None:
+            return Verdict.UNIT_DOES_NOT_FIT, "a demand unit does not fit one instance", None
+        if p.free <= 0:
+            return Verdict.NO_FREE_CAPACITY, self.free_gone(p) + also, dearer
+        if why := self.share_full(p, 0):
+            return Verdict.POOL_SHARE_CAP, f"pool share cap reached: {why}{also}", dearer
+        if why := self.spread_full(p):
+            return Verdict.SPREAD_CAP, f"spread cap reached: {why}{also}", dearer
+        if why := self.free_gone(p):
+            return Verdict.NO_FREE_CAPACITY, why + also, dearer
+        if dearer is not None:
+            return (
+                Verdict.DEARER,
+                f"dearer: {_f(cost)}/unit-h risk-adjusted (price {p.price_per_hour:g}/h, "
+                f"{p.reclaim_rate:g} reclaims/instance-h), {_f(dearer)}/unit-h more than the "
+                "dearest pool chosen",
+                dearer,
+            )
+        if dearest is None:
+            return Verdict.NOT_NEEDED, "had room, but the plan placed nothing new", None
+        if why := self.spread_short(p):
+            return Verdict.NOT_NEEDED, f"not needed at {_f(cost)}/unit-h: {why}", None
+        return (
+            Verdict.NOT_NEEDED,
+            f"had room at {_f(cost)}/unit-h, no dearer than the pools chosen: not needed, "
+            "they covered the need (ties go by pool id; whole instances)",
+            None,
+        )
+
+    def spread(self, p: PoolInput) -> list[tuple[str, int, int]]:
+        """(group, units its members hold in ``p`` after the plan, its cap per pool) for
+        each spread group of the contract, by name."""
+        ctx = self.ctx
+        return [
+            (g, ctx.used.get(g, {}).get(p.pool_id, 0), ctx.cap[g])
+            for g in sorted(set(self.c.spread_groups))
+        ]
+
+    def spread_full(self, p: PoolInput) -> str:
+        """The first spread group of the contract with no room left in ``p``."""
+        for g, used, cap in self.spread(p):
             if used >= cap:
                 return (
                     f"spread group {g} holds {used} of the {cap} units it may hold in one pool "
-                    f"(spread_max_pool_fraction {inp.spread_max_pool_fraction:g})"
+                    f"(spread_max_pool_fraction {self.ctx.inp.spread_max_pool_fraction:g})"
                 )
         return ""
 
-    def spread_short(p: PoolInput) -> str:
+    def spread_short(self, p: PoolInput) -> str:
         """Why a whole instance of ``p`` would be partly used: its spread groups' room."""
-        upi = units_per_instance(c, p)
-        rooms = [(cap - used, g) for g, used, cap in spread(p) if cap - used < upi]
+        upi = self.ctx.upi(self.c, p)
+        rooms = [(cap - used, g) for g, used, cap in self.spread(p) if cap - used < upi]
         if not rooms:
             return ""
         room, g = min(rooms)
-        cost = risk_cost(p, c.kind) / max(room, 1)
+        cost = risk_cost(p, self.c.kind) / max(room, 1)
         return (
             f"an instance holds {upi} units but spread group {g} may add only {room} here: "
             f"{_f(cost)} per unit used"
         )
 
-    def share_full(p: PoolInput, new: int) -> str:
+    def share_full(self, p: PoolInput, new: int) -> str:
+        c = self.c
         cap = pool_share_cap(c.max_pool_share, p.reclaimable_units)
         held = c.existing.get(p.pool_id, 0) + new
         if held >= cap:
@@ -178,145 +368,14 @@ def explain_choice(
             )
         return ""
 
-    def free_gone(p: PoolInput) -> str:
+    def free_gone(self, p: PoolInput, *, mine: bool = False) -> str:
         if p.free <= 0:
             return "no free capacity (0 instances free)"
-        if placed.get(p.pool_id, 0) >= p.free:
-            others = takers.get(p.pool_id, [])
-            whom = f" to {', '.join(others)}" if others else ""
-            return f"no free capacity left: the plan gave its {p.free} free instances{whom}"
-        return ""
-
-    # Rank the pools the contract may use that a unit fits, excluded ones too.
-    usable = [
-        (cost, p.pool_id) for p in pools if not _allowed(c, p) and (cost := per_unit(p)) is not None
-    ]
-    usable.sort()
-    rank = {pool_id: k + 1 for k, (_, pool_id) in enumerate(usable)}
-
-    chosen: list[PoolChoice] = []
-    for pool_id in sorted(mine):
-        p = by_id[pool_id]
-        n, u = mine[pool_id]
-        cost = per_unit(p)
-        limited = free_gone(p) or share_full(p, n) or spread_full(p)
-        chosen.append(
-            PoolChoice(
-                pool_id=pool_id,
-                verdict=Verdict.CHOSEN,
-                cost_per_unit_hour=cost,
-                rank=rank.get(pool_id),
-                instances=n,
-                units=u,
-                why=(
-                    f"chosen: {_f(cost or 0.0)}/unit-h risk-adjusted (price "
-                    f"{p.price_per_hour:g}/h, {p.reclaim_rate:g} reclaims/instance-h), rank "
-                    f"{rank.get(pool_id, '?')} of {len(usable)}; {_n(n, 'instance')} for {u} units"
-                    + (f"; then full: {limited}" if limited else "")
-                ),
-            )
-        )
-    dearest = max((x.cost_per_unit_hour or 0.0 for x in chosen), default=None)
-
-    # (group, cost, pool id, choice): the pools the contract may use first, cheapest first;
-    # then pools it may not use that would have been cheaper than what was chosen.
-    passed: list[tuple[int, float, str, PoolChoice]] = []
-    for p in pools:
-        if p.pool_id in mine:
-            continue
-        cost = per_unit(p)
-        not_allowed = _allowed(c, p)
-        if not_allowed:
-            if cost is None or (dearest is not None and cost >= dearest - _TOL):
-                continue  # neither usable nor cheaper: no question to answer
-            passed.append(
-                (
-                    1,
-                    cost,
-                    p.pool_id,
-                    PoolChoice(
-                        pool_id=p.pool_id,
-                        verdict=Verdict.NOT_ALLOWED,
-                        cost_per_unit_hour=cost,
-                        why=f"not allowed by the contract: {not_allowed}",
-                    ),
-                )
-            )
-            continue
-        verdict, why, by = _passed_over(
-            p, cost, dearest, free_gone, share_full, spread_full, spread_short
-        )
-        passed.append(
-            (
-                0,
-                cost if cost is not None else float("inf"),
-                p.pool_id,
-                PoolChoice(
-                    pool_id=p.pool_id,
-                    verdict=verdict,
-                    cost_per_unit_hour=cost,
-                    rank=rank.get(p.pool_id),
-                    dearer_by=by,
-                    why=why,
-                ),
-            )
-        )
-    passed.sort(key=lambda t: (t[0], t[1], t[2]))
-    kept = [t[3] for t in passed[: max(0, limit)]]
-    return ChoiceRecord(
-        basis="planner",
-        ranked=len(usable),
-        chosen=chosen,
-        passed_over=kept,
-        left_off=len(passed) - len(kept),
-    )
-
-
-def _passed_over(
-    p: PoolInput,
-    cost: float | None,
-    dearest: float | None,
-    free_gone: Callable[[PoolInput], str],
-    share_full: Callable[[PoolInput, int], str],
-    spread_full: Callable[[PoolInput], str],
-    spread_short: Callable[[PoolInput], str],
-) -> tuple[Verdict, str, float | None]:
-    """The planner's first reason to leave out a pool the contract may use: its own
-    tests in its order (excluded, a unit fits, free, share cap, spread room), then the
-    plan's (free capacity others took), then price."""
-    dearer = (
-        round(cost - dearest, _DIGITS)
-        if cost is not None and dearest is not None and cost > dearest + _TOL
-        else None
-    )
-    also = f" (and dearer by {_f(dearer)}/unit-h)" if dearer is not None else ""
-    if p.excluded:
-        return Verdict.EXCLUDED, "excluded by the pool exclusion cycle" + also, dearer
-    if cost is None:
-        return Verdict.UNIT_DOES_NOT_FIT, "a demand unit does not fit one instance", None
-    if p.free <= 0:
-        return Verdict.NO_FREE_CAPACITY, free_gone(p) + also, dearer
-    if why := share_full(p, 0):
-        return Verdict.POOL_SHARE_CAP, f"pool share cap reached: {why}{also}", dearer
-    if why := spread_full(p):
-        return Verdict.SPREAD_CAP, f"spread cap reached: {why}{also}", dearer
-    if why := free_gone(p):
-        return Verdict.NO_FREE_CAPACITY, why + also, dearer
-    if dearer is not None:
-        return (
-            Verdict.DEARER,
-            f"dearer: {_f(cost)}/unit-h risk-adjusted (price {p.price_per_hour:g}/h, "
-            f"{p.reclaim_rate:g} reclaims/instance-h), "
-            f"{_f(dearer)}/unit-h more than the dearest pool chosen",
-            dearer,
-        )
-    if dearest is None:
-        return Verdict.NOT_NEEDED, "had room, but the plan placed nothing new", None
-    if why := spread_short(p):
-        return Verdict.NOT_NEEDED, f"not needed at {_f(cost)}/unit-h: {why}", None
-    return (
-        Verdict.NOT_NEEDED,
-        f"had room at {_f(cost)}/unit-h, no dearer than the pools chosen: not needed, they "
-        "covered the need (ties go by pool id; whole instances)",
-        None,
-    )
+        if self.ctx.placed.get(p.pool_id, 0) < p.free:
+            return ""
+        others = [t for t in self.ctx.takers.get(p.pool_id, []) if t != self.c.contract]
+        if mine:
+            shared = f", shared with {', '.join(others)}" if others else ""
+            return f"no free capacity left: the plan used all its {p.free} free instances{shared}"
+        whom = f" to {', '.join(others)}" if others else ""
+        return f"no free capacity left: the plan gave its {p.free} free instances{whom}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from planning.choice import ChoiceRecord, Verdict, explain_choice
+from planning.choice import ChoiceExplainer, ChoiceRecord, Verdict, explain_choice
 from planning.planner import ContractDemand, PlanInput, PoolInput, plan
 
 
@@ -262,3 +262,24 @@ def test_unknown_contract_is_a_key_error() -> None:
     inp = PlanInput(contracts=[_demand()], pools=[_pool("r1.A.cpu.l", 0.1)])
     with pytest.raises(KeyError):
         explain_choice(inp, plan(inp), "nope")
+
+
+def test_an_acquisition_keeps_only_the_chosen_pools_it_launches_in() -> None:
+    # The controller splits a plan over acquisitions (max_instances_per_acquisition): each
+    # records its own chosen pools, the rest counted, the same pools passed over.
+    inp = PlanInput(
+        contracts=[_demand(units=12)],
+        pools=[
+            _pool("r1.A.cpu.l", 0.10, free=2),
+            _pool("r1.B.cpu.l", 0.20),
+            _pool("r1.C.cpu.l", 1),
+        ],
+        # hall C is not allowed: nothing; B is dearer than A but chosen too
+    )
+    why = ChoiceExplainer(inp, plan(inp))
+    first = why.for_acquisition("ci", {"r1.A.cpu.l"})
+    second = why.for_acquisition("ci", {"r1.B.cpu.l"})
+    assert [c.pool_id for c in first.chosen] == ["r1.A.cpu.l"] and first.chosen_elsewhere == 1
+    assert [c.pool_id for c in second.chosen] == ["r1.B.cpu.l"] and second.chosen_elsewhere == 1
+    assert first.passed_over == second.passed_over == why.record("ci").passed_over
+    assert why.record("ci") is why.record("ci")  # computed once per contract

@@ -31,7 +31,7 @@ with workflow.unsafe.imports_passed_through():
         SnapshotInput,
     )
     from activities.fleet.control_state import AcquisitionRecord
-    from planning.choice import ChoiceRecord, explain_choice
+    from planning.choice import ChoiceExplainer, ChoiceRecord
     from planning.planner import Plan, PlanInput, plan
     from workflows import search_attributes as sa
     from workflows.acquisition.models import AcquisitionInput, AcquisitionState
@@ -45,7 +45,7 @@ with workflow.unsafe.imports_passed_through():
         DemandChanged,
         TickSummary,
     )
-    from workflows.controller.reconcile import plan_input, reconcile
+    from workflows.controller.reconcile import AcquisitionRequest, plan_input, reconcile
     from workflows.metrics import count
     from workflows.provider_calls import delete_instance, record_release
     from workflows.tracing import following_signal
@@ -57,16 +57,16 @@ PLAN_OFF_THREAD_PATCH = "plan-off-thread"
 _RETRY = RetryPolicy(maximum_attempts=10, maximum_interval=timedelta(seconds=30))
 
 
-def _choice(problem: PlanInput | None, planned: Plan | None, contract: str) -> ChoiceRecord | None:
-    """Why the plan chose its pools for ``contract`` (planning/choice.py), recorded with the
-    acquisition; None without the tick's problem and plan (runs that plan in the workflow
-    task). Pure, so replays compute the same; a failure here must never stop a tick."""
-    if problem is None or planned is None:
+def _choice(why: ChoiceExplainer | None, req: AcquisitionRequest) -> ChoiceRecord | None:
+    """Why the plan chose the acquisition's pools (planning/choice.py), recorded with it;
+    None without the tick's problem and plan (runs that plan in the workflow task). Pure,
+    so replays compute the same; a failure here must never stop a tick."""
+    if why is None:
         return None
     try:
-        return explain_choice(problem, planned, contract)
+        return why.for_acquisition(req.contract, {i.pool_id for i in req.items})
     except Exception as exc:  # a why-record is never worth a stuck controller
-        workflow.logger.warning("no choice record for %s: %s", contract, exc)
+        workflow.logger.warning("no choice record for %s: %s", req.contract, exc)
         return None
 
 
@@ -192,7 +192,9 @@ class RegionControllerWorkflow:
         summary.plan_cost_per_hour = result.plan_cost_per_hour
         k8s = {v.demand.contract for v in snap.contracts if v.kubernetes}
         # Why each acquisition's pools, from this tick's own problem and plan (no command).
-        asked = plan_input(snap, cfg) if planned is not None and result.acquisitions else None
+        why = None
+        if planned is not None and result.acquisitions:
+            why = ChoiceExplainer(plan_input(snap, cfg), planned)
         for req in result.acquisitions:
             acq_id = f"{ACQUISITION_PREFIX}{inp.region}-{req.contract}-{workflow.uuid4().hex[:10]}"
             acq = AcquisitionInput(
@@ -221,7 +223,7 @@ class RegionControllerWorkflow:
                     requested_instances=sum(i.instances for i in req.items)
                     + (sum(i.instances for i in fb.items) if fb else 0),
                     pool_ids=sorted({i.pool_id for i in req.items}),
-                    choice=_choice(asked, planned, req.contract),
+                    choice=_choice(why, req),
                 ),
                 start_to_close_timeout=timedelta(seconds=30),
                 retry_policy=_RETRY,
