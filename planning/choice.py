@@ -144,6 +144,13 @@ class _Context:
         self.inp = inp
         self.pools = sorted(inp.pools, key=lambda p: p.pool_id)
         self.by_id = {p.pool_id: p for p in self.pools}
+        self.ids = [p.pool_id for p in self.pools]
+        # (pool id, (sku, size, hall), (vcpu, memory, gpus), pool): the per-contract loop
+        # reads plain tuples, not model attributes.
+        self.rows = [
+            (p.pool_id, (p.sku, p.size, p.hall), (p.vcpu, p.memory_gib, p.gpus), p)
+            for p in self.pools
+        ]
         self.demands = {c.contract: c for c in inp.contracts}
         # Instances per pool over all contracts; each contract's (instances, units) per
         # pool; who took each pool's free capacity.
@@ -193,13 +200,20 @@ class _Context:
         # use (excluded ones too), cheapest first, ties by pool id.
         cost: dict[str, float] = {}
         usable: list[tuple[float, str]] = []
-        for p in self.pools:
-            upi = self.upi(c, p)
+        allowed: set[str] = set()
+        upis: dict[tuple[int, int, int], int] = {}
+        kind = c.kind
+        for pool_id, where, shape, p in self.rows:
+            if where[0] in skus and where[1] in sizes and where[2] in halls:
+                allowed.add(pool_id)
+            upi = upis.get(shape)
+            if upi is None:
+                upi = upis[shape] = self.upi(c, p)
             if upi < 1:
                 continue
-            cost[p.pool_id] = x = round(risk_cost(p, c.kind) / upi, _DIGITS)
-            if p.sku in skus and p.size in sizes and p.hall in halls:
-                usable.append((x, p.pool_id))
+            cost[pool_id] = x = round(risk_cost(p, kind) / upi, _DIGITS)
+            if pool_id in allowed:
+                usable.append((x, pool_id))
         usable.sort()
         rank = {pool_id: k + 1 for k, (_, pool_id) in enumerate(usable)}
         judge.rank, judge.ranked = rank, len(usable)
@@ -210,14 +224,14 @@ class _Context:
         # cheapest first (a unit that does not fit last); then pools it may not use that
         # would have been cheaper than what was chosen. Only the kept ones are judged.
         order: list[tuple[int, float, str]] = []
-        for p in self.pools:
-            if p.pool_id in mine:
+        for pool_id in self.ids:
+            if pool_id in mine:
                 continue
-            known = cost.get(p.pool_id)
-            if p.sku in skus and p.size in sizes and p.hall in halls:
-                order.append((0, float("inf") if known is None else known, p.pool_id))
+            known = cost.get(pool_id)
+            if pool_id in allowed:
+                order.append((0, float("inf") if known is None else known, pool_id))
             elif known is not None and (dearest is None or known < dearest - _TOL):
-                order.append((1, known, p.pool_id))
+                order.append((1, known, pool_id))
         order.sort()
         kept = order[: max(0, limit)]
         passed = [
