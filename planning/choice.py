@@ -1,11 +1,11 @@
 """Why the planner chose these pools for a contract, and not the others: a small record.
 
-The controller calls :func:`explain_choice` when it records an acquisition, with the very
-problem and plan of that tick, and stores the answer beside the acquisition; `sco explain
-instance` reads it back. Nothing re-plans: this reads the plan's allocations against the
-problem's pools and says, for each pool, which of the planner's rules kept it out (the
-same tests in the same order as the planner's arcs, planning/planner.py) or that it cost
-more per unit than the pools chosen.
+The controller asks a :class:`ChoiceExplainer` when it records an acquisition, with the
+very problem and plan of that tick, and stores the answer beside the acquisition (decision
+0028); `sco explain instance` reads it back. Nothing re-plans: this reads the plan's
+allocations against the problem's pools and says, for each pool, which of the planner's
+rules kept it out (the tests that make the planner's arcs, planning/planner.py, then the
+room the plan itself used up) or that it cost more per unit than the pools chosen.
 
 Pure and deterministic (workflow code calls it): no clock, no randomness, no I/O; ties by
 pool id. Bounded: at most ``limit`` pools passed over are kept, the most telling first

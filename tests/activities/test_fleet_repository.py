@@ -89,3 +89,37 @@ def test_pool_sync_is_idempotent_and_lists_live_instances(
     fleet_repo.record_acquire(s)
     live = {p.pool_id: p.live_instances for p in fleet_repo.list_pools("r1")}
     assert live[s.pool_id] >= 1
+
+
+def test_an_acquisitions_choice_survives_its_progress_records(fleet_repo: FleetRepository) -> None:
+    """The controller records why (planning/choice.py) when it records the acquisition;
+    the acquisition's own progress records carry none and must not erase it."""
+    from activities.fleet.control_state import AcquisitionRecord, ControlRepository
+    from planning.choice import ChoiceRecord, PoolChoice, Verdict
+
+    control = ControlRepository(fleet_repo._pool)
+    acq = f"acq-r1-choice-{uuid.uuid4().hex[:6]}"
+    why = ChoiceRecord(
+        basis="planner",
+        ranked=2,
+        chosen=[PoolChoice(pool_id="r1.A.gp.xl", verdict=Verdict.CHOSEN, rank=1, why="chosen")],
+        passed_over=[
+            PoolChoice(pool_id="r1.B.gp.xl", verdict=Verdict.EXCLUDED, rank=2, why="excluded")
+        ],
+    )
+    base = AcquisitionRecord(
+        acquisition_id=acq,
+        region="r1",
+        workload="ci",
+        partition=0,
+        state="starting",
+        requested_units=2,
+        requested_instances=1,
+    )
+    control.record_acquisition(base.model_copy(update={"choice": why}))
+    control.record_acquisition(base.model_copy(update={"state": "running", "active": 1}))
+    row = control.get_acquisition(acq)
+    assert row is not None and row.state == "running" and row.choice == why
+    control.record_acquisition(base.model_copy(update={"acquisition_id": acq + "-old"}))
+    old = control.get_acquisition(acq + "-old")
+    assert old is not None and old.choice is None  # recorded without: NULL, said so
