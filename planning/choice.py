@@ -368,7 +368,7 @@ class _Judge:
         cost = risk_cost(p, self.c.kind) / max(room, 1)
         return (
             f"an instance holds {upi} units but spread group {g} may add only {room} here: "
-            f"{_f(cost)} per unit used"
+            f"{_f(cost)}/unit-h for the units used"
         )
 
     def share_full(self, p: PoolInput, new: int) -> str:
