@@ -24,8 +24,8 @@ from contracts.distribution import bucket_for, publish
 from contracts.notice import notice_stream
 from contracts.notice_signing import sign
 from tests.agent.test_agent_notices import make_notice
-from tests.support.deb_node import as_the_unit_runs_it, podman
 from tests.support.agent_fakes import notice_key, signed_bundle
+from tests.support.deb_node import as_the_unit_runs_it, podman
 from tests.support.wait import WaitTimeout, eventually
 from tests.support.worker_nats import NATS_URL
 

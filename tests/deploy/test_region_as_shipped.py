@@ -359,9 +359,7 @@ def test_the_region_as_shipped_drains_resumes_and_revokes(
     os.chmod(store, 0o777)  # both tenants write their job's directory in it
     nodes: list[Node] = []
     try:
-        nodes = [
-            _start_node(r, name, deb, node_image, tmp_path, store) for name in (first, second)
-        ]
+        nodes = [_start_node(r, name, deb, node_image, tmp_path, store) for name in (first, second)]
         node1, node2 = nodes
         for n in nodes:
             _agent_ready(n)
@@ -397,9 +395,7 @@ def test_the_region_as_shipped_drains_resumes_and_revokes(
         # Node 1's identity revoked: the box's NATS refuses its certificate from the reload
         # on, node 2's still subscribes to its notices.
         asyncio.run(_subscribes(r, node1))
-        out = _sco(
-            r.env, "dev", "certs", "revoke", node1.cert["identity"], "--reason", "reclaimed"
-        )
+        out = _sco(r.env, "dev", "certs", "revoke", node1.cert["identity"], "--reason", "reclaimed")
         assert "reloaded" in out, out
         with pytest.raises(Exception) as refused:  # nats-py raises several unrelated types
             asyncio.run(_subscribes(r, node1))

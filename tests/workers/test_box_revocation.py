@@ -79,7 +79,8 @@ async def _connect(profile: SecureProfile, cert: Issued, node: str) -> nats.NATS
 def test_a_revoked_node_is_refused_and_cut_off_another_is_not(
     profile: SecureProfile, server: subprocess.Popen[bytes]
 ) -> None:
-    n1, n2 = profile.issuer.issue(node_kind("n1"), "r1"), profile.issuer.issue(node_kind("n2"), "r1")
+    n1 = profile.issuer.issue(node_kind("n1"), "r1")
+    n2 = profile.issuer.issue(node_kind("n2"), "r1")
 
     async def scenario() -> None:
         live = await _connect(profile, n1, "n1")

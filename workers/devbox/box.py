@@ -218,7 +218,6 @@ class Box:
             state.regions = []
         return stopped
 
-
     def reload_nats(self, timeout: float = 15.0) -> int | None:
         """The secure box's NATS configuration written again (enrolled nodes, revoked
         identities) and the running server told to reload it (SIGHUP); returns its pid once
@@ -243,7 +242,9 @@ class Box:
         deadline = time.monotonic() + timeout
         while reloads() <= before:
             if time.monotonic() > deadline:
-                raise DevboxError(f"nats (pid {rec.pid}) did not reload in {timeout:g} s; see {log}")
+                raise DevboxError(
+                    f"nats (pid {rec.pid}) did not reload in {timeout:g} s; see {log}"
+                )
             time.sleep(0.1)
         return rec.pid
 
