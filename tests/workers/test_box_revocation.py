@@ -16,6 +16,7 @@ from pathlib import Path
 
 import nats
 import pytest
+from nats.aio.client import Client as NATS
 
 from tests.support import services
 from tests.support.wait import eventually, eventually_async
@@ -58,7 +59,7 @@ def server(profile: SecureProfile, tmp_path: Path) -> Iterator[subprocess.Popen[
         proc.wait(10)
 
 
-async def _connect(profile: SecureProfile, cert: Issued, node: str) -> nats.NATS:
+async def _connect(profile: SecureProfile, cert: Issued, node: str) -> NATS:
     ctx = ssl.create_default_context(cafile=str(profile.issuer.ca_file))
     ctx.load_cert_chain(str(cert.cert_path), str(cert.key_path))
 
@@ -92,7 +93,7 @@ def test_a_revoked_node_is_refused_and_cut_off_another_is_not(
         server.send_signal(signal.SIGHUP)
 
         async def cut_off() -> bool:
-            return live.is_closed
+            return bool(live.is_closed)
 
         await eventually_async(cut_off, timeout=10, what="n1's live connection closed")
         with pytest.raises(Exception) as refused:  # nats-py raises several unrelated types
