@@ -403,6 +403,11 @@ def test_the_region_as_shipped_drains_resumes_and_revokes(
             refused.value, (OSError, nats.errors.Error)
         ), repr(refused.value)
         asyncio.run(_subscribes(r, node2))
+        # Node 1's agent itself was cut off by the reload, and its reconnects are refused.
+        eventually(
+            lambda: "authorization violation" in node1.logs().lower(),
+            timeout=30, what="node 1's agent refused", every=0.5, retrying=(),
+        )  # fmt: skip
         listed = json.loads(_sco(r.env, "dev", "certs", "list", "--json"))
         assert [x["identity"] for x in listed["revoked"]] == [node1.cert["identity"]]
     finally:

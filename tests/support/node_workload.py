@@ -49,9 +49,10 @@ def main() -> int:
     status: dict[str, object] = {"uid": os.getuid(), "resumed_from": resumed, "step": step}
 
     def checkpoint(_reason: str, _deadline: float) -> str:
-        path = a.store / f"step-{step}.json"
-        _write(path, {"step": step})
-        status["saved"] = step
+        at = step  # read once: the loop may take the step it was in after `draining`
+        path = a.store / f"step-{at}.json"
+        _write(path, {"step": at})
+        status["saved"] = at
         _write(a.status, status)
         return str(path)
 
