@@ -64,7 +64,7 @@ from workflows.acquisition.workflow import AcquisitionWorkflow
 
 pytestmark = [
     pytest.mark.devbox,
-    pytest.mark.tools("podman", "runc", "debootstrap", "prometheus"),
+    pytest.mark.tools("podman", "runc", "debootstrap", "prometheus", "nginx"),
     pytest.mark.timeout(900),
 ]
 WORKLOAD = REPO / "tests" / "support" / "node_workload.py"
@@ -85,8 +85,6 @@ class Region:
 def _need_servers() -> None:
     if tls_servers.postgres_bin_dir() is None:
         pytest.skip("PostgreSQL server binaries missing: apt-get install -y postgresql")
-    if shutil.which("nginx") is None:
-        pytest.skip("nginx missing: apt-get install -y nginx")
 
 
 def _settings_from(env: dict[str, str]) -> Settings:
