@@ -7,6 +7,7 @@ the live one is closed, while another node is untouched. The whole region's test
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import ssl
 import subprocess
@@ -128,3 +129,20 @@ def test_enrolment_and_revocation_refuse_bad_input(profile: SecureProfile, tmp_p
     (tmp_path / "bad" / "revoked.json").write_text("{}")
     with pytest.raises(DevboxError, match=r"revoked.json: not a JSON list"):
         IdentityRegistry(tmp_path / "bad").revoked()
+
+
+def test_the_default_box_has_no_identities_to_revoke(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SCO_")}
+    env["SCO_DATA_DIR"] = str(tmp_path / "sco")
+    out = subprocess.run(
+        [sys.executable, "-m", "workers.cli", "dev", "certs", "revoke", "spiffe://sco/r1/node/n1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 1, out
+    assert out.stderr.strip().splitlines() == [
+        "error: the box runs the default profile: no TLS identities (`sco dev up --profile "
+        "secure`, or box.profile = secure)"
+    ], out.stderr
