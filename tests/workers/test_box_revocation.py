@@ -21,8 +21,8 @@ from nats.aio.client import Client as NATS
 
 from tests.support import services
 from tests.support.wait import eventually, eventually_async
-from workers.devbox.identities import IdentityRegistry, node_kind
-from workers.devbox.pki import Issued, spiffe_id
+from workers.devbox.identities import IdentityRegistry, RevokingIssuer, node_kind
+from workers.devbox.pki import BoxCA, Issued, spiffe_id
 from workers.devbox.process import DevboxError
 from workers.devbox.secure import SecureProfile
 from workers.settings import Settings
@@ -146,3 +146,23 @@ def test_the_default_box_has_no_identities_to_revoke(tmp_path: Path) -> None:
         "error: the box runs the default profile: no TLS identities (`sco dev up --profile "
         "secure`, or box.profile = secure)"
     ], out.stderr
+
+
+class _RevokingCA(BoxCA):
+    """The box's CA with the optional revocation hook an OpenBao issuer implements."""
+
+    def __init__(self, directory: Path) -> None:
+        super().__init__(directory)
+        self.revoked: list[str] = []
+
+    def revoke_identity(self, identity: str) -> None:
+        self.revoked.append(identity)
+
+
+def test_an_issuer_that_can_revoke_is_told(tmp_path: Path) -> None:
+    ca = _RevokingCA(tmp_path / "pki")
+    profile = SecureProfile(Settings(data_dir=tmp_path / "sco"), issuer=ca)
+    profile.enrol_node("r1", "B", "n7")
+    profile.revoke("spiffe://sco/r1/node/n7", "test")
+    assert ca.revoked == ["spiffe://sco/r1/node/n7"]
+    assert isinstance(ca, RevokingIssuer) and not isinstance(BoxCA(tmp_path), RevokingIssuer)

@@ -22,6 +22,7 @@ import json
 import os
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -29,6 +30,15 @@ from workers.devbox.process import DevboxError
 
 NODES_FILE = "nodes.json"
 REVOKED_FILE = "revoked.json"
+
+
+@runtime_checkable
+class RevokingIssuer(Protocol):
+    """An issuer that can also revoke what it issued (OpenBao's PKI: the certificates of an
+    identity, so its CRL lists them). Optional beside `pki.CertificateIssuer`: `revoke`
+    calls it when the box's issuer has it; the NATS map stays the enforcement."""
+
+    def revoke_identity(self, identity: str) -> None: ...
 
 
 def node_kind(node: str) -> str:

@@ -28,7 +28,7 @@ import psycopg
 
 from contracts.region import load_region
 from workers.devbox import process, tls_servers
-from workers.devbox.identities import EnrolledNode, IdentityRegistry, node_kind
+from workers.devbox.identities import EnrolledNode, IdentityRegistry, RevokingIssuer, node_kind
 from workers.devbox.pki import BoxCA, CertificateIssuer, Issued, spiffe_id
 from workers.devbox.process import DevboxError, ProcessRecord
 from workers.devbox.services import (
@@ -272,13 +272,16 @@ class SecureProfile:
         return self.issuer.issue(node_kind(node), region)
 
     def revoke(self, identity: str, reason: str) -> None:
-        """Record `identity` as revoked (the caller reloads NATS)."""
+        """Record `identity` as revoked, and revoke it at the issuer when the issuer can
+        (`identities.RevokingIssuer`); the caller reloads NATS."""
         known = self.known_identities()
         if identity not in known:
             raise DevboxError(
                 f"{identity}: no identity of this box (`sco dev certs list` shows them)"
             )
         self.identities.revoke(identity, reason)
+        if isinstance(self.issuer, RevokingIssuer):  # OpenBao: its CRL says so too
+            self.issuer.revoke_identity(identity)
 
 
 # --- the secure box's services ---------------------------------------------------------------
