@@ -32,9 +32,15 @@ from workers.devbox.services import KafkaService
 from workers.settings import Settings
 from workers.temporal_bootstrap import bootstrap_namespace, ensure_search_attributes
 
-# The Ceph RGW session fixture `rgw` (started only by the tests that ask for it), and the
+# The Debian 12 node image and agent .deb (built once for the tests that start nodes), the
+# Ceph RGW session fixture `rgw` (started only by the tests that ask for it), and the
 # report of where the time went (session fixtures' set-up, at the end of every run).
-pytest_plugins = ["tests.support.prep", "tests.support.rgw", "tests.support.timing"]
+pytest_plugins = [
+    "tests.support.deb_node",
+    "tests.support.prep",
+    "tests.support.rgw",
+    "tests.support.timing",
+]
 
 
 def pytest_configure(config: pytest.Config) -> None:

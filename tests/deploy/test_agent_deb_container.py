@@ -10,11 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
-import shlex
 import shutil
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,88 +24,12 @@ from contracts.distribution import bucket_for, publish
 from contracts.notice import notice_stream
 from contracts.notice_signing import sign
 from tests.agent.test_agent_notices import make_notice
-from tests.support import tools
 from tests.support.agent_fakes import notice_key, signed_bundle
-from tests.support.paths import REPO
+from tests.support.deb_node import as_the_unit_runs_it, podman
 from tests.support.wait import WaitTimeout, eventually
 from tests.support.worker_nats import NATS_URL
 
-BASE = "localhost/debian:bookworm"
-NODE_IMAGE = "localhost/sco-agent-node:bookworm"
-ENV = {**os.environ, "CONTAINERS_CONF": str(REPO / "deploy" / "image" / "containers.conf")}
-UNIT = REPO / "deploy" / "agent" / "sco-agent.service"
 pytestmark = pytest.mark.timeout(1200)
-
-
-def podman(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["podman", *args], env=ENV, capture_output=True, text=True, timeout=timeout
-    )
-
-
-def unit_settings() -> dict[str, list[str]]:
-    settings: dict[str, list[str]] = {}
-    for line in UNIT.read_text().splitlines():
-        if "=" in line and not line.startswith(("#", "[")):
-            key, value = line.split("=", 1)
-            settings.setdefault(key, []).append(value)
-    return settings
-
-
-def as_the_unit_runs_it() -> str:
-    """A shell script doing what systemd does for the unit: its directories, its
-    environment, then ExecStartPre and ExecStart as its User."""
-    unit = unit_settings()
-    user = unit["User"][0]
-    lines = ["set -e"]
-    for kind, base in (("RuntimeDirectory", "/run"), ("StateDirectory", "/var/lib")):
-        mode = unit.get(f"{kind}Mode", ["0755"])[-1]
-        for name in " ".join(unit.get(kind, [])).split():
-            lines.append(f"install -d -o {user} -g {user} -m {mode} {base}/{name}")
-    env = " ".join(shlex.quote(e) for e in unit["Environment"])
-    caps = ",".join(
-        "+" + c.lower().removeprefix("cap_")
-        for c in " ".join(unit.get("AmbientCapabilities", [])).split()
-    )
-    keep = f" --inh-caps={caps} --ambient-caps={caps}" if caps else ""
-    run = f"setpriv --reuid={user} --regid={user} --init-groups{keep} env {env}"
-    lines.append(f"{run} {unit['ExecStartPre'][0]}")
-    lines.append(f"exec {run} {unit['ExecStart'][0]}")
-    return "\n".join(lines) + "\n"
-
-
-@pytest.fixture(scope="module")
-def node_image() -> str:
-    tools.require("podman", "runc", "debootstrap")
-    base = subprocess.run(
-        [str(REPO / "deploy" / "image" / "base-image.sh")],
-        env=ENV, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert base.returncode == 0, base.stderr
-    if podman("image", "exists", NODE_IMAGE).returncode != 0:
-        # A fresh Debian 12 node: python3 and what the package depends on, nothing else.
-        built = subprocess.run(
-            ["podman", "build", "--network", "host", "-t", NODE_IMAGE, "-f", "-", str(REPO)],
-            input=(
-                f"FROM {BASE}\nRUN apt-get update -q && apt-get install -y -q "
-                "--no-install-recommends python3 init-system-helpers passwd util-linux "
-                "&& rm -rf /var/lib/apt/lists/*\n"
-            ),
-            env=ENV, capture_output=True, text=True, timeout=600,
-        )  # fmt: skip
-        assert built.returncode == 0, built.stderr[-2000:]
-    return NODE_IMAGE
-
-
-@pytest.fixture(scope="module")
-def deb(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("deb")
-    done = subprocess.run(
-        [str(REPO / "deploy/agent/build-deb.sh"), "--target", "debian12", "--out", str(out)],
-        capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHON": sys.executable},
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    return Path(done.stdout.strip().splitlines()[-1])
 
 
 async def _nats_setup(region: str, raw: bytes) -> None:

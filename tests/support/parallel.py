@@ -23,6 +23,7 @@ PODMAN_MODULES = (
     "tests/deploy/test_agent_deb_container.py",
     "tests/deploy/test_image.py",
     "tests/deploy/test_kube_play.py",
+    "tests/deploy/test_region_as_shipped.py",
 )
 
 
@@ -70,6 +71,7 @@ SERVICE_MODULES = frozenset(
     {
         "tests.support.agent_slurm_cluster",
         "tests.support.control_harness",
+        "tests.support.deb_node",
         "tests.support.image",
         "tests.support.kube_play",
         "tests.support.patroni_cluster",

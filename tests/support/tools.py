@@ -47,7 +47,10 @@ _SLURMCTLD_TESTS = (
 )
 _SLURMD_TESTS = "tests/workflows/test_slurm_bursting.py, tests/agent/test_agent_slurm.py"
 
-_CONTAINER_TESTS = "tests/deploy/test_agent_deb_container.py, tests/deploy/test_kube_play.py"
+_CONTAINER_TESTS = (
+    "tests/deploy/test_agent_deb_container.py, tests/deploy/test_kube_play.py, "
+    "tests/deploy/test_region_as_shipped.py"
+)
 _SPARK_TESTS = "tests/agent/test_agent_spark.py"
 _RGW_TESTS = "tests/agent/test_agent_dcp_rgw.py, tests/workers/test_cli_checkpoints.py"
 #: A Ceph cluster with the RADOS Gateway (tests/support/rgw.py).
@@ -77,7 +80,7 @@ TOOLS: tuple[Tool, ...] = (
         "apt",
         ("prometheus", "promtool"),
         "tests/deploy/test_prometheus_rules.py, tests/workers/test_box_prometheus.py, "
-        "tests/workers/test_box_regions.py",
+        "tests/workers/test_box_regions.py, tests/deploy/test_region_as_shipped.py",
     ),
     # Headless Chromium: the operator console's pages rendered and photographed.
     Tool(
@@ -93,7 +96,8 @@ TOOLS: tuple[Tool, ...] = (
         "apt",
         ("nginx",),
         "tests/workers/test_tls_clients.py (Temporal behind nginx), "
-        "tests/contracts/test_contract_git_sync.py (smart HTTP)",
+        "tests/contracts/test_contract_git_sync.py (smart HTTP), "
+        "tests/deploy/test_region_as_shipped.py (the secure box)",
     ),
     # Runs `git http-backend` behind nginx: the contract repository over smart HTTP.
     Tool(

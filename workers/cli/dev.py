@@ -10,6 +10,7 @@ import typer
 
 from contracts.redact import mask_credentials
 from workers.cli.bao import app as bao_app
+from workers.cli.certs import app as certs_app
 from workers.cli.common import (
     console,
     err_console,
@@ -28,6 +29,7 @@ app = typer.Typer(
     help="Run the local region in a box (real processes, data under .sco/).", no_args_is_help=True
 )
 app.add_typer(bao_app, name="bao")
+app.add_typer(certs_app, name="certs")
 
 
 def _show(statuses: list[ServiceStatus], profile: str) -> None:

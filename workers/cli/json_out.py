@@ -140,6 +140,11 @@ SCHEMAS: dict[str, JsonOutput] = {
     "sco dev bao status": JsonOutput(
         "object", extra=("address", "initialized", "sealed", "version")
     ),
+    "sco dev certs list": JsonOutput("object", extra=("nodes", "revoked")),
+    "sco dev certs node": JsonOutput(
+        "object",
+        extra=("identity", "nats_tls_cert", "nats_tls_key", "nats_tls_ca", "nats_url"),
+    ),
     "sco dev down": JsonOutput("object", extra=("stopped",)),
     "sco dev up": JsonOutput("list", "workers.devbox.box:ServiceStatus"),
     "sco dev status": JsonOutput("list", "workers.devbox.box:ServiceStatus"),

