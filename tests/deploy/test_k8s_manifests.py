@@ -128,7 +128,7 @@ def test_example_secrets_validate_and_are_only_placeholders() -> None:
     docs = list(yaml.safe_load_all((K8S / "examples" / "secrets.example.yaml").read_text()))
     assert {d["metadata"]["name"] for d in docs} == {
         "sco-credentials",
-        "sco-tls",
+        *(f"sco-tls-{kind}" for kind in TLS_KINDS),
         "sco-nats-control",
         *(f"sco-nats-relay-{h}" for h in "abcd"),
         "sco-clouds",
@@ -390,7 +390,8 @@ def test_every_hop_is_tls_with_secrets_mounted_as_files(region: str) -> None:
         assert region in env_cm["data"][name] and not has_credentials(env_cm["data"][name])
     for doc in of_kind(docs, "Deployment") + of_kind(docs, "Job"):
         volumes = {v["name"]: v for v in pod_spec(doc)["volumes"]}
-        assert volumes["tls"]["secret"]["secretName"] == "sco-tls"
+        # Each process kind presents its own identity: its own certificate Secret.
+        assert volumes["tls"]["secret"]["secretName"] == f"sco-tls-{tls_kind(doc)}"
         if "credentials" in volumes:  # the contract sync needs no service password
             assert volumes["credentials"]["secret"]["secretName"] == "sco-credentials"
         for c in containers(doc):
@@ -410,11 +411,49 @@ def test_every_hop_is_tls_with_secrets_mounted_as_files(region: str) -> None:
             assert nats == "sco-nats-control"
 
 
-def test_example_certificate_fills_the_mounted_secret() -> None:
-    (cert,) = yaml.safe_load_all((K8S / "examples" / "certificates.example.yaml").read_text())
-    assert cert["kind"] == "Certificate" and cert["spec"]["secretName"] == "sco-tls"
-    assert "client auth" in cert["spec"]["usages"]
-    assert cert["spec"]["uris"][0].startswith("spiffe://")
+#: Every process kind's certificate Secret is `sco-tls-<kind>` (its pods' only one).
+TLS_KINDS = (
+    "worker",
+    *(f"notice-relay-{h}" for h in "abcd"),
+    "outbox-relay",
+    "ledger-consumer",
+    "contract-sync",
+    "db-migrate",
+    "temporal-bootstrap",
+)
+
+
+def tls_kind(doc: Doc) -> str:
+    """The process kind a Deployment's or Job's pods run: its app name without `sco-`, a
+    hall's relay with its hall (the kind in `sco-tls-<kind>`)."""
+    labels = doc["spec"]["template"]["metadata"]["labels"]
+    kind = str(labels["app.kubernetes.io/name"]).removeprefix("sco-")
+    return f"{kind}-{labels['sco.io/hall'].lower()}" if "sco.io/hall" in labels else kind
+
+
+@needs_kubectl
+def test_every_pod_mounts_its_own_kinds_certificate() -> None:
+    """No two process kinds share a certificate (each has its own SPIFFE ID), and every
+    kind's Secret is one the examples document."""
+    docs = render("r1")
+    seen = {
+        tls_kind(d): {v["name"]: v for v in pod_spec(d)["volumes"]}["tls"]["secret"]["secretName"]
+        for d in of_kind(docs, "Deployment") + of_kind(docs, "Job")
+    }
+    assert set(seen) == set(TLS_KINDS)
+    assert len(set(seen.values())) == len(seen)
+
+
+def test_example_certificates_fill_the_mounted_secrets() -> None:
+    certs = list(yaml.safe_load_all((K8S / "examples" / "certificates.example.yaml").read_text()))
+    assert {c["spec"]["secretName"] for c in certs} == {f"sco-tls-{k}" for k in TLS_KINDS}
+    for cert in certs:
+        assert cert["kind"] == "Certificate"
+        assert "client auth" in cert["spec"]["usages"]
+        kind = cert["spec"]["secretName"].removeprefix("sco-tls-")
+        if kind.startswith("notice-relay-"):  # a hall's relay: notice-relay/<hall>
+            kind = f"notice-relay/{kind[-1].upper()}"
+        assert cert["spec"]["uris"] == [f"spiffe://sco/r1/{kind}"]
 
 
 def test_secret_patterns_catch_the_shapes_they_are_for() -> None:

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,7 @@ from contracts.compiler import compile_and_sign
 from contracts.distribution import publish
 from contracts.notice_scopes import add_key
 from contracts.region import Region
-from tests.deploy.test_k8s_manifests import render
+from tests.deploy.test_k8s_manifests import TLS_KINDS, render
 from tests.support import services
 from tests.support.image import current_image
 from tests.support.kube_play import Doc, Played, PlayInputs, for_podman
@@ -284,9 +285,17 @@ async def simulated_cloud(box: Box, region_r1: Region) -> AsyncIterator[None]:
 # -- the region's inputs: the documented Secrets and the published bundle -----------------
 
 
-def region_inputs(root: Path, box: Box, image: str) -> tuple[PlayInputs, bytes, Path]:
-    """The overlay's documented inputs (deploy/k8s/examples/secrets.example.yaml's names and
-    keys) with this box's values; the signed bundle; the trust directory."""
+@dataclass(frozen=True)
+class SignedBundle:
+    raw: bytes  # the region's bundle, signed
+    trust: Path  # the trust directory holding its signing key's .pub
+    pub: Path
+    notice_keys: dict[str, tuple[str, Path]]  # hall -> (key id, private key file)
+
+
+def signed_bundle(root: Path) -> SignedBundle:
+    """The example contracts compiled and signed with a fresh key, each hall's relay its own
+    notice key, scoped to its hall in the bundle."""
     signing = root / "signing"
     _, key_path, _ = keys.generate(signing)
     trust = root / "trust"
@@ -296,7 +305,8 @@ def region_inputs(root: Path, box: Box, image: str) -> tuple[PlayInputs, bytes, 
     notice_keys = root / "notice-keys"
     notice_secrets = {}
     for hall in "ABCD":  # each hall's relay its own key, scoped to its hall in the bundle
-        kid, notice_secrets[hall], _ = keys.generate(notice_keys / "r1")
+        kid, key, _ = keys.generate(notice_keys / "r1")
+        notice_secrets[hall] = (kid, key)
         add_key(notice_keys / "r1", kid, [hall])
     out = root / "bundle.json"
     result, serial = compile_and_sign(
@@ -309,6 +319,21 @@ def region_inputs(root: Path, box: Box, image: str) -> tuple[PlayInputs, bytes, 
         notice_keys_dir=notice_keys,
     )
     assert serial is not None, result.findings
+    return SignedBundle(out.read_bytes(), trust, pub, notice_secrets)
+
+
+def notice_key_secrets(bundle: SignedBundle) -> dict[str, dict[str, str]]:
+    return {
+        f"sco-notice-key-{hall.lower()}": {"notice.key": key.read_text()}
+        for hall, (_, key) in bundle.notice_keys.items()
+    }
+
+
+def region_inputs(root: Path, box: Box, image: str) -> tuple[PlayInputs, bytes, Path]:
+    """The overlay's documented inputs (deploy/k8s/examples/secrets.example.yaml's names and
+    keys) with this box's values; the signed bundle; the trust directory."""
+    bundle = signed_bundle(root)
+    pub = bundle.pub
     ledger = root / "ledger"
     ledger.mkdir(mode=0o777)
     os.chmod(ledger, 0o777)  # the pods run as 10001
@@ -322,15 +347,15 @@ def region_inputs(root: Path, box: Box, image: str) -> tuple[PlayInputs, bytes, 
                 "ledger.password": "unused",
                 "kafka.password": "unused",
             },
-            "sco-tls": {"tls.crt": "unused", "tls.key": "unused", "ca.crt": "unused"},
+            **{
+                f"sco-tls-{kind}": {"tls.crt": "unused", "tls.key": "unused", "ca.crt": "unused"}
+                for kind in TLS_KINDS
+            },
             "sco-nats-control": {"password": "unused"},
             **{f"sco-nats-relay-{h}": {"password": "unused"} for h in "abcd"},
             "sco-clouds": {"clouds.yaml": "clouds: {}\n"},  # unused: the simulated cloud
             "sco-contract-trust": {pub.name: pub.read_text()},
-            **{
-                f"sco-notice-key-{hall.lower()}": {"notice.key": secret.read_text()}
-                for hall, secret in notice_secrets.items()
-            },
+            **notice_key_secrets(bundle),
             "sco-slurmrestd": {"token": "unused-slurm-intake-is-off"},
             "sco-workload-kubeconfig": {"kubeconfig": "apiVersion: v1\nkind: Config\n"},
         },
@@ -343,7 +368,7 @@ def region_inputs(root: Path, box: Box, image: str) -> tuple[PlayInputs, bytes, 
         shared={LEDGER_MOUNT: ledger},
         plaintext=True,
     )
-    return inputs, out.read_bytes(), trust
+    return inputs, bundle.raw, bundle.trust
 
 
 def write_secret_files(played: Played) -> None:
@@ -352,6 +377,9 @@ def write_secret_files(played: Played) -> None:
         os.chown(path.parent, 10001, 10001)
         path.write_text(text)
         os.chown(path, 10001, 10001)
+        # libpq refuses a key its owner's group or others may read (a Secret volume's
+        # files are root's, 0440, which it accepts).
+        os.chmod(path, 0o600 if path.name.endswith(".key") else 0o644)
 
 
 # -- the pods -----------------------------------------------------------------------------
@@ -467,6 +495,46 @@ async def sco(env: dict[str, str], *args: str) -> tuple[int, str]:
     return await services.run_sco(env, *args, cwd=REPO)
 
 
+async def play_region(
+    jobs: list[Doc], deployments: list[Doc], configmaps: list[Doc], root: Path, played: list[Path]
+) -> None:
+    """The Jobs, migration first (a new build's schema before its pods), each to exit 0;
+    then every Deployment, until each pod's health endpoint answers. `played` gets each
+    played file, for `teardown`."""
+    for job in sorted(jobs, key=lambda d: not d["metadata"]["name"].startswith("sco-db-")):
+        path = root / f"{job['metadata']['name']}.yaml"
+        played.append(path)
+        await asyncio.to_thread(play, [*configmaps, job], path)
+        ctr = f"{pod_name(job)}-{pod_spec(job)['containers'][0]['name']}"
+        await asyncio.to_thread(
+            until_or_logs,
+            f"Job {ctr} exits",
+            functools.partial(exited, ctr),
+            300,
+            functools.partial(logs, [job]),
+        )
+        assert exit_code(ctr) == 0, logs([job])
+
+    for doc in deployments:
+        path = root / f"{doc['metadata']['name']}.yaml"
+        played.append(path)
+        await asyncio.to_thread(play, [*configmaps, doc], path)
+
+    def all_ready() -> bool:
+        for doc in deployments:
+            for pod in pod_names(doc):
+                for c in pod_spec(doc)["containers"]:
+                    if ("readinessProbe" in c or "livenessProbe" in c) and not probe_answers(
+                        f"{pod}-{c['name']}", c
+                    ):
+                        return False
+        return True
+
+    await asyncio.to_thread(
+        until_or_logs, "every pod's health endpoint", all_ready, 420, lambda: logs(deployments)
+    )
+
+
 # -- the test -----------------------------------------------------------------------------
 
 
@@ -489,39 +557,7 @@ async def test_overlay_r1_runs_under_podman_kube_play(
     await publish(box.nats_url, "r1", raw_bundle)
     played_files: list[Path] = []
     try:
-        # The Jobs, migration first (a new build's schema before its pods), each to exit 0.
-        for job in sorted(jobs, key=lambda d: not d["metadata"]["name"].startswith("sco-db-")):
-            path = tmp_path / f"{job['metadata']['name']}.yaml"
-            played_files.append(path)
-            play([*configmaps, job], path)
-            ctr = f"{pod_name(job)}-{pod_spec(job)['containers'][0]['name']}"
-            await asyncio.to_thread(
-                until_or_logs,
-                f"Job {ctr} exits",
-                functools.partial(exited, ctr),
-                300,
-                functools.partial(logs, [job]),
-            )
-            assert exit_code(ctr) == 0, logs([job])
-
-        for doc in deployments:
-            path = tmp_path / f"{doc['metadata']['name']}.yaml"
-            played_files.append(path)
-            await asyncio.to_thread(play, [*configmaps, doc], path)
-
-        def all_ready() -> bool:
-            for doc in deployments:
-                for pod in pod_names(doc):
-                    for c in pod_spec(doc)["containers"]:
-                        if ("readinessProbe" in c or "livenessProbe" in c) and not probe_answers(
-                            f"{pod}-{c['name']}", c
-                        ):
-                            return False
-            return True
-
-        await asyncio.to_thread(
-            until_or_logs, "every pod's health endpoint", all_ready, 420, lambda: logs(deployments)
-        )
+        await play_region(jobs, deployments, configmaps, tmp_path, played_files)
         await _acquisition_notice_and_ledger(box, tmp_path, trust, deployments)
     finally:
         await asyncio.to_thread(

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.deploy.test_k8s_manifests import needs_kubectl, render
+from tests.deploy.test_k8s_manifests import TLS_KINDS, needs_kubectl, render
 from tests.support.kube_play import (
     DROPPED_DEPLOYMENTS,
     DROPPED_KINDS,
@@ -20,7 +20,7 @@ from tests.support.kube_play import (
 SECRETS = {
     "sco-secrets": {"SCO_POSTGRES_DSN": "postgresql://x/db", "SCO_LEDGER_DSN": "chdb:///l"},
     "sco-credentials": {"postgres.password": "p", "ledger.password": "l", "kafka.password": "k"},
-    "sco-tls": {"tls.crt": "c", "tls.key": "k", "ca.crt": "a"},
+    **{f"sco-tls-{k}": {"tls.crt": "c", "tls.key": "k", "ca.crt": "a"} for k in TLS_KINDS},
     "sco-nats-control": {"password": "n"},
     **{f"sco-nats-relay-{h}": {"password": "n"} for h in "abcd"},
     "sco-clouds": {"clouds.yaml": "clouds: {}\n"},
@@ -178,3 +178,21 @@ def test_plaintext_drops_tls_and_passwords_but_keeps_the_rest() -> None:
     assert not (s.ledger.tls.enabled or s.postgres.sslmode or s.postgres.password_file)
     assert not s.kafka.sasl_username and s.ledger.password_file is None
     assert s.worker.versioning and s.kafka.replication_factor == 3
+
+
+def test_plaintext_services_drop_only_theirs() -> None:
+    """Against the secure box: Kafka and the ledger plaintext, NATS, Temporal and
+    PostgreSQL keep their TLS, client certificates and password files."""
+    import tomllib
+
+    from tests.deploy.test_k8s_manifests import K8S
+    from tests.support.kube_play import plaintext_config
+    from workers.settings import Settings
+
+    shipped = (K8S / "base" / "sco.toml").read_text()
+    s = Settings(**tomllib.loads(plaintext_config(shipped, frozenset({"kafka", "ledger"}))))
+    assert not (s.kafka.tls.enabled or s.kafka.sasl_username or s.kafka.sasl_password_file)
+    assert not s.ledger.tls.enabled and s.ledger.password_file is None
+    assert s.nats_tls.enabled and s.nats_tls.client_cert_file and s.temporal.tls.enabled
+    assert s.postgres.sslmode == "verify-full" and s.postgres.password_file
+    assert s.nats_auth.password_file

@@ -12,6 +12,9 @@ deviation from the real cluster, listed here and in tests/deploy/README.md:
   a `secretKeyRef` becomes the literal value (kube play mangles `kind: Secret`), a secret
   volume a host directory holding the same keys, owned by the pods' uid (what fsGroup does).
   A Secret the inputs lack is an error: every Secret a pod needs must be a documented input.
+- Against the plaintext box (`plaintext`) sco.toml loses its TLS tables and service
+  passwords; against the secure box only the services it runs without TLS
+  (`plaintext_services`: its Kafka, tansu 0.6, and the ledger's embedded chDB) do.
 - The `sco-region` ConfigMap gets the box's service addresses (`env`) as SCO_* variables:
   the cluster's service names (nats.sco-estate.svc, ...) do not resolve here.
 - `shared` host directories are mounted into every container (the ledger's embedded store,
@@ -74,6 +77,9 @@ class PlayInputs:
     shared: dict[str, Path] = field(default_factory=dict)  # mount path -> host directory
     # The box's services speak plaintext on loopback: drop sco.toml's TLS and passwords.
     plaintext: bool = False
+    # Only these of the box's services speak plaintext (the secure box's Kafka, and the
+    # ledger, an embedded chDB): their TLS tables and passwords are dropped, the others kept.
+    plaintext_services: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -165,23 +171,33 @@ def _unpublish(container: Doc) -> None:
             get["port"] = numbers[get["port"]]
 
 
-#: sco.toml tables and keys that configure TLS or a password for a service.
-_TLS_TABLES = frozenset({"nats_tls", "postgres", "ledger.tls", "temporal.tls", "kafka.tls"})
-_PASSWORD_KEYS = {"kafka": ("sasl_",), "ledger": ("password_file",)}
+#: Per service, the sco.toml tables that configure its TLS or password.
+_TLS_TABLES = {
+    "nats": "nats_tls",
+    "postgres": "postgres",
+    "ledger": "ledger.tls",
+    "temporal": "temporal.tls",
+    "kafka": "kafka.tls",
+}
+#: Per service, its table and the keys there that name a password.
+_PASSWORD_KEYS = {"kafka": ("kafka", ("sasl_",)), "ledger": ("ledger", ("password_file",))}
+SERVICES = frozenset(_TLS_TABLES)
 
 
-def plaintext_config(text: str) -> str:
-    """The shipped sco.toml without its TLS tables, SASL and service passwords (the
+def plaintext_config(text: str, services: frozenset[str] = SERVICES) -> str:
+    """The shipped sco.toml without the TLS tables, SASL and passwords of `services` (the
     NATS user's password file stays: a server without authorization accepts any user)."""
+    tables = {_TLS_TABLES[s] for s in services}
+    passwords = dict(_PASSWORD_KEYS[s] for s in services if s in _PASSWORD_KEYS)
     out: list[str] = []
     table = ""
     for line in text.splitlines():
         stripped = line.strip()
         if stripped.startswith("[") and stripped.endswith("]"):
             table = stripped.strip("[]")
-        if table in _TLS_TABLES:
+        if table in tables:
             continue
-        if stripped.startswith(_PASSWORD_KEYS.get(table, ("\0",))):
+        if stripped.startswith(passwords.get(table, ("\0",))):
             continue
         out.append(line)
     return "\n".join(out) + "\n"
@@ -195,10 +211,11 @@ def for_podman(rendered: list[Doc], inputs: PlayInputs) -> Played:
     jobs: list[str] = []
     named: list[str] = []
     rendered = copy.deepcopy(rendered)
-    if inputs.plaintext:
+    plain = SERVICES if inputs.plaintext else inputs.plaintext_services
+    if plain:
         for d in rendered:
             if d["kind"] == "ConfigMap" and "sco.toml" in d.get("data", {}):
-                d["data"]["sco.toml"] = plaintext_config(d["data"]["sco.toml"])
+                d["data"]["sco.toml"] = plaintext_config(d["data"]["sco.toml"], plain)
     configmaps = {
         d["metadata"]["name"]: {
             **d.get("data", {}),

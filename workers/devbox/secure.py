@@ -54,6 +54,11 @@ from workers.settings import NatsAuthSettings, PostgresSettings, Settings, TLSSe
 HOST = "127.0.0.1"
 #: The name every server certificate carries and clients verify (verify-full).
 SERVER_NAME = "localhost"
+#: The host's loopback as pods under `podman kube play` (slirp4netns, allow_host_loopback)
+#: reach it: the servers' certificates name it too, so those pods verify them (verify-full).
+POD_HOST = "10.0.2.2"
+#: What every server certificate of the box is valid for.
+SERVER_HOSTS = [SERVER_NAME, HOST, POD_HOST]
 #: The identity `sco dev up|status` itself uses for probes and set-up.
 BOX_KIND = "box"
 OPERATOR_KIND = "operator"
@@ -245,7 +250,7 @@ class SecureProfile:
 
     def write_nats_config(self) -> Path:
         """nats-server's configuration: TLS, certificates mapped to the users above."""
-        server = self.issuer.issue_server("nats", [SERVER_NAME, HOST])
+        server = self.issuer.issue_server("nats", SERVER_HOSTS)
         conf = self.nats_config_file
         conf.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         tmp = conf.with_suffix(".tmp")
@@ -317,7 +322,7 @@ class SecurePostgresService(PostgresService):
             )
             tls_servers.init_postgres(bin_dir, data, pw, user)
             pw.unlink()
-        server = self.p.issuer.issue_server("postgres", [SERVER_NAME, HOST])
+        server = self.p.issuer.issue_server("postgres", SERVER_HOSTS)
         tls = self.p.root / "postgres-tls"
         cert = tls_servers.copy_private(server.cert_path, tls / "server.crt", user)
         key = tls_servers.copy_private(server.key_path, tls / "server.key", user)
@@ -410,7 +415,7 @@ class SecureTemporalService(TemporalService):
         binary = process.require_binary(
             self.name, venv_bin("nginx") or "/usr/sbin/nginx", "apt-get install -y nginx"
         )
-        server = self.p.issuer.issue_server("temporal", [SERVER_NAME, HOST])
+        server = self.p.issuer.issue_server("temporal", SERVER_HOSTS)
         run = self.p.root / "nginx"
         argv = tls_servers.nginx_argv(
             binary,

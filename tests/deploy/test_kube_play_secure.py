@@ -1,0 +1,337 @@
+"""Overlay r1 with TLS on, under `podman kube play`, against the secure box (issue 30).
+
+The secure region in a box (`sco dev up --profile secure`, without its own workers): TLS-only
+PostgreSQL (client certificate and password file), NATS mapping each certificate's SPIFFE ID
+to its role's user (`verify_and_map`), Temporal behind nginx's mutual TLS. The overlay is
+rendered as shipped, TLS on for those three (sco.toml's `nats_tls`, `postgres`,
+`temporal.tls`); the box's Kafka (tansu 0.6, no TLS) and the ledger (embedded chDB, no
+server) are the only plaintext ones (`PlayInputs.plaintext_services`). Every Deployment and
+Job mounts its own kind's certificate Secret, `sco-tls-<kind>`, here made from the box's CA
+issuing that kind's identity (`spiffe://sco/r1/<kind>`, a hall's relay
+`spiffe://sco/r1/notice-relay/<hall>`); the pods reach the box at 10.0.2.2 (slirp4netns),
+which the box's server certificates name (verify-full).
+
+Shown: the migration and bootstrap Jobs complete over TLS PostgreSQL and mutual-TLS
+Temporal; every pod's health endpoint answers; the worker completes an acquisition over
+mutual-TLS Temporal (on the simulated cloud, over mTLS NATS); `sco reclaim` (the operator's
+certificate) makes the instance's hall's relay publish the notice over mTLS NATS, signed with
+that hall's key, on the hall's subject, which only that hall's relay identity may publish on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import nats
+import psycopg
+import pytest
+
+from activities.events import CapacityType, InstanceState
+from activities.fleet.db import open_pool
+from activities.fleet.repository import FleetRepository
+from activities.provider.sim_service import serve
+from activities.provider.simulator import SimulatedCloud
+from contracts.distribution import publish
+from contracts.notice import notice_subject
+from contracts.region import Region
+from tests.deploy.test_k8s_manifests import TLS_KINDS, render
+from tests.deploy.test_kube_play import (
+    BUILD,
+    LEDGER_MOUNT,
+    _host_address,
+    image,  # noqa: F401 -- the fixture: the session's image, plus the ledger layer
+    logs,
+    notice_key_secrets,
+    play_region,
+    pod_names,
+    signed_bundle,
+    teardown,
+    write_secret_files,
+)
+from tests.support import services
+from tests.support.kube_play import Doc, PlayInputs, for_podman
+from tests.support.paths import REGIONS_DIR, REPO
+from tests.support.wait import WaitTimeout, eventually_async
+from workers.client_security import nats_options, postgres_conninfo
+from workers.devbox import tls_servers
+from workers.devbox.box import Box
+from workers.devbox.secure import BOX_KIND, POD_HOST, SecureProfile
+from workers.settings import Settings
+from workers.temporal_connect import connect
+
+pytestmark = [
+    pytest.mark.devbox,
+    pytest.mark.tools("podman", "runc", "slirp4netns", "nginx", "kubectl"),
+    pytest.mark.timeout(900),
+]
+
+
+def spiffe_kind(secret_kind: str) -> str:
+    """The identity kind a `sco-tls-<kind>` Secret holds: a hall's relay `notice-relay/<H>`."""
+    if secret_kind.startswith("notice-relay-"):
+        return f"notice-relay/{secret_kind.rsplit('-', 1)[1].upper()}"
+    return secret_kind
+
+
+@dataclass(frozen=True)
+class SecureBox:
+    profile: SecureProfile
+    control: Settings  # the box's own identity (control-r1's NATS permissions)
+    operator_env: dict[str, str]  # `sco` as the operator (its own certificate)
+    kafka: str  # host address:port (plaintext): pods and host reach it alike
+    database: str
+
+
+def _plain_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("SCO_")}
+
+
+@pytest.fixture(scope="module")
+def secure_box() -> Iterator[SecureBox]:
+    if tls_servers.postgres_bin_dir() is None:
+        pytest.skip("PostgreSQL server binaries missing: apt-get install -y postgresql")
+    # Outside pytest's tmp tree (private to root): PostgreSQL runs as the postgres user.
+    tmp = Path(tempfile.mkdtemp(prefix="sco-kp-secure-"))
+    database = f"kps_{uuid.uuid4().hex[:8]}"
+    kafka = f"{_host_address()}:{services.free_port()}"
+    env = {
+        "SCO_DATA_DIR": str(tmp / "sco"),
+        "SCO_REGIONS_DIR": str(REGIONS_DIR),
+        "SCO_POSTGRES_DSN": f"postgresql://postgres@127.0.0.1:5432/{database}",
+        "SCO_BOX__SECURE_POSTGRES_PORT": str(services.free_port()),
+        "SCO_BOX__SECURE_NATS_PORT": str(services.free_port()),
+        "SCO_BOX__SECURE_TEMPORAL_PORT": str(services.free_port()),
+        "SCO_BOX__SECURE_TEMPORAL_BACKEND_PORT": str(services.free_port()),
+        "SCO_KAFKA__BOOTSTRAP_SERVERS": kafka,
+    }
+    before = dict(os.environ)
+    os.environ.update(env)
+    try:
+        box = Box(Settings(), profile="secure")  # no workers: the pods are the region
+        box.up()
+        assert box.secure is not None
+        operator_file = box.operator_settings_files()["r1"]
+        control = box.secure.settings_for(BOX_KIND, "r1")
+        yield SecureBox(
+            box.secure,
+            control,
+            {**_plain_env(), "SCO_CONFIG": operator_file},
+            kafka,
+            database,
+        )
+    finally:
+        try:
+            Box(Settings()).down()
+        finally:
+            os.environ.clear()
+            os.environ.update(before)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture
+async def simulated_cloud(secure_box: SecureBox, region_r1: Region) -> AsyncIterator[None]:
+    """The simulated cloud on the box's NATS (its own identity: `sco.r1.sim.>`)."""
+    c = secure_box.control
+    cloud = SimulatedCloud(region_r1, clock=asyncio.get_running_loop().time)
+    nc = await nats.connect(c.nats_url, **nats_options(c))
+    task = asyncio.create_task(serve(cloud, nc, prefix=c.provider.simulator_prefix))
+    yield
+    task.cancel()
+    await nc.close()
+
+
+def secure_inputs(
+    root: Path, box: SecureBox, tag: str, secrets: dict[str, dict[str, str]]
+) -> PlayInputs:
+    """The documented Secrets with the secure box's values: each kind's certificate from the
+    box's CA, PostgreSQL's password; NATS users come from the certificates (the password
+    files are mounted but the box's `verify_and_map` ignores them)."""
+    p = box.profile
+    ca = p.issuer.ca_file.read_text()
+    tls = {}
+    for kind in TLS_KINDS:
+        issued = p.issuer.issue(spiffe_kind(kind), "r1")
+        tls[f"sco-tls-{kind}"] = {
+            "tls.crt": issued.cert_path.read_text(),
+            "tls.key": issued.key_path.read_text(),
+            "ca.crt": ca,
+        }
+    ledger = root / "ledger"
+    ledger.mkdir(mode=0o777)
+    os.chmod(ledger, 0o777)  # the pods run as 10001
+    return PlayInputs(
+        image=tag,
+        secrets={
+            "sco-credentials": {
+                "postgres.password": p.postgres_password_file.read_text(),
+                "ledger.password": "unused-the-ledger-is-embedded",
+                "kafka.password": "unused-the-box-kafka-is-plaintext",
+            },
+            **tls,
+            "sco-nats-control": {"password": "unused-the-user-is-the-certificate"},
+            **{f"sco-nats-relay-{h}": {"password": "unused"} for h in "abcd"},
+            "sco-clouds": {"clouds.yaml": "clouds: {}\n"},  # unused: the simulated cloud
+            "sco-slurmrestd": {"token": "unused-slurm-intake-is-off"},
+            "sco-workload-kubeconfig": {"kubeconfig": "apiVersion: v1\nkind: Config\n"},
+            **secrets,
+        },
+        secret_dir=root / "secrets",
+        env={
+            "SCO_NATS_URL": f"tls://{POD_HOST}:{p.nats_port}",
+            "SCO_TEMPORAL__ADDRESS": f"{POD_HOST}:{p.temporal_port}",
+            "SCO_POSTGRES_DSN": f"postgresql://postgres@{POD_HOST}:{p.postgres_port}/{box.database}",
+            "SCO_KAFKA__BOOTSTRAP_SERVERS": box.kafka,
+            "SCO_KAFKA__REPLICATION_FACTOR": "1",
+            "SCO_LEDGER_DSN": f"chdb://{LEDGER_MOUNT}/ledger",
+            # The simulated cloud stands in for the region's OpenStack.
+            "SCO_PROVIDER__KIND": "simulator",
+        },
+        shared={LEDGER_MOUNT: ledger},
+        plaintext_services=frozenset({"kafka", "ledger"}),
+    )
+
+
+@pytest.mark.timeout(900)
+async def test_overlay_r1_with_tls_runs_against_the_secure_box(
+    image: str,  # noqa: F811 -- the fixture imported above
+    secure_box: SecureBox,
+    simulated_cloud: None,
+    tmp_path: Path,
+) -> None:
+    box = secure_box
+    bundle = signed_bundle(tmp_path)
+    inputs = secure_inputs(
+        tmp_path,
+        box,
+        image,
+        {
+            "sco-contract-trust": {bundle.pub.name: bundle.pub.read_text()},
+            **notice_key_secrets(bundle),
+        },
+    )
+    played = for_podman(list(render("r1")), inputs)
+    write_secret_files(played)
+    configmaps = [d for d in played.docs if d["kind"] == "ConfigMap"]
+    jobs = [d for d in played.docs if d["kind"] == "Pod"]
+    deployments = [d for d in played.docs if d["kind"] == "Deployment"]
+    # The box's distributor has the region's bundle before the worker's init container.
+    await publish(box.control.nats_url, "r1", bundle.raw, nats_options(box.control))
+    played_files: list[Path] = []
+    try:
+        await play_region(jobs, deployments, configmaps, tmp_path, played_files)
+        await _acquisition_and_notice(box, bundle.notice_keys, deployments)
+    finally:
+        await asyncio.to_thread(
+            teardown,
+            list(reversed(played_files)),
+            [pod for d in [*jobs, *deployments] for pod in pod_names(d)],
+            [d["metadata"]["name"] for d in configmaps] + played.volumes,
+        )
+
+
+async def _sco(env: dict[str, str], *args: str) -> tuple[int, str]:
+    return await services.run_sco(env, *args, cwd=REPO)
+
+
+async def _acquisition_and_notice(
+    box: SecureBox, notice_keys: dict[str, tuple[str, Path]], deployments: list[Doc]
+) -> None:
+    from temporalio.api.workflowservice.v1 import SetWorkerDeploymentCurrentVersionRequest
+
+    # deploy/README.md step 6: the first build becomes current, over mutual-TLS Temporal.
+    client = await connect(box.control, "r1")
+
+    async def made_current() -> bool:
+        await client.workflow_service.set_worker_deployment_current_version(
+            SetWorkerDeploymentCurrentVersionRequest(
+                namespace="r1", deployment_name="sco-r1", build_id=BUILD, identity="test"
+            )
+        )
+        return True
+
+    try:  # the version registers with the worker's first poll; until then the call fails
+        await eventually_async(
+            made_current, timeout=180, what=f"build {BUILD} made current", every=2
+        )
+    except WaitTimeout as exc:
+        raise WaitTimeout(f"{exc}\n{logs(deployments)}") from exc
+
+    env = box.operator_env
+    code, out = await _sco(env, "pools", "sync", "--region", "r1")
+    assert code == 0, out + logs(deployments)
+    code, out = await _sco(env, "demand", "set", "ci-runners", "8", "--region", "r1")
+    assert code == 0, out
+    rows: list[dict[str, Any]] = []
+
+    async def acquired() -> bool:
+        nonlocal rows
+        code, out = await _sco(
+            env, "acquisitions", "list", "--all", "--region", "r1",
+            "--contract", "ci-runners", "--json",
+        )  # fmt: skip
+        rows = json.loads(out) if code == 0 else []
+        return any(r["state"] == "completed" and int(r["acquired"]) >= 1 for r in rows)
+
+    with contextlib.suppress(WaitTimeout):  # the assertion below says what was there
+        await eventually_async(
+            acquired, timeout=300, what="a completed ci-runners acquisition", every=3, retrying=()
+        )
+    assert any(r["state"] == "completed" and int(r["acquired"]) >= 1 for r in rows), (
+        f"{rows}\n{logs(deployments)}"
+    )
+
+    pool = open_pool(postgres_conninfo(box.control), max_size=1)
+    try:
+        live = [  # a floor's committed instances are not reclaimed without --force
+            i
+            for i in FleetRepository(pool).list_instances("r1", [InstanceState.ACTIVE])
+            if i.capacity_type is not CapacityType.COMMITTED
+        ]
+    finally:
+        pool.close()
+    assert live, "the acquisition left no active instance"
+    target = live[0]
+
+    # The hall's relay publishes the notice: heard with the box's own identity.
+    nc = await nats.connect(box.control.nats_url, **nats_options(box.control))
+    got: list[tuple[str, bytes]] = []
+    noticed = asyncio.Event()
+
+    async def heard(msg: Any) -> None:
+        got.append((msg.subject, msg.data))
+        noticed.set()
+
+    try:
+        await nc.subscribe("sco.r1.notice.>", cb=heard)
+        await nc.flush()
+        code, out = await _sco(env, "reclaim", target.instance_id, "--region", "r1", "--by", "test")
+        assert code == 0, out + logs(deployments)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(noticed.wait(), 60)
+        assert got, logs(deployments)
+    finally:
+        await nc.close()
+    subject, data = got[0]
+    # Only relay-r1-<hall> (of the box's users, besides the control plane's) may publish on
+    # its hall's notice subjects, and the hall's own key signed it.
+    assert subject == notice_subject("r1", target.hall, target.instance_id), subject
+    assert json.loads(data)["key_id"] == notice_keys[target.hall][0], data[:300]
+
+
+def test_the_box_server_certificate_names_the_pods_address(secure_box: SecureBox) -> None:
+    """verify-full as a pod does it: libpq checks the box's PostgreSQL certificate against
+    10.0.2.2 (hostaddr reaches the box's loopback; host is the name verified)."""
+    info = psycopg.conninfo.conninfo_to_dict(postgres_conninfo(secure_box.control))
+    info.update(host=POD_HOST, hostaddr="127.0.0.1")
+    with psycopg.connect(**info) as conn:  # type: ignore[arg-type]
+        assert conn.execute("SELECT 1").fetchone() == (1,)
