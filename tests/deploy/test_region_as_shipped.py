@@ -14,9 +14,8 @@
 - `sco dev certs revoke` of node 1's identity: the box's NATS reloads and refuses node 1's
   certificate, while node 2's still subscribes.
 
-What is not here yet (see the report of issue 30): overlay r1 under `podman kube play` with
-TLS (the overlay mounts one `sco-tls` certificate for every pod, which cannot be one SPIFFE
-identity per process), the DCP job's checkpoint on Ceph RGW (a host directory mounted in
+What is not here yet (see the report of issue 30): overlay r1's Deployments under `podman
+kube play` with TLS (its Jobs run against the secure box in test_kube_play_secure.py), the DCP job's checkpoint on Ceph RGW (a host directory mounted in
 both nodes stands in for the shared store here; DCP on RGW is tests/agent/test_agent_dcp_rgw.py),
 and the replacement instance (through operator demand and the controller it was too slow
 and not yet reliable for CI's budget: tests/deploy/README.md).

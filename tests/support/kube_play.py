@@ -14,7 +14,9 @@ deviation from the real cluster, listed here and in tests/deploy/README.md:
   A Secret the inputs lack is an error: every Secret a pod needs must be a documented input.
 - Against the plaintext box (`plaintext`) sco.toml loses its TLS tables and service
   passwords; against the secure box only the services it runs without TLS
-  (`plaintext_services`: its Kafka, tansu 0.6, and the ledger's embedded chDB) do.
+  (`plaintext_services`: its Kafka, tansu 0.6, and the ledger's embedded chDB) do, and
+  the NATS password file goes (`nats_password`: the box's NATS maps the certificate to
+  the user and refuses a CONNECT that carries a password too).
 - The `sco-region` ConfigMap gets the box's service addresses (`env`) as SCO_* variables:
   the cluster's service names (nats.sco-estate.svc, ...) do not resolve here.
 - `shared` host directories are mounted into every container (the ledger's embedded store,
@@ -179,15 +181,21 @@ _TLS_TABLES = {
     "temporal": "temporal.tls",
     "kafka": "kafka.tls",
 }
-#: Per service, its table and the keys there that name a password.
-_PASSWORD_KEYS = {"kafka": ("kafka", ("sasl_",)), "ledger": ("ledger", ("password_file",))}
+#: Per service, its table and the keys there that name a password. `nats_password`: the
+#: secure box's NATS takes the user from the client certificate (`verify_and_map`) and
+#: refuses a CONNECT that also carries a user and password.
+_PASSWORD_KEYS = {
+    "kafka": ("kafka", ("sasl_",)),
+    "ledger": ("ledger", ("password_file",)),
+    "nats_password": ("nats_auth", ("password_file",)),
+}
 SERVICES = frozenset(_TLS_TABLES)
 
 
 def plaintext_config(text: str, services: frozenset[str] = SERVICES) -> str:
     """The shipped sco.toml without the TLS tables, SASL and passwords of `services` (the
     NATS user's password file stays: a server without authorization accepts any user)."""
-    tables = {_TLS_TABLES[s] for s in services}
+    tables = {_TLS_TABLES[s] for s in services if s in _TLS_TABLES}
     passwords = dict(_PASSWORD_KEYS[s] for s in services if s in _PASSWORD_KEYS)
     out: list[str] = []
     table = ""
