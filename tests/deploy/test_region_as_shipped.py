@@ -15,8 +15,9 @@
   certificate, while node 2's still subscribes.
 
 What is not here yet (see the report of issue 30): overlay r1's Deployments under `podman
-kube play` with TLS (its Jobs run against the secure box in test_kube_play_secure.py), the DCP job's checkpoint on Ceph RGW (a host directory mounted in
-both nodes stands in for the shared store here; DCP on RGW is tests/agent/test_agent_dcp_rgw.py),
+kube play` with TLS (its Jobs run against the secure box in test_kube_play_secure.py), the
+DCP job's checkpoint on Ceph RGW (a host directory mounted in both nodes stands in for the
+shared store here; DCP on RGW is tests/agent/test_agent_dcp_rgw.py),
 and the replacement instance (through operator demand and the controller it was too slow
 and not yet reliable for CI's budget: tests/deploy/README.md).
 """
