@@ -29,6 +29,7 @@ from estate.baselines import (
 from estate.config import EstateConfig
 from estate.demand import BLOCK_MINUTES, demand_units
 from estate.fleet import Fleet, tenants
+from estate.lifecycle_sim import LIFECYCLE_POLICIES
 from estate.policy import Policy
 from estate.results import (
     EstateResult,
@@ -38,7 +39,6 @@ from estate.results import (
     PolicySummary,
     RegionRun,
 )
-from estate.lifecycle_sim import LIFECYCLE_POLICIES
 from estate.sco import Sco, ScoNoExclusion, ScoNoRisk, ScoNoSpread
 from estate.trace import RegionTrace, region_trace
 from estate.work import lost_minutes, steps

@@ -13,11 +13,18 @@ Figures:
 
 Targets: SCO's churn at most a third of the Karpenter-like baseline's at equal or lower
 cost; fallback spend after capacity returns at most 10 % of today's.
+
+The calibrated generator rarely runs a region out of reclaimable capacity, so little
+fallback is ever bought. Capacity crunches (``crunch_hours`` every ``crunch_every_days``,
+from 10:00 of the first day on) are laid over the trace: the owner's load leaves no free
+slot in any pool of the region (what it already lends stays), the contracts with a spend
+authority fall back, and when the crunch ends reclaimable capacity is back.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
 
 from pydantic import BaseModel
 
@@ -28,6 +35,38 @@ from estate.engine import run_region
 from estate.lifecycle_sim import LIFECYCLE_POLICIES
 from estate.results import RegionRun
 from estate.trace import RegionTrace, region_trace
+
+
+@dataclass
+class CrunchTrace(RegionTrace):
+    """A trace whose owner leaves no free slot during the crunches ([start, end) minutes)."""
+
+    crunches: list[tuple[int, int]] = field(default_factory=list)
+
+    def owner_free(self, pool: int, minute: int, slots: int) -> int:
+        if any(start <= minute < end for start, end in self.crunches):
+            return 0
+        return super().owner_free(pool, minute, slots)
+
+
+def crunches(cfg: EstateConfig, hours: float, every_days: float) -> list[tuple[int, int]]:
+    """The crunch windows in minutes: from 10:00 of day 0, every ``every_days`` days."""
+    if hours <= 0 or every_days <= 0:
+        return []
+    out, start, step = [], 600, round(every_days * 1440)
+    while start < cfg.minutes:
+        out.append((start, min(cfg.minutes, start + round(hours * 60))))
+        start += step
+    return out
+
+
+def with_crunches(trace: RegionTrace, windows: list[tuple[int, int]]) -> RegionTrace:
+    if not windows:
+        return trace
+    copied = {f.name: getattr(trace, f.name) for f in fields(RegionTrace)}
+    copied["_cursor"] = {}
+    return CrunchTrace(**copied, crunches=windows)
+
 
 POLICY_NAMES: tuple[str, ...] = tuple(p.name for p in LIFECYCLE_POLICIES)
 CHURN_TARGET = 1 / 3
@@ -49,6 +88,7 @@ class LifecyclePolicyResult(BaseModel):
 
 
 class LifecycleResult(BaseModel):
+    crunches: list[tuple[int, int]]  # minutes [start, end) with no free slot anywhere
     days: float
     seed: int
     regions: list[str]
@@ -98,15 +138,23 @@ def evaluate_lifecycle(
     contracts: Sequence[Contract],
     cfg: EstateConfig,
     traces: Mapping[str, RegionTrace] | None = None,
+    *,
+    crunch_hours: float = 6.0,
+    crunch_every_days: float = 2.0,
 ) -> LifecycleResult:
     """The four lifecycle policies on every region of ``cfg`` (all of ``regions`` when it
-    names none), one trace per region shared by all four."""
+    names none), one trace per region shared by all four, capacity crunches laid over it
+    (``crunch_hours`` 0: none)."""
     chosen = [r for r in regions if not cfg.regions or r.id in cfg.regions]
     missing = set(cfg.regions) - {r.id for r in chosen}
     if missing:
         raise ValueError(f"regions {sorted(missing)} not among the loaded regions")
     given = traces or {}
-    shared = {r.id: given.get(r.id) or region_trace(r, contracts, cfg) for r in chosen}
+    windows = crunches(cfg, crunch_hours, crunch_every_days)
+    shared = {
+        r.id: with_crunches(given.get(r.id) or region_trace(r, contracts, cfg), windows)
+        for r in chosen
+    }
     runs = {
         name: [run_region(r, contracts, cfg, shared[r.id], name) for r in chosen]
         for name in POLICY_NAMES
@@ -119,15 +167,14 @@ def evaluate_lifecycle(
         by["sco-lifecycle"],
         by["karpenter-consolidation"],
     )
-    churn = (
-        round(sco.churn_per_1000h / base.churn_per_1000h, 4) if base.churn_per_1000h else None
-    )
+    churn = round(sco.churn_per_1000h / base.churn_per_1000h, 4) if base.churn_per_1000h else None
     fallback_ratio = (
         round(sco.fallback_cost_capacity_back / today.fallback_cost_capacity_back, 4)
         if today.fallback_cost_capacity_back
         else None
     )
     return LifecycleResult(
+        crunches=windows,
         days=cfg.days,
         seed=cfg.seed,
         regions=[r.id for r in chosen],

@@ -114,8 +114,9 @@ class ScoToday(Sco):
         )
 
     def _accrue_fallback(self, minute: int) -> None:
-        """Fallback spend since the last step, where the tenant could have had reclaimable
-        capacity instead (an allowed, admitted pool with a free instance)."""
+        """Fallback spend since the last step, where reclaimable capacity had returned for
+        it: the free instances of the tenant's allowed, admitted pools hold at least the
+        units its fallback holds."""
         fleet, span = self.fleet, minute - self._last_accrual
         self._last_accrual = minute
         if span <= 0:
@@ -124,9 +125,11 @@ class ScoToday(Sco):
         hold = self.cfg.reclaim_hold_minutes
         for t, tenant in enumerate(fleet.tenants):
             spend = fallback.spend(fleet, t)
-            if spend and any(
-                p not in excluded and fleet.free(p, minute, hold) > 0 for p in tenant.allowed
-            ):
+            if spend and sum(
+                fleet.free(p, minute, hold) * tenant.upi[p]
+                for p in tenant.allowed
+                if p not in excluded
+            ) >= fleet.committed_units(t, "fallback"):
                 self.fallback_cost_capacity_back += spend * span / 60.0
 
     def report(self, out: RegionRun) -> None:
@@ -343,7 +346,7 @@ class ScoLifecycle(ScoToday):
             tenant = fleet.tenants[t]
             self.pending_units[t] -= job.units
             counts.replacements += 1
-            for kind, pool, hall in job.old:
+            for kind, pool, _hall in job.old:
                 key = (pool, t)
                 gone = 0
                 if kind == "r":
@@ -363,7 +366,9 @@ class ScoLifecycle(ScoToday):
                     continue  # reclaimed or released meanwhile: nothing to disrupt
                 reason = job.reason.value
                 counts.disruptions[reason] = counts.disruptions.get(reason, 0) + 1
-                lost = lost_minutes(tenant.kind, self.rng.random(), self.cfg, lead_seconds=self.lead)
+                lost = lost_minutes(
+                    tenant.kind, self.rng.random(), self.cfg, lead_seconds=self.lead
+                )
                 counts.lost_minutes += lost
                 counts.lost_unit_hours += lost * tenant.upi[pool] / 60.0
         self.pending = keep
