@@ -63,6 +63,10 @@ BENCHES = (
     Bench("simulator", "simulator_bench.py", (), ("--tiny",), needs.nats, 600),
     Bench("planner", "planner_bench.py", (), ("--tiny",), lambda: None, 1800),
     Bench("estate", "estate_bench.py", (), ("--days", "2", "--tenants", "1"), lambda: None, 1200),
+    # Four estate policies on one trace (a minute tiny; the full week of 3 regions ~10 min).
+    Bench(
+        "lifecycle", "lifecycle_bench.py", (), ("--tiny",), lambda: None, 1800, tiny_timeout_s=240
+    ),
     Bench("control", "control_bench.py", (), ("--tiny",), needs.postgres, 900),
     Bench("controller_tick", "controller_tick_bench.py", (), ("--tiny",), lambda: None, 900),
     Bench("floor", "floor_bench.py", (), ("--tiny",), needs.postgres, 1800),

@@ -29,6 +29,7 @@ from estate.baselines import (
 from estate.config import EstateConfig
 from estate.demand import BLOCK_MINUTES, demand_units
 from estate.fleet import Fleet, tenants
+from estate.lifecycle_sim import LIFECYCLE_POLICIES
 from estate.policy import Policy
 from estate.results import (
     EstateResult,
@@ -68,10 +69,19 @@ ABLATIONS: tuple[str, ...] = ("sco-no-exclusion", "sco-no-risk", "sco-no-spread"
 BASELINES: tuple[str, ...] = ("price-only", "price-history", "block-backoff", "karpenter-pco")
 
 
+#: The capacity lifecycle's comparison (estate/lifecycle_sim.py, `sco sim lifecycle`): run
+#: by name, not among every run's default policies.
+_LIFECYCLE: dict[str, Callable[[Fleet, EstateConfig, RegionTrace], Policy]] = {
+    p.name: p for p in LIFECYCLE_POLICIES
+}
+
+
 def make_policy(name: str, fleet: Fleet, cfg: EstateConfig, trace: RegionTrace) -> Policy:
-    if name not in _POLICIES:
-        raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")
-    return _POLICIES[name](fleet, cfg, trace)
+    make = _POLICIES.get(name) or _LIFECYCLE.get(name)
+    if make is None:
+        known = ", ".join((*POLICIES, *_LIFECYCLE))
+        raise ValueError(f"unknown policy {name!r}; known: {known}")
+    return make(fleet, cfg, trace)
 
 
 def run_region(

@@ -84,6 +84,8 @@ class RegionRun(BaseModel):
     capacity_waits: list[int] = Field(default_factory=list, exclude=True)
     """Minutes each shortfall lasted (demand above units up, until covered)."""
     voluntary_releases: int = 0  # reclaimable instances the policy let go itself
+    # The lifecycle comparison's own measures (estate/lifecycle_sim.py), by name.
+    lifecycle: dict[str, float] = {}
 
 
 class PolicySummary(BaseModel):
