@@ -9,7 +9,8 @@ hall (halls peak at different times, pools of one hall together); the owner leav
 above what is left takes back our instances (load plus ours over capacity). Prices: the
 list price times a hall factor, times 0.8 + 0.4 * the pool's owner share, hourly (spot
 prices follow demand). Hall outages: the dataset has none; ``hall_losses`` are drawn
-(seeded) and marked so in the source.
+(seeded) and marked so in the source, with overlapping second halls and Poisson events on
+top (``hall_losses_per_month``; estate.trace.hall_loss_events).
 """
 
 from __future__ import annotations
