@@ -59,6 +59,16 @@ class ExclusionResult(BaseModel):
     timelines: dict[str, list[tuple[int, str]]]  # bad pools: (minute, state)
 
 
+class HallDetection(BaseModel):
+    """A floor keeper's probe verdict (estate.halls): a hall judged lost or back."""
+
+    contract: str
+    hall: str
+    minute: int
+    lost: bool  # True: judged lost; False: judged back
+    true_loss: bool  # the hall was in fact down at that minute
+
+
 class RegionRun(BaseModel):
     policy: str
     region: str
@@ -76,6 +86,7 @@ class RegionRun(BaseModel):
     exclusion: ExclusionResult | None = None
     floor_trace: dict[str, list[tuple[int, int]]] = {}  # hall -> (minute, floor units)
     floor_trace_contract: str = ""
+    hall_detections: list[HallDetection] = []
     # One set of measures for every policy (issue 34), from ready capacity.
     served_unit_hours: float = 0.0  # min(demand, units up), sampled on ticks
     unserved_unit_hours: float = 0.0
