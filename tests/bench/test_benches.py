@@ -41,6 +41,8 @@ from bench.run_all import (
                 pytest.mark.timeout(b.tiny_timeout_s + 10),
                 pytest.mark.services,
                 *([pytest.mark.testcloud] if b.needs is needs.testcloud else []),
+                # the memory bench brings up a whole box (its own ports and data dir)
+                *([pytest.mark.devbox] if b.name == "memory_hour" else []),
             ],
         )
         for b in BENCHES
