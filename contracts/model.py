@@ -23,7 +23,7 @@ from pydantic import (
 )
 
 from contracts.disruption import Disruption
-from contracts.region import Size
+from contracts.pool_id import Size
 
 #: Kubernetes label on pods naming their contract; Slurm jobs carry it in --comment.
 CONTRACT_LABEL = "sco.io/contract"
