@@ -133,6 +133,10 @@ BENCHES = (
         2400,
         tiny_timeout_s=420,  # the whole box comes up (Kafka, Temporal, OpenBao): minutes
     ),
+    # A model from the per-unit costs above (the report's last runs, else the recorded
+    # ones) and the estate simulator's month: the control plane's vCPU and memory beside
+    # the seed's 145 vCPU (docs/footprint.md).
+    Bench("footprint", "footprint_bench.py", (), ("--tiny",), lambda: None, 60),
 )
 
 
