@@ -155,10 +155,11 @@ class Churn:
 
 
 def active_instances(dsn: str) -> list[str]:
-    """Up to 200 ACTIVE instances of the region (fleet state), none when it is away."""
+    """Up to 200 ACTIVE reclaimable instances of the region (fleet state: a floor's
+    committed ones are refused to a reclaim without --force), none when it is away."""
     import psycopg
 
-    from activities.events import InstanceState
+    from activities.events import CapacityType, InstanceState
     from activities.fleet.db import open_pool
     from activities.fleet.repository import FleetRepository
 
@@ -172,7 +173,8 @@ def active_instances(dsn: str) -> list[str]:
         return []
     finally:
         pool.close()
-    return [r.instance_id for r in rows[:200]]
+    ids = [r.instance_id for r in rows if r.capacity_type is CapacityType.RECLAIMABLE]
+    return ids[:200]
 
 
 def start_agent(tmp: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
