@@ -24,7 +24,7 @@ from pydantic import (
 
 from contracts.disruption import Disruption
 from contracts.headroom import MAX_HEADROOM_SCHEDULES, HeadroomSchedule
-from contracts.region import Size
+from contracts.pool_id import Size
 
 #: Kubernetes label on pods naming their contract; Slurm jobs carry it in --comment.
 CONTRACT_LABEL = "sco.io/contract"

@@ -311,6 +311,8 @@ def run_region(
         below_floor_minutes=sum(below_floor.values()),
         capacity_waits=waits,
         voluntary_releases=fleet.removed - forced,
+        acquisitions=fleet.acquisitions,
+        instances_launched=fleet.launched,
     )
     policy.report(out)
     return out
@@ -399,6 +401,8 @@ def summarise(name: str, runs: Sequence[RegionRun], cfg: EstateConfig) -> Policy
         fallback_max_share_of_authority=round(share, 4),
         wrongly_excluded_share=wrong,
         good_excluded_time_share=good_time,
+        acquisitions=sum(r.acquisitions for r in runs),
+        instances_launched=sum(r.instances_launched for r in runs),
         **fair_measures(runs),
     )
 

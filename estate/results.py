@@ -95,6 +95,8 @@ class RegionRun(BaseModel):
     capacity_waits: list[int] = Field(default_factory=list, exclude=True)
     """Minutes each shortfall lasted (demand above units up, until covered)."""
     voluntary_releases: int = 0  # reclaimable instances the policy let go itself
+    acquisitions: int = 0  # a contract's launches in one minute (one acquisition workflow)
+    instances_launched: int = 0
     # The lifecycle comparison's own measures (estate/lifecycle_sim.py), by name.
     lifecycle: dict[str, float] = {}
 
@@ -125,6 +127,9 @@ class PolicySummary(BaseModel):
     below_floor_minutes: int = 0
     fallback_refused_units: int = 0
     voluntary_releases: int = 0
+    # The control plane's work over the run (issue 33): acquisitions, instances launched.
+    acquisitions: int = 0
+    instances_launched: int = 0
 
 
 class EstateResult(BaseModel):

@@ -8,7 +8,6 @@ embedded local region in a box.
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -445,6 +444,8 @@ class WorkerSettings(BaseModel):
     def effective_build_id(self) -> str:
         if self.build_id:
             return self.build_id
+        import importlib.metadata  # the worker only: ~1 MB a relay need not hold
+
         try:
             return importlib.metadata.version("sco")
         except importlib.metadata.PackageNotFoundError:
