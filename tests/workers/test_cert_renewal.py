@@ -98,12 +98,25 @@ def renewing_box() -> Iterator[RenewingBox]:
 
 
 def _metric(port: int, name: str) -> float:
-    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    """The sum of a metric's series on a process's metrics port (-1: it did not answer)."""
+    try:
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+    except OSError:
+        return -1.0
     total = 0.0
-    for line in body.splitlines():
+    for line in body.decode().splitlines():
         if line.startswith(name + "{") or line.startswith(name + " "):
             total += float(line.rsplit(" ", 1)[1])
     return total
+
+
+def _metrics(ports: dict[str, int], name: str) -> dict[str, float]:
+    return {n: _metric(p, name) for n, p in ports.items()}
+
+
+def _query(conninfo: str) -> None:
+    with psycopg.connect(conninfo, connect_timeout=5) as conn:
+        conn.execute("SELECT 1").fetchone()
 
 
 def _processes(b: RenewingBox) -> dict[str, int]:
@@ -200,8 +213,7 @@ def test_every_process_renews_twice_and_no_call_fails(
             published += 1
             await nc.publish(subject, str(published).encode())
             try:
-                with psycopg.connect(postgres_conninfo(mine), connect_timeout=5) as conn:
-                    conn.execute("SELECT 1").fetchone()
+                await asyncio.to_thread(_query, postgres_conninfo(mine))
                 db_answers += 1
             except psycopg.OperationalError:
                 db_failures += 1
@@ -212,18 +224,22 @@ def test_every_process_renews_twice_and_no_call_fails(
                 forced = True
                 await nc.force_reconnect()
                 await stale.force_reconnect()
-            renewed = {n: _metric(p, "sco_certificate_renewals_total") for n, p in ports.items()}
+            renewed = await asyncio.to_thread(_metrics, ports, "sco_certificate_renewals_total")
             if forced and renewer.renewals >= 2 and min(renewed.values()) >= 2:
                 break
             await asyncio.sleep(1)
-        await nc.flush(timeout=5)
+        flushed = True
+        try:
+            await nc.flush(timeout=10)
+        except nats.errors.Error:
+            flushed = False
         await asyncio.sleep(0.5)
         states = await asyncio.gather(*acquisitions)
         out: dict[str, object] = {
             "renewed": renewed,
-            "failed": {
-                n: _metric(p, "sco_certificate_renewal_failures_total") for n, p in ports.items()
-            },
+            "failed": _metrics(ports, "sco_certificate_renewal_failures_total"),
+            "flushed": flushed,
+            "nc_error": repr(nc.last_error),
             "own_renewals": renewer.renewals,
             "own_failures": renewer.failures,
             "published": published,
@@ -241,6 +257,13 @@ def test_every_process_renews_twice_and_no_call_fails(
         return out
 
     got = asyncio.run(scenario())
+    logs = b.box.s.data_dir / "logs"
+    tails = {
+        n: (logs / f"{n}.log").read_text()[-1500:]
+        for n, v in got["renewed"].items()  # type: ignore[attr-defined]
+        if v < 2 and (logs / f"{n}.log").is_file()
+    }
+    assert not tails, tails
     renewed = got["renewed"]
     assert isinstance(renewed, dict)
     assert all(v >= 2 for v in renewed.values()), got
