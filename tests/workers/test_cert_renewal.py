@@ -30,8 +30,8 @@ from pathlib import Path
 
 import nats
 import psycopg
-from nats.aio.msg import Msg
 import pytest
+from nats.aio.msg import Msg
 
 from contracts.cert_renewal import Renewer, read_validity
 from tests.support import services
