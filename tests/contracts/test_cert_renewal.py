@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from contracts.cert_renewal import CertBundle, Renewer, read_validity
+from contracts.cert_renewal import CertBundle, Renewer, follow_files, read_validity
 from tests.support.wait import checked, eventually_async
 
 
@@ -131,3 +131,38 @@ def test_a_current_certificate_is_kept_and_a_failing_source_is_retried(tmp_path:
 def test_the_renewal_point_must_leave_time_to_retry(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"renew_fraction 1\.0: must be 0\.1 to 0\.95"):
         Renewer(ShortLivedCA(60), tmp_path / "c", tmp_path / "k", renew_fraction=1.0)
+
+
+class CountingContext(ssl.SSLContext):
+    """A client context that counts its loads (what a handshake would present is the last)."""
+
+    loads: list[str]
+
+    def load_cert_chain(
+        self, certfile: object, keyfile: object = None, password: object = None
+    ) -> None:
+        super().load_cert_chain(certfile, keyfile)  # type: ignore[arg-type]
+        self.loads.append(str(certfile))
+
+
+@pytest.mark.timeout(30)
+def test_a_node_reloads_its_context_when_its_issuer_renews_the_files(tmp_path: Path) -> None:
+    """The agent's way (files renewed by the node's issuer): `follow_files` loads the new
+    pair into the very context NATS reconnects with, once per change."""
+    ca = ShortLivedCA(lifetime=60)
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    writer = Renewer(ca, cert, key)
+    ctx = CountingContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.loads = []
+
+    async def scenario() -> None:
+        await writer.renew()
+        stop = asyncio.Event()
+        task = asyncio.create_task(follow_files(ctx, cert, key, stop, every_s=0.1))
+        await writer.renew()  # the issuer writes a new pair
+        await eventually_async(checked(lambda: ctx.loads or None), timeout=5, what="a reload")
+        stop.set()
+        await task
+
+    asyncio.run(scenario())
+    assert ctx.loads == [str(cert)]

@@ -36,6 +36,7 @@ from nats.aio.msg import Msg
 from contracts.cert_renewal import Renewer, read_validity
 from tests.support import services
 from tests.support.paths import REGIONS_DIR
+from tests.support.wait import checked, eventually_async
 from tests.workers.test_box_secure import _need_servers
 from workers import cert_renewal
 from workers.client_security import nats_options, postgres_conninfo, ssl_context
@@ -227,13 +228,19 @@ def test_every_process_renews_twice_and_no_call_fails(
             renewed = await asyncio.to_thread(_metrics, ports, "sco_certificate_renewals_total")
             if forced and renewer.renewals >= 2 and min(renewed.values()) >= 2:
                 break
+            # sleep is the behaviour under test: a call a second on every hop, across renewals
             await asyncio.sleep(1)
         flushed = True
         try:
             await nc.flush(timeout=10)
         except nats.errors.Error:
             flushed = False
-        await asyncio.sleep(0.5)
+        if flushed:
+            await eventually_async(
+                checked(lambda: len(set(received)) >= published or None),
+                timeout=10,
+                what="every message published delivered",
+            )
         states = await asyncio.gather(*acquisitions)
         out: dict[str, object] = {
             "renewed": renewed,
