@@ -447,7 +447,12 @@ def infrastructure(
     from workers.devbox.openbao import OpenBaoService
 
     # First: it issues the identities every later service and process presents.
-    bao = [OpenBaoService(settings)] if profile.cert_source == "openbao" else []
+    # (`openbao.box = false`: an OpenBao of the site's at `openbao.address`, provisioned.)
+    bao = (
+        [OpenBaoService(settings)]
+        if profile.cert_source == "openbao" and settings.openbao.box
+        else []
+    )
     return [
         *bao,
         SecurePostgresService(settings, profile),
