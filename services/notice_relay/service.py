@@ -116,6 +116,14 @@ async def run(
             )
             wakes.start()
             opened.push_async_callback(wakes.close)
+            if (renewer := cert_renewal.current()) is not None:
+                # Temporal's TLS is fixed at connect: after a renewal the next notice
+                # connects anew, with the renewed certificate.
+                def reconnect_temporal(_bundle: object) -> None:
+                    hooks.forget_client()
+                    wakes.forget_client()
+
+                renewer.add_hook(reconnect_temporal)
             relay = NoticeRelay(
                 region=region.id,
                 hall=hall,
