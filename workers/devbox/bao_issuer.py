@@ -17,6 +17,7 @@ A `CertificateIssuer` (workers/devbox/pki.py) beside the box CA:
 from __future__ import annotations
 
 import datetime as dt
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -28,8 +29,10 @@ from workers.openbao.plan import PROCESS_KINDS, ROOT_MOUNT, pki_mount, policy_na
 from workers.openbao.source import OpenBaoSource, split_kind
 from workers.settings import Settings
 
-#: What a box-made token for one kind lives: OpenBao's default maximum (32 days).
+#: What a box-made token for one kind lives: OpenBao's default maximum (32 days); `up`
+#: makes a new one when the one on disk is older than TOKEN_RENEW_AFTER_S.
 TOKEN_TTL = "768h"
+TOKEN_RENEW_AFTER_S = 28 * 86400
 BUNDLE = "trust-bundle.crt"
 
 
@@ -90,7 +93,7 @@ class OpenBaoIssuer:
         base, hall = split_kind(kind)
         name = policy_name(region, base, hall if base == "notice-relay" else None)
         path = self.secrets_dir / f"openbao-{name}.token"
-        if not path.is_file():
+        if not path.is_file() or time.time() - path.stat().st_mtime > TOKEN_RENEW_AFTER_S:
             from workers.devbox.pki import write_private
 
             try:
