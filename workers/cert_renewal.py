@@ -71,6 +71,7 @@ def renewer(settings: Settings) -> Renewer | None:
         region=settings.region,
         kind=ident.kind,
         ttl_s=ident.ttl_seconds,
+        key_file=ident.key_file,
     )
     cert, key = ident.cert_file, ident.key_file
     # Both exist from the start, so a scrape shows 0 rather than nothing.

@@ -103,7 +103,7 @@ class OpenBaoIssuer:
             write_private(path, (token + "\n").encode())
         return path
 
-    def source_for(self, kind: str, region: str) -> OpenBaoSource:
+    def source_for(self, kind: str, region: str, key_file: Path | None = None) -> OpenBaoSource:
         return OpenBaoSource.from_files(
             self.s.openbao.address,
             token_file=self.token_file(kind, region),
@@ -111,6 +111,7 @@ class OpenBaoIssuer:
             region=region,
             kind=kind,
             ttl_s=self.ttl_s,
+            key_file=key_file,
         )
 
     # -- CertificateIssuer -------------------------------------------------------------------
@@ -147,7 +148,7 @@ class OpenBaoIssuer:
             if dt.datetime.now(dt.UTC) < nb + (na - nb) * self.renew_fraction:
                 return Issued(cert, key)
         try:
-            bundle = self.source_for(kind, region).fetch()
+            bundle = self.source_for(kind, region, key).fetch()
         except BaoError as exc:
             raise DevboxError(f"openbao: a certificate for {kind} of {region}: {exc}") from exc
         self.fallback.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
