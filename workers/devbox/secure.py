@@ -127,8 +127,10 @@ class SecureProfile:
         certificate from OpenBao; {} for one whose certificate the box CA issued."""
         from workers.devbox.bao_issuer import OpenBaoIssuer, has_role
 
-        if not isinstance(self.issuer, OpenBaoIssuer) or not has_role(kind):
+        if not isinstance(self.issuer, OpenBaoIssuer):
             return {}
+        if not has_role(kind):  # the box's and the operator's: where the box's OpenBao is
+            return {"openbao": {"address": self.base.openbao.address}}
         bao_ca = self.issuer.bao_ca_file
         return {
             "identity": {
@@ -233,11 +235,13 @@ class SecureProfile:
                 ),
                 "box": s.box.model_copy(update={"profile": "secure"}),
                 **(
-                    {
-                        "identity": IdentitySettings.model_validate(o["identity"]),
-                        "openbao": OpenBaoSettings.model_validate(o["openbao"]),
-                    }
+                    {"identity": IdentitySettings.model_validate(o["identity"])}
                     if "identity" in o
+                    else {}
+                ),
+                **(
+                    {"openbao": OpenBaoSettings.model_validate(o["openbao"])}
+                    if "openbao" in o
                     else {}
                 ),
             }
