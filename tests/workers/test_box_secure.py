@@ -76,6 +76,8 @@ def secure_box() -> Iterator[SecureBox]:
         "SCO_BOX__SECURE_NATS_PORT": str(services.free_port()),
         "SCO_BOX__SECURE_TEMPORAL_PORT": str(services.free_port()),
         "SCO_BOX__SECURE_TEMPORAL_BACKEND_PORT": str(services.free_port()),
+        # The identities' OpenBao, on ports of its own (its cluster listener: the next).
+        "SCO_OPENBAO__ADDRESS": f"https://127.0.0.1:{services.free_port_range(2)}",
         "SCO_KAFKA__BOOTSTRAP_SERVERS": f"127.0.0.1:{services.free_port()}",
         "SCO_PROMETHEUS__PORT": str(services.free_port()),
         "SCO_PROMETHEUS__BOX_PORTS_FROM": str(services.free_port_range(32)),
