@@ -36,8 +36,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.report import Report
-from tests.support import services
-from tests.support.paths import REGIONS_DIR
+from tests.support.secure_box_env import secure_box_env
 
 
 def _metric(port: int, name: str) -> float | None:
@@ -53,23 +52,12 @@ def _metric(port: int, name: str) -> float | None:
 
 
 def box_env(ttl: int) -> tuple[Path, dict[str, str]]:
-    tmp = Path(tempfile.mkdtemp(prefix="sco-cert-bench-"))
-    return tmp, {
-        "SCO_DATA_DIR": str(tmp / "sco"),
-        "SCO_REGIONS_DIR": str(REGIONS_DIR),
-        "SCO_REGIONS": '["r1"]',
-        "SCO_POSTGRES_DSN": f"postgresql://postgres@127.0.0.1:5432/cb_{uuid.uuid4().hex[:8]}",
-        "SCO_BOX__SECURE_POSTGRES_PORT": str(services.free_port()),
-        "SCO_BOX__SECURE_NATS_PORT": str(services.free_port()),
-        "SCO_BOX__SECURE_TEMPORAL_PORT": str(services.free_port()),
-        "SCO_BOX__SECURE_TEMPORAL_BACKEND_PORT": str(services.free_port()),
-        "SCO_BOX__SECURE_CERT_SOURCE": "openbao",
-        "SCO_OPENBAO__ADDRESS": f"https://127.0.0.1:{services.free_port_range(2)}",
-        "SCO_IDENTITY__TTL_SECONDS": str(ttl),
-        "SCO_KAFKA__BOOTSTRAP_SERVERS": f"127.0.0.1:{services.free_port()}",
-        "SCO_PROMETHEUS__PORT": str(services.free_port()),
-        "SCO_PROMETHEUS__BOX_PORTS_FROM": str(services.free_port_range(32)),
-    }
+    return secure_box_env(
+        "cert-bench",
+        SCO_REGIONS='["r1"]',
+        SCO_BOX__SECURE_CERT_SOURCE="openbao",
+        SCO_IDENTITY__TTL_SECONDS=str(ttl),
+    )
 
 
 async def drive(box: Any, duration: float, acquire_every: float, log: Any) -> dict[str, Any]:

@@ -20,7 +20,6 @@ import datetime as dt
 import os
 import shutil
 import ssl
-import tempfile
 import time
 import urllib.request
 import uuid
@@ -34,8 +33,7 @@ import pytest
 from nats.aio.msg import Msg
 
 from contracts.cert_renewal import Renewer, read_validity
-from tests.support import services
-from tests.support.paths import REGIONS_DIR
+from tests.support.secure_box_env import secure_box_env
 from tests.support.wait import checked, eventually_async
 from tests.workers.test_box_secure import _need_servers
 from workers import cert_renewal
@@ -63,24 +61,12 @@ class RenewingBox:
 @pytest.fixture(scope="module")
 def renewing_box() -> Iterator[RenewingBox]:
     _need_servers()
-    tmp = Path(tempfile.mkdtemp(prefix="sco-renew-box-"))
-    bao_port = services.free_port_range(2)
-    env = {
-        "SCO_DATA_DIR": str(tmp / "sco"),
-        "SCO_REGIONS_DIR": str(REGIONS_DIR),
-        "SCO_REGIONS": '["r1"]',
-        "SCO_POSTGRES_DSN": f"postgresql://postgres@127.0.0.1:5432/ren_{uuid.uuid4().hex[:8]}",
-        "SCO_BOX__SECURE_POSTGRES_PORT": str(services.free_port()),
-        "SCO_BOX__SECURE_NATS_PORT": str(services.free_port()),
-        "SCO_BOX__SECURE_TEMPORAL_PORT": str(services.free_port()),
-        "SCO_BOX__SECURE_TEMPORAL_BACKEND_PORT": str(services.free_port()),
-        "SCO_BOX__SECURE_CERT_SOURCE": "openbao",
-        "SCO_OPENBAO__ADDRESS": f"https://127.0.0.1:{bao_port}",
-        "SCO_IDENTITY__TTL_SECONDS": str(TTL_S),
-        "SCO_KAFKA__BOOTSTRAP_SERVERS": f"127.0.0.1:{services.free_port()}",
-        "SCO_PROMETHEUS__PORT": str(services.free_port()),
-        "SCO_PROMETHEUS__BOX_PORTS_FROM": str(services.free_port_range(32)),
-    }
+    tmp, env = secure_box_env(
+        "renew-box",
+        SCO_REGIONS='["r1"]',
+        SCO_BOX__SECURE_CERT_SOURCE="openbao",
+        SCO_IDENTITY__TTL_SECONDS=str(TTL_S),
+    )
     before = dict(os.environ)
     os.environ.update(env)
     try:
