@@ -28,6 +28,7 @@ from activities.ledger.store import LedgerStore
 from contracts.bundle import VerifiedBundle
 from contracts.disruption import VOLUNTARY_REASONS
 from contracts.feasibility import units_per_instance
+from contracts.headroom import headroom_at
 from contracts.model import Contract, UnitShape
 from planning.choice import ChoiceRecord, PoolChoice
 from planning.disruption_budget import allowed_disruptions
@@ -90,7 +91,9 @@ class ContractExplanation(BaseModel):
     short_units: int = 0
     max_units_per_region: int | None = None
     max_fallback_spend_per_hour: float | None = None
-    headroom_units: int = 0
+    headroom_units: int = 0  # asked now: headroom_units, or an open headroom schedule's
+    headroom_why: str = ""
+    headroom_short_units: int = 0  # of that headroom, not held now
     excluded_pools: list[str] = []
     allowed_pools: int = 0
     acquisitions: list[AcquisitionLine] = []
@@ -317,7 +320,7 @@ def explain_contract(src: ExplainSources, region: str, name: str) -> ContractExp
     out.waiting_approval = [a.acquisition_id for a in open_ if a.state == "waiting_approval"]
     out.max_units_per_region = contract.placement.max_units_per_region
     out.max_fallback_spend_per_hour = contract.max_fallback_spend_per_hour
-    out.headroom_units = contract.headroom_units
+    out.headroom_units, out.headroom_why = headroom_at(contract, src.now)
     allowed = [p for p in pools.values() if _allowed(contract, p)]
     out.allowed_pools = len(allowed)
     excluded = {
@@ -331,7 +334,20 @@ def explain_contract(src: ExplainSources, region: str, name: str) -> ContractExp
         out.budgets.append(BudgetLine(reason=reason.value, allowed=v.allowed, why=v.why))
     out.drifted = {k: v.why for k, v in fleet_drift([contract], rows).items() if v.drifted}
     out.short_units = max(out.demand_units - out.held_units, 0)
+    out.headroom_short_units = min(
+        out.headroom_units, max(out.demand_units + out.headroom_units - out.held_units, 0)
+    )
     _contract_reasons(out, contract, recent, excluded)
+    if out.headroom_units:
+        out.why.append(
+            f"headroom: {out.headroom_units} units held ready beyond demand as cover "
+            f"({out.headroom_why}); "
+            + (
+                f"{out.headroom_short_units} of them not held now (refilled at the next tick)"
+                if out.headroom_short_units
+                else "all held"
+            )
+        )
     out.voluntary = src.latest_about(
         region, DecisionKind.DISRUPTION.value, {i.instance_id for i in rows}
     )

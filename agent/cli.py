@@ -8,7 +8,6 @@ import os
 import sys
 from pathlib import Path
 
-from agent.config import DEFAULT_PATH, ConfigError, load_config
 from contracts.lean_imports import no_websockets_for_nats
 from contracts.logformat import LOG_FORMATS, configure_logging, parse_format
 
@@ -27,10 +26,24 @@ def version() -> str:
     return "unknown"
 
 
+class _VersionAction(argparse.Action):
+    """`--version`, read when asked for: the version lookup loads importlib.metadata
+    (~1 MB) that a running agent would hold for nothing (decision 0026)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="show the version and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+        print(f"sco-agent {version()}")  # on stdout, as argparse's own version action
+        parser.exit()
+
+
 def main(argv: list[str] | None = None) -> int:
     # Before the daemon's modules import nats (contracts/lean_imports.py): ~10 MB of
     # aiohttp the agent never uses.
+    # And before agent.config builds the first pydantic model (pydantic's plugin loader).
     no_websockets_for_nats()
+    from agent.config import DEFAULT_PATH, ConfigError, load_config
     from agent.daemon import Agent, TimeSyncRefused, run_until_signalled
     from agent.natslink import NatsOptionsError
 
@@ -45,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         else None,
         help=f"TOML file (env SCO_AGENT_CONFIG; default {DEFAULT_PATH} when it exists)",
     )
-    parser.add_argument("--version", action="version", version=f"sco-agent {version()}")
+    parser.add_argument("--version", action=_VersionAction)
     parser.add_argument("--check", action="store_true", help="validate config and bundle, exit 0/1")
     parser.add_argument("--dry-run", action="store_true", help="same as SCO_AGENT_DRY_RUN=true")
     parser.add_argument(

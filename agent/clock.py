@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import json
 import logging
 import time
@@ -47,9 +48,15 @@ class KernelSync:
     max_error_seconds: float
 
 
+@functools.cache
+def _libc_name() -> str | None:
+    # find_library runs `ldconfig -p` (a child process) each time: once per process.
+    return ctypes.util.find_library("c")
+
+
 def kernel_sync() -> KernelSync | None:
     """What the kernel says of its clock (Linux adjtimex, read-only); None elsewhere."""
-    name = ctypes.util.find_library("c")
+    name = _libc_name()
     if name is None:
         return None
 

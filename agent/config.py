@@ -34,6 +34,7 @@ Keys (all top level):
     nats_creds_file                 a NATS credentials (JWT + nkey) file, or
     nats_nkey_seed_file             an nkey seed file
     nats_tls_ca, nats_tls_cert, nats_tls_key   TLS to NATS: CA bundle, client cert and key
+    tls_reload_seconds   how often a renewed nats_tls_cert is looked for (reloaded in place)
     bundle_first_retry_seconds  how often a node without a bundle asks the distributor
     workers, report_timeout_seconds, metadata_poll_seconds, bundle_refresh_seconds,
     kubernetes_api_url, kubernetes_token_path, kubernetes_ca_path
@@ -116,6 +117,8 @@ class AgentConfig(BaseModel):
     nats_tls_ca: Path | None = None
     nats_tls_cert: Path | None = None
     nats_tls_key: Path | None = None
+    # How often the agent looks for a renewed nats_tls_cert (reloaded without a restart).
+    tls_reload_seconds: float = Field(default=10.0, gt=0, le=3600)
 
     @model_validator(mode="after")
     def _nats_auth(self) -> AgentConfig:

@@ -34,6 +34,7 @@ from agent.sources.metadata import MetadataFileSource
 from agent.sources.nats import NatsNoticeSource
 from contracts.bundle import VerifiedBundle
 from contracts.cache import BundleCache
+from contracts.cert_renewal import follow_files
 from contracts.distribution import bucket_for
 from contracts.holders import HoldingReporter
 from contracts.keys import KeyFileError, TrustStore
@@ -344,6 +345,17 @@ class Agent:
         watchdog = asyncio.create_task(self._watchdog(stop), name="watchdog")
         clock = asyncio.create_task(self._clock_loop(stop), name="clock")
         job_dirs = asyncio.create_task(self._job_dirs(stop), name="job-dirs")
+        # The node's NATS certificate, renewed on disk by its issuer: the next (re)connect
+        # presents the renewed one, no restart (contracts/cert_renewal.py).
+        ctx, cert, key = self.link.tls_context, self.config.nats_tls_cert, self.config.nats_tls_key
+        certs = (
+            asyncio.create_task(
+                follow_files(ctx, cert, key, stop, every_s=self.config.tls_reload_seconds),
+                name="tls-reload",
+            )
+            if ctx is not None and cert is not None and key is not None
+            else asyncio.create_task(stop.wait(), name="tls-reload")
+        )
         status = (
             f"watching for reclaim notices (bundle serial {first.serial})"
             if first is not None
@@ -366,9 +378,11 @@ class Agent:
             await source.stop()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.queue.join(), STOP_GRACE_SECONDS)
-        for task in [*workers, refresh, watchdog, clock, job_dirs]:
+        for task in [*workers, refresh, watchdog, clock, job_dirs, certs]:
             task.cancel()
-        await asyncio.gather(*workers, refresh, watchdog, clock, job_dirs, return_exceptions=True)
+        await asyncio.gather(
+            *workers, refresh, watchdog, clock, job_dirs, certs, return_exceptions=True
+        )
         await self.reporter.flush(self.config.report_timeout_seconds)
         await self.link.close()
 

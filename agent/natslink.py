@@ -70,6 +70,13 @@ class NatsLink:
         self.connected = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
+    @property
+    def tls_context(self) -> ssl.SSLContext | None:
+        """The context every (re)connect's handshake uses: reloaded in place when the
+        node's certificate is renewed (contracts.cert_renewal.follow_files)."""
+        ctx = self._options.get("tls")
+        return ctx if isinstance(ctx, ssl.SSLContext) else None
+
     def start(self) -> None:
         if self._task is None and self._urls:
             self._task = asyncio.create_task(self._connect_forever(), name="nats-connect")

@@ -30,6 +30,17 @@ def nats() -> str | None:
     return None if _listening("127.0.0.1", 4222) else "NATS not listening on :4222"
 
 
+def secure_box() -> str | None:
+    """The secure box: the machine's PostgreSQL server binaries (with SSL) and nginx."""
+    from workers.devbox import tls_servers
+
+    if tls_servers.postgres_bin_dir() is None:
+        return "PostgreSQL server binaries missing: apt-get install -y postgresql"
+    if shutil.which("nginx") is None:
+        return "nginx missing: apt-get install -y nginx"
+    return postgres()
+
+
 def suite_run() -> str | None:
     """The suite bench reads the last `make test`'s JUnit XML."""
     if (REPO / ".sco" / "test-results.xml").is_file():

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import itertools
 import os
 import signal
@@ -286,6 +287,47 @@ async def run_step(
     return step
 
 
+async def unit_costs(
+    load: Load, procs: dict[str, list[int]], n: int, per_min: float, bound_s: float
+) -> dict[str, dict[str, float]]:
+    """CPU-ms per unit of each kind of work apart: `n` acquisitions alone, then `n`
+    notices alone (on instances under management), each at `per_min` on a schedule, the
+    CPU of every process from /proc over each window divided by the units done (a notice
+    counts once its exclusion workflow holds it). {kind: {process: ms, "units": n}}."""
+    out: dict[str, dict[str, float]] = {}
+
+    async def window(kind: str, jobs: list[Callable[[], Awaitable[tuple[float, float]]]]) -> None:
+        before = {name: procstat.snapshot(pids) for name, pids in procs.items()}
+        held = await load.applied_notices(bound_s) if kind == "notice" else 0
+        done: list[tuple[float, float]] = []
+
+        async def one(i: int) -> None:
+            done.append(await jobs[i]())
+
+        await asyncio.wait_for(
+            scheduled(len(jobs), per_min / 60, one), len(jobs) * 60 / per_min + 2 * bound_s
+        )
+        if kind == "notice":
+            # Applied by the worker: the exclusion workflows hold them (queries served).
+            after = await load.applied_notices(bound_s)
+            units = min(len(done), (after or 0) - (held or 0))
+        else:
+            units = len(done)
+        if units <= 0:
+            return
+        out[kind] = {
+            name: round(1000 * procstat.cpu_delta(before[name], pids) / units, 2)
+            for name, pids in procs.items()
+        }
+        out[kind]["units"] = units
+
+    await window("acquisition", [load.acquire for _ in range(n)])
+    targets = load.active()[:n]
+    load.noticed.update(i for i, _ in targets)
+    await window("notice", [functools.partial(load.notice, iid, pool) for iid, pool in targets])
+    return out
+
+
 def plot(steps: list[Step], out: Path, name: str = "saturation.png", workers: int = 1) -> Path:
     import matplotlib
 
@@ -411,6 +453,11 @@ async def ramp(args: argparse.Namespace, report: Report, tmp: Path) -> list[Step
         # Warm-up: the budget workflow, the worker's caches; and instances to notice.
         first_notices = max(1, round(args.start / 2 * args.step_seconds / 60))
         await asyncio.wait_for(load.acquire(first_notices), 120 + args.p99_bound)
+        # Each kind of work's cost apart (the ramp's steps mix them).
+        costs = await unit_costs(
+            load, procs, args.unit_count, max(args.start, 60.0), args.p99_bound
+        )
+        report.details["unit_costs_ms"] = costs
         steps: list[Step] = []
         rate = args.start
         for _ in range(args.steps):
@@ -446,10 +493,16 @@ def main() -> int:
     ap.add_argument(
         "--out", type=Path, default=None, help="PNG dir (bench/results; --tiny: a temp dir)"
     )
+    ap.add_argument(
+        "--unit-count",
+        type=int,
+        default=60,
+        help="acquisitions, then notices, run alone for their CPU per unit",
+    )
     ap.add_argument("--tiny", action="store_true", help="2 steps of 6 s (CI smoke)")
     args = ap.parse_args()
     if args.tiny:
-        args.start, args.steps, args.step_seconds = 30.0, 2, 6.0
+        args.start, args.steps, args.step_seconds, args.unit_count = 30.0, 2, 6.0, 4
     if args.workers < 1:
         ap.error("--workers: at least 1")
     report = Report(
@@ -537,6 +590,21 @@ def main() -> int:
                 f"offered / its {best.acquisitions_done} acquisitions (with "
                 f"{best.notices_done} notices)",
             )
+    costs = report.details.get("unit_costs_ms", {})
+    for kind in ("acquisition", "notice"):
+        got = costs.get(kind)
+        for name in ("worker", "temporal"):
+            fig = f"cpu_ms_{name}_per_{kind}_alone"
+            anchor = (
+                f"/proc utime+stime of the {name} over {kind}s run alone at "
+                f"{max(args.start, 60.0):g}/min / the units done"
+            )
+            if got is None:
+                report.measurement_missing(
+                    fig, f"no {kind} done in its window", "ms", anchor=anchor
+                )
+            else:
+                report.figure(fig, got[name], "ms", anchor=f"{anchor} ({got['units']:g})")
     last = steps[-1]
     for name, value in last.cpu_pct.items():
         report.figure(

@@ -209,6 +209,12 @@ class _Window(_Strict):
         return fired is not None and now.astimezone(UTC) < fired + lookback
 
 
+def window_open_at(schedule: str, duration_minutes: int, now: datetime) -> bool:
+    """Whether the window `schedule` opens for `duration_minutes` is open at `now` (for
+    other cron windows of the contract, such as headroom schedules)."""
+    return _Window(schedule=schedule, duration_minutes=duration_minutes).open_at(now)
+
+
 class Budget(_Strict):
     """At most `max_instances` or `max_percent` % of the contract's instances (rounded up)
     voluntarily disrupted at once for `reasons`; with a schedule, only while its window is

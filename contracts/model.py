@@ -23,7 +23,8 @@ from pydantic import (
 )
 
 from contracts.disruption import Disruption
-from contracts.region import Size
+from contracts.headroom import MAX_HEADROOM_SCHEDULES, HeadroomSchedule
+from contracts.pool_id import Size
 
 #: Kubernetes label on pods naming their contract; Slurm jobs carry it in --comment.
 CONTRACT_LABEL = "sco.io/contract"
@@ -171,6 +172,10 @@ class Contract(_Strict):
     # Units per region held as ready instances beyond demand, counted by the planner as
     # cover: a burst starts without a boot.
     headroom_units: int = Field(default=0, ge=0, le=100_000)
+    # Each replaces headroom_units while its cron window is open (contracts/headroom.py).
+    headroom_schedules: list[HeadroomSchedule] = Field(
+        default=[], max_length=MAX_HEADROOM_SCHEDULES
+    )
 
     @model_validator(mode="after")
     def _headroom_within_cap(self) -> Contract:
@@ -180,6 +185,12 @@ class Contract(_Strict):
                 f"headroom_units: {self.headroom_units} is over placement.max_units_per_region"
                 f" ({cap})"
             )
+        for n, sched in enumerate(self.headroom_schedules):
+            if sched.units > cap:
+                raise ValueError(
+                    f"headroom_schedules[{n}].units: {sched.units} is over "
+                    f"placement.max_units_per_region ({cap})"
+                )
         return self
 
     @model_serializer(mode="wrap")
@@ -193,6 +204,8 @@ class Contract(_Strict):
             out.pop("disruption", None)
         if self.headroom_units == 0:
             out.pop("headroom_units", None)
+        if not self.headroom_schedules:
+            out.pop("headroom_schedules", None)
         return out
 
     @property

@@ -15,8 +15,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Literal
 
-__all__ = ["NAME_RE", "PoolId"]
+__all__ = ["NAME_RE", "SIZES", "PoolId", "Size"]
+
+#: An instance size of a region's SKUs. Here, not in contracts.region, so the contract
+#: models (and the node agent, which reads them) need not load the region file's models.
+Size = Literal["l", "xl", "2xl", "4xl"]
+SIZES: tuple[Size, ...] = ("l", "xl", "2xl", "4xl")
 
 #: One part of a pool id (and any name of a region file): no dots, no spaces.
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")

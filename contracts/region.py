@@ -20,7 +20,7 @@ import re
 import tomllib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import (
     AfterValidator,
@@ -34,7 +34,7 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails, InitErrorDetails, PydanticCustomError
 
-from contracts.pool_id import NAME_RE, PoolId
+from contracts.pool_id import NAME_RE, SIZES, PoolId, Size
 
 __all__ = [
     "SIZES",
@@ -49,8 +49,6 @@ __all__ = [
 ]
 
 # Instance sizes, smallest first. The OpenStack flavor of a pool is "<sku>.<size>".
-Size = Literal["l", "xl", "2xl", "4xl"]
-SIZES: tuple[Size, ...] = ("l", "xl", "2xl", "4xl")
 
 _CURRENCY_RE = re.compile(r"[A-Z]{3}")
 

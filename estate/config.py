@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from planning.exclusion_cycle import CycleRules
+from planning.hall_probe import ProbeRules
 
 
 class EstateConfig(BaseModel):
@@ -61,8 +62,27 @@ class EstateConfig(BaseModel):
     """The co-reclaims of one burst fall within this many minutes."""
     reclaim_hold_minutes: int = Field(default=30, ge=0)
     """Capacity the provider took back stays with it this long."""
-    hall_losses_per_region: int = Field(default=2, ge=0)
+    hall_losses_per_region: int = Field(default=0, ge=0)
+    """A fixed number of hall losses per region, each ``hall_loss_minutes`` long (the
+    planted scenario: one)."""
     hall_loss_minutes: int = Field(default=180, ge=1)
+    hall_losses_per_month: float = Field(default=4.0, ge=0)
+    """Hall-loss events per region and 30 days (Poisson; the calibrated generator), each
+    lasting ``hall_loss_span`` minutes (log-uniform)."""
+    hall_loss_span: tuple[int, int] = (20, 240)
+    hall_loss_overlap: float = Field(default=0.4, ge=0, le=1)
+    """Chance an event takes a second hall down too, starting within the first's first
+    hour (the two losses overlap)."""
+
+    # The environment the floor keeper's probes see (not SCO's parameters).
+    probe_glitches_per_hall_day: float = Field(default=0.05, ge=0)
+    """Provider API glitches per hall and day: for 10-90 s the provider answers ERROR for
+    each floor instance there with chance 0.7 and reports no capacity (false alarms)."""
+    probe_stale: float = Field(default=0.25, ge=0, lt=1)
+    """Chance a probe still reads a gone instance ACTIVE (a stale provider answer: misses
+    and late detection)."""
+    probe_lost: float = Field(default=0.02, ge=0, lt=1)
+    """Chance a probe gets no answer at all (the activity fails: no verdict)."""
 
     # Fair comparison.
     warm_start: bool = True
@@ -80,7 +100,13 @@ class EstateConfig(BaseModel):
     boot_minutes: int = Field(default=3, ge=1)
     committed_boot_minutes: int = Field(default=6, ge=1)
     floor_detect_minutes: int = Field(default=3, ge=1)
-    """Hall loss to the floor keeper's verdict (consecutive failed probes)."""
+    """The legacy bound on a hall loss's detection, for the "explained" floor gaps only:
+    the keeper detects losses through its probes (estate.halls)."""
+    # The floor keeper's probe rule (workflows.floor.models.FloorConfig's defaults).
+    floor_probe_seconds: int = Field(default=15, ge=1, le=60)
+    floor_lost_fraction: float = Field(default=0.5, gt=0, le=1)
+    floor_lost_probes: int = Field(default=2, ge=1)
+    floor_clean_probes: int = Field(default=3, ge=1)
 
     # Work in flight, for work lost per reclaim.
     ci_job_minutes: float = Field(default=20.0, gt=0)
@@ -109,6 +135,14 @@ class EstateConfig(BaseModel):
     @property
     def minutes(self) -> int:
         return round(self.days * 1440)
+
+    def probe_rules(self) -> ProbeRules:
+        """The floor keeper's hall-loss rule, for the product's own verdict."""
+        return ProbeRules(
+            lost_fraction=self.floor_lost_fraction,
+            lost_probes=self.floor_lost_probes,
+            clean_probes=self.floor_clean_probes,
+        )
 
     def exclusion_rules(self) -> CycleRules:
         """The exclusion cycle's settings, for the product's own state machine."""
@@ -141,6 +175,10 @@ PLANTED: dict[str, object] = {
     "pool_price_spread": 0.0,
     "price_walk_per_day": 0.0,
     "hall_losses_per_region": 1,
+    "hall_losses_per_month": 0.0,
+    "probe_glitches_per_hall_day": 0.0,
+    "probe_stale": 0.0,
+    "probe_lost": 0.0,
     "warm_start": False,
     "committed_markup": 0.0,
     "baseline_fallback": False,

@@ -9,7 +9,8 @@ hall (halls peak at different times, pools of one hall together); the owner leav
 above what is left takes back our instances (load plus ours over capacity). Prices: the
 list price times a hall factor, times 0.8 + 0.4 * the pool's owner share, hourly (spot
 prices follow demand). Hall outages: the dataset has none; ``hall_losses`` are drawn
-(seeded) and marked so in the source.
+(seeded) and marked so in the source, with overlapping second halls and Poisson events on
+top (``hall_losses_per_month``; estate.trace.hall_loss_events).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from contracts.region import Region
+from estate.trace import hall_loss_events
 from estate.tracefile import FORMAT
 
 #: Dataset -> (file inside the package, the CPU column).
@@ -93,6 +95,9 @@ def convert(
     source: str,
     hall_losses: int = 2,
     hall_loss_minutes: int = 180,
+    hall_losses_per_month: float = 4.0,
+    hall_loss_span: tuple[int, int] = (20, 240),
+    hall_loss_overlap: float = 0.4,
     owner_preempts: bool = True,
 ) -> dict[str, Any]:
     """The neutral trace document (estate.tracefile) of window ``window`` of ``series``."""
@@ -131,15 +136,28 @@ def convert(
                     prices.append([minute, price])
         pools[region.pool_id(pool)] = {"available": available, "prices": prices}
     outages: dict[str, dict[str, list[list[int]]]] = {}
+    drawn_losses: list[tuple[str, int, int]] = []
     for _ in range(hall_losses):
         start = rng.randrange(minutes // 5, max(minutes // 5 + 1, minutes * 4 // 5))
         hall = rng.choice(halls)
-        outages.setdefault(hall, {"outages": []})["outages"].append(
-            [start, min(minutes, start + hall_loss_minutes)]
-        )
+        drawn_losses.append((hall, start, min(minutes, start + hall_loss_minutes)))
+    # Since the probe-detected keeper (decision 0027): a second hall overlapping some of
+    # them, and Poisson events on top, from a stream of their own (the load is unchanged).
+    more = random.Random(f"dc:{seed}:{region.id}:{source}:{window}:halls")
+    for hall, start, _ in list(drawn_losses):
+        others = [h for h in halls if h != hall]
+        if others and more.random() < hall_loss_overlap:
+            at = start + more.randrange(0, 61)
+            if at < minutes:
+                drawn_losses.append((more.choice(others), at, min(minutes, at + hall_loss_minutes)))
+    drawn_losses += hall_loss_events(
+        halls, minutes, hall_losses_per_month, hall_loss_span, hall_loss_overlap, more
+    )
+    for hall, start, end in drawn_losses:
+        outages.setdefault(hall, {"outages": []})["outages"].append([start, end])
     for entry in outages.values():
         entry["outages"].sort()
-    drawn = f"; {hall_losses} hall loss(es) drawn, seed {seed}" if hall_losses else ""
+    drawn = f"; {len(drawn_losses)} hall loss(es) drawn, seed {seed}" if drawn_losses else ""
     return {
         "format": FORMAT,
         "region": region.id,

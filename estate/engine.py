@@ -3,10 +3,12 @@
 Each minute: hall losses start or end (everything in a lost hall is gone without
 notice), booted instances come up, the trace's reclaims hit whoever holds the slots (a
 notice with the region's lead: the instance drains and is replaced at once), the policy
-plans on its tick and on every minute with notices, spend and instance time accrue, and
-every tier-1 floor is checked whole or not. What a policy decides, hears and measures goes
-through its hooks (estate.policy.Policy), the same for SCO and every peer: the loop never
-asks which policy it runs.
+probes (a floor keeper judges hall losses from its probes: estate.halls) and plans on its
+tick, on every minute with notices and when a verdict changed, spend and instance time
+accrue, and every tier-1 floor is checked whole or not. Minutes below floor count from the
+loss itself, for every policy alike: detection is part of each policy's time below.
+What a policy decides, hears and measures goes through its hooks (estate.policy.Policy),
+the same for SCO and every peer: the loop never asks which policy it runs.
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ from estate.baselines import (
 from estate.config import EstateConfig
 from estate.demand import BLOCK_MINUTES, demand_units
 from estate.fleet import Fleet, tenants
+from estate.lifecycle_sim import LIFECYCLE_POLICIES
 from estate.policy import Policy
+from estate.recovery import SkyPilotEager, SkyPilotRecovery, SpotHedge
 from estate.results import (
     EstateResult,
     FloorResult,
@@ -57,6 +61,9 @@ _POLICIES: dict[str, Callable[[Fleet, EstateConfig, RegionTrace], Policy]] = {
         ScoNoExclusion,
         ScoNoRisk,
         ScoNoSpread,
+        SkyPilotRecovery,
+        SkyPilotEager,
+        SpotHedge,
     )
 }
 POLICIES: tuple[str, ...] = tuple(_POLICIES)
@@ -65,13 +72,30 @@ LEGACY_POLICIES: tuple[str, ...] = POLICIES[:5]
 #: SCO with one part switched off.
 ABLATIONS: tuple[str, ...] = ("sco-no-exclusion", "sco-no-risk", "sco-no-spread")
 #: The fair comparators: each with SCO's committed fallback and authority.
-BASELINES: tuple[str, ...] = ("price-only", "price-history", "block-backoff", "karpenter-pco")
+BASELINES: tuple[str, ...] = (
+    "price-only",
+    "price-history",
+    "block-backoff",
+    "karpenter-pco",
+    "skypilot-recovery",
+    "skypilot-eager",
+    "spothedge",
+)
+
+
+#: The capacity lifecycle's comparison (estate/lifecycle_sim.py, `sco sim lifecycle`): run
+#: by name, not among every run's default policies.
+_LIFECYCLE: dict[str, Callable[[Fleet, EstateConfig, RegionTrace], Policy]] = {
+    p.name: p for p in LIFECYCLE_POLICIES
+}
 
 
 def make_policy(name: str, fleet: Fleet, cfg: EstateConfig, trace: RegionTrace) -> Policy:
-    if name not in _POLICIES:
-        raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")
-    return _POLICIES[name](fleet, cfg, trace)
+    make = _POLICIES.get(name) or _LIFECYCLE.get(name)
+    if make is None:
+        known = ", ".join((*POLICIES, *_LIFECYCLE))
+        raise ValueError(f"unknown policy {name!r}; known: {known}")
+    return make(fleet, cfg, trace)
 
 
 def run_region(
@@ -96,8 +120,6 @@ def run_region(
     pool_reclaims: dict[str, int] = {}
     hourly: list[float] = []
     short_units = 0.0
-    detect = cfg.floor_detect_minutes
-    keeper_minutes = {x for h in trace.hall_losses for x in (h.start + detect, h.end + detect)}
     starts: dict[int, list[str]] = {}
     ends: dict[int, list[str]] = {}
     for h in trace.hall_losses:
@@ -203,7 +225,8 @@ def run_region(
                 for ten in fleet.tenants
             ]
         tick = m % cfg.tick_minutes == 0
-        if tick or noticed or m in keeper_minutes:
+        probed = policy.probe(m)  # a keeper's verdict: detected, never read from the trace
+        if tick or noticed or probed:
             policy.step(m, targets)
             changed = True
             if fleet.ready_queue and fleet.ready_queue[0][0] <= m:
@@ -288,6 +311,8 @@ def run_region(
         below_floor_minutes=sum(below_floor.values()),
         capacity_waits=waits,
         voluntary_releases=fleet.removed - forced,
+        acquisitions=fleet.acquisitions,
+        instances_launched=fleet.launched,
     )
     policy.report(out)
     return out
@@ -376,6 +401,8 @@ def summarise(name: str, runs: Sequence[RegionRun], cfg: EstateConfig) -> Policy
         fallback_max_share_of_authority=round(share, 4),
         wrongly_excluded_share=wrong,
         good_excluded_time_share=good_time,
+        acquisitions=sum(r.acquisitions for r in runs),
+        instances_launched=sum(r.instances_launched for r in runs),
         **fair_measures(runs),
     )
 

@@ -97,6 +97,11 @@ class Fleet:
     spend_reclaimable: float = 0.0  # per hour, right now
     running: int = 0  # reclaimable instances right now
     removed: int = 0  # reclaimable instances released or lost, all told
+    # The control plane's work (issue 33's footprint model): a tenant's launches in one
+    # minute are one acquisition (the product starts one per contract per tick).
+    acquisitions: int = 0
+    launched: int = 0  # reclaimable instances launched, all told
+    last_launch: dict[int, int] = field(default_factory=dict)  # tenant -> minute
     spend_committed: dict[str, float] = field(default_factory=dict)  # role -> per hour
     ready_units: list[int] = field(default_factory=list)  # reclaimable, per tenant
     held_units: list[int] = field(default_factory=list)  # reclaimable, booting included
@@ -170,6 +175,10 @@ class Fleet:
         if n <= 0:
             return
         self._flush(pool, minute)
+        if self.last_launch.get(tenant) != minute:
+            self.last_launch[tenant] = minute
+            self.acquisitions += 1
+        self.launched += n
         self.held[pool][tenant] = self.held[pool].get(tenant, 0) + n
         self.counts[pool] += n
         self.held_units[tenant] += n * self.tenants[tenant].upi[pool]

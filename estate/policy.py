@@ -5,8 +5,10 @@ The engine owns the estate's physics (hall losses, boots, the trace's reclaims, 
 the floor check); a policy decides what runs where, hears what happens to what it holds,
 and measures what only it knows. One hook per moment the engine hands over:
 
-- `step`: plan, on the controller's tick, in a minute with reclaim notices, and at the
-  minutes a floor keeper acts (detection after a hall loss starts or ends).
+- `probe`: each minute, the policy's own detection (a floor keeper's probes, estate.halls):
+  True when a verdict changed, and the engine plans at once.
+- `step`: plan, on the controller's tick, in a minute with reclaim notices, and in a
+  minute `probe` said so.
 - `on_hit`: the provider takes back slots of a pool (the trace's event), before any
   instance of ours in them is gone: a policy with a canary in the pool learns of it here.
 - `on_reclaim`: an instance of ours got a reclaim notice (and is gone, replaced at the next
@@ -38,6 +40,10 @@ class Policy(Protocol):
 
     def step(self, minute: int, targets: Sequence[int]) -> None:
         """Plan for each tenant's demand in units (`targets`, by tenant index)."""
+        ...
+
+    def probe(self, minute: int) -> bool:
+        """The policy's probes this minute; True: a verdict changed, plan now."""
         ...
 
     def on_hit(self, pool: int, slots: Sequence[int], minute: int) -> None:
@@ -77,6 +83,9 @@ class PolicyBase:
         self.fleet = fleet
         self.cfg = cfg
         self.trace = trace
+
+    def probe(self, minute: int) -> bool:
+        return False
 
     def on_hit(self, pool: int, slots: Sequence[int], minute: int) -> None:
         pass

@@ -59,6 +59,16 @@ class ExclusionResult(BaseModel):
     timelines: dict[str, list[tuple[int, str]]]  # bad pools: (minute, state)
 
 
+class HallDetection(BaseModel):
+    """A floor keeper's probe verdict (estate.halls): a hall judged lost or back."""
+
+    contract: str
+    hall: str
+    minute: int
+    lost: bool  # True: judged lost; False: judged back
+    true_loss: bool  # the hall was in fact down at that minute
+
+
 class RegionRun(BaseModel):
     policy: str
     region: str
@@ -76,6 +86,7 @@ class RegionRun(BaseModel):
     exclusion: ExclusionResult | None = None
     floor_trace: dict[str, list[tuple[int, int]]] = {}  # hall -> (minute, floor units)
     floor_trace_contract: str = ""
+    hall_detections: list[HallDetection] = []
     # One set of measures for every policy (issue 34), from ready capacity.
     served_unit_hours: float = 0.0  # min(demand, units up), sampled on ticks
     unserved_unit_hours: float = 0.0
@@ -84,6 +95,10 @@ class RegionRun(BaseModel):
     capacity_waits: list[int] = Field(default_factory=list, exclude=True)
     """Minutes each shortfall lasted (demand above units up, until covered)."""
     voluntary_releases: int = 0  # reclaimable instances the policy let go itself
+    acquisitions: int = 0  # a contract's launches in one minute (one acquisition workflow)
+    instances_launched: int = 0
+    # The lifecycle comparison's own measures (estate/lifecycle_sim.py), by name.
+    lifecycle: dict[str, float] = {}
 
 
 class PolicySummary(BaseModel):
@@ -112,6 +127,9 @@ class PolicySummary(BaseModel):
     below_floor_minutes: int = 0
     fallback_refused_units: int = 0
     voluntary_releases: int = 0
+    # The control plane's work over the run (issue 33): acquisitions, instances launched.
+    acquisitions: int = 0
+    instances_launched: int = 0
 
 
 class EstateResult(BaseModel):

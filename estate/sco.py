@@ -3,9 +3,12 @@ reclaim rate, excluded pools left out), the fallback arbiter within each contrac
 authority, the exclusion cycle, and floor keepers on committed capacity.
 
 Tier-1 floors are held by a keeper each (committed, spread by planning.floor_spread); the
-planner covers only demand above the floor. A hall loss is seen by the keeper
-``floor_detect_minutes`` after it starts; it re-spreads the floor over the healthy halls
-then, and when the hall is back it moves back make-before-break: launch first, release the
+planner covers only demand above the floor. A hall loss is detected, not read: each
+keeper's probes (estate.halls, the product's rule planning.hall_probe) compare the floor
+instances it holds by its own record with what the provider answers, so a loss is seen a
+probe or more late, a stale answer delays it and a provider glitch can raise a false
+alarm. On a verdict the keeper re-spreads the floor over the halls it holds healthy, and
+when a hall is judged back it moves back make-before-break: launch first, release the
 surplus once the new instances are up.
 """
 
@@ -21,8 +24,9 @@ from estate.config import EstateConfig
 from estate.exclusion import PoolCycles
 from estate.fallback import FallbackLog
 from estate.fleet import Committed, Fleet, ceil_div, cheapest_committed_shape, shape_pools
+from estate.halls import HallWatch, watch
 from estate.policy import PolicyBase
-from estate.results import ExclusionResult, FallbackResult, RegionRun
+from estate.results import ExclusionResult, FallbackResult, HallDetection, RegionRun
 from estate.trace import RegionTrace
 from planning.costs import expected_cost
 from planning.floor_spread import spread
@@ -36,6 +40,8 @@ class FloorKeeper:
     shape_pools: dict[str, int]  # hall -> pool index of the floor's shape
     instances: int
     units_per_instance: int
+    watch: HallWatch
+    record: dict[str, int]  # hall -> floor instances the keeper holds there, by its record
 
 
 class Sco(PolicyBase):
@@ -69,7 +75,11 @@ class Sco(PolicyBase):
                 continue
             by_hall = shape_pools(fleet, tenant)[shape]
             per = tenant.upi[by_hall[min(by_hall)]]
-            self.keepers.append(FloorKeeper(t, by_hall, ceil_div(tenant.floor_units, per), per))
+            halls = sorted(h for h in by_hall if h in fleet.committed_rate)
+            eye = watch(halls, sorted(fleet.region.halls), cfg, fleet.region.id, tenant.name)
+            self.keepers.append(
+                FloorKeeper(t, by_hall, ceil_div(tenant.floor_units, per), per, eye, {})
+            )
         for k in self.keepers:  # built before the month starts
             self.keep(k, 0, boot=0)
         # The plotted floor: the largest keeper's.
@@ -77,11 +87,25 @@ class Sco(PolicyBase):
 
     # -- floors ---------------------------------------------------------------------------
 
-    def lost_halls(self, minute: int) -> set[str]:
-        """Halls the keepers hold lost: from detection after the loss to detection after the
-        hall is back."""
-        d = self.cfg.floor_detect_minutes
-        return {h.hall for h in self.trace.hall_losses if h.start + d <= minute < h.end + d}
+    def probe(self, minute: int) -> bool:
+        """Each keeper's probes this minute; True when a verdict changed (plan now)."""
+        changed = False
+        for k in self.keepers:
+            actual = self.floor_held(k)
+            gone = {h: max(0, n - actual.get(h, 0)) for h, n in k.record.items()}
+            lost, back = k.watch.minute(minute, k.record, gone, self.fleet.down)
+            for hall in lost:
+                # Judged lost: what is gone there is written off (the product releases it).
+                k.record[hall] = actual.get(hall, 0)
+            changed = changed or bool(lost or back)
+        return changed
+
+    def floor_held(self, k: FloorKeeper) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for g in self.fleet.committed:
+            if g.tenant == k.tenant and g.role == "floor":
+                out[g.hall] = out.get(g.hall, 0) + g.count
+        return out
 
     def floor_ready(self, k: FloorKeeper, minute: int) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -92,12 +116,12 @@ class Sco(PolicyBase):
 
     def keep(self, k: FloorKeeper, minute: int, boot: int | None = None) -> None:
         fleet = self.fleet
-        lost = self.lost_halls(minute)
+        lost = k.watch.lost
         healthy = sorted(h for h in k.shape_pools if h in fleet.committed_rate and h not in lost)
         groups = [g for g in fleet.committed if g.tenant == k.tenant and g.role == "floor"]
-        held: dict[str, int] = {}
-        for g in groups:
-            held[g.hall] = held.get(g.hall, 0) + g.count
+        # What the keeper holds by its record: a hall's instances gone in a loss it has not
+        # detected yet still count (it does not know).
+        held: dict[str, int] = dict(k.record)
         rooms = {h: held.get(h, 0) + fleet.committed_room(h, k.shape_pools[h]) for h in healthy}
         targets = spread(k.instances, healthy, rooms).targets
         if not self.spreading:
@@ -119,6 +143,7 @@ class Sco(PolicyBase):
                         role="floor",
                     )
                 )
+                k.record[hall] = want
         # Make-before-break: the surplus goes only once every target hall is up.
         ready = self.floor_ready(k, minute)
         if all(ready.get(h, 0) >= n for h, n in targets.items()):
@@ -127,6 +152,7 @@ class Sco(PolicyBase):
                 if extra > 0 and g in fleet.committed:
                     n = min(extra, g.count)
                     held[g.hall] -= n
+                    k.record[g.hall] = held[g.hall]
                     fleet.uncommit(g, n)
 
     def keeper_units(self, k: FloorKeeper, minute: int) -> dict[str, int]:
@@ -275,6 +301,17 @@ class Sco(PolicyBase):
             for t, log in self.fallback.items()
         ]
         out.exclusion = self.exclusion_result() if self.excluding else None
+        out.hall_detections = [
+            HallDetection(
+                contract=fleet.tenants[k.tenant].name,
+                hall=d.hall,
+                minute=d.minute,
+                lost=d.lost,
+                true_loss=d.true_loss,
+            )
+            for k in self.keepers
+            for d in k.watch.detections
+        ]
         if self.plotted is not None:
             out.floor_trace_contract = fleet.tenants[self.plotted.tenant].name
 

@@ -13,7 +13,8 @@ sees none of its reclaims.
   nobody would choose could not tell the policies apart).
 - Bursts: a share of the pool's slots taken back within ``burst_spread_minutes``; bad
   pools burst more often and take more.
-- Hall losses: a whole hall gone, without notice, for ``hall_loss_minutes``.
+- Hall losses: a whole hall gone, without notice: Poisson events, some taking a second
+  hall down too (overlapping losses), of varying length (``hall_loss_events``).
 - Background: the owner's own workloads occupy a share of every pool, higher in office
   hours on weekdays (GPU pools are the busiest), so free capacity moves through the day
   and contracts compete for it.
@@ -283,7 +284,53 @@ def region_trace(region: Region, contracts: Sequence[Contract], cfg: EstateConfi
             for minute, hit in drop_hits(i, steps, more):
                 trace.hits.setdefault(minute, []).append(hit)
     trace.prices = _prices(region, cfg, more)
+    halls = random.Random(f"estate:{cfg.seed}:{region.id}:halls")
+    trace.hall_losses.extend(
+        HallLoss(h, a, b)
+        for h, a, b in hall_loss_events(
+            sorted(region.halls),
+            minutes,
+            cfg.hall_losses_per_month,
+            cfg.hall_loss_span,
+            cfg.hall_loss_overlap,
+            halls,
+        )
+    )
+    trace.hall_losses.sort(key=lambda h: (h.start, h.hall))
     return trace
+
+
+def hall_loss_events(
+    halls: Sequence[str],
+    minutes: int,
+    per_month: float,
+    span: tuple[int, int],
+    overlap: float,
+    rng: random.Random,
+) -> list[tuple[str, int, int]]:
+    """(hall, start, end) of hall losses: Poisson events at ``per_month`` per 30 days, each
+    ``span`` minutes long (log-uniform); with chance ``overlap`` an event takes a second
+    hall down too, starting within the first's first hour, so the two overlap."""
+    out: list[tuple[str, int, int]] = []
+    if per_month <= 0 or not halls:
+        return out
+    rate = per_month / (30 * 1440)  # per minute
+    t = rng.expovariate(rate)
+    lo, hi = math.log(max(1, span[0])), math.log(max(1, span[0], span[1]))
+    while t < minutes:
+        start = int(t)
+        first = rng.choice(list(halls))
+        length = round(math.exp(rng.uniform(lo, hi)))
+        out.append((first, start, min(minutes, start + length)))
+        others = [h for h in halls if h != first]
+        if others and rng.random() < overlap:
+            second = rng.choice(others)
+            at = start + rng.randrange(0, min(60, length) + 1)
+            length2 = round(math.exp(rng.uniform(lo, hi)))
+            if at < minutes:
+                out.append((second, at, min(minutes, at + length2)))
+        t += rng.expovariate(rate)
+    return out
 
 
 def _bad_epochs(

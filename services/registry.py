@@ -12,6 +12,7 @@ only by the command that starts the process (`sco --help` and the box load none 
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -82,7 +83,16 @@ class Service:
         serving()
         module, attr = self.run.split(":")
         fn: Callable[..., Any] = getattr(importlib.import_module(module), attr)
-        return fn
+
+        @functools.wraps(fn)
+        def with_identity(settings: Settings, *args: Any, **kwargs: Any) -> Any:
+            # Its certificate current and renewed while it runs (identity.source).
+            from workers import cert_renewal
+
+            cert_renewal.start(settings)
+            return fn(settings, *args, **kwargs)
+
+        return with_identity
 
     def argv(self, region: str, hall: str | None = None) -> list[str]:
         """The `sco` arguments the box starts it with."""

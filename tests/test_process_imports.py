@@ -9,6 +9,11 @@ provider only), aiohttp (nats-py's WebSocket transport: contracts/lean_imports.p
 (the CLI's tables and colours, loaded when a command prints through them: never by a
 process that only logs), and per process the clients of services it never talks to. A
 heavy import that creeps in fails here, naming the process and the package.
+
+`importlib.metadata` (with email, zipfile, csv: ~1 MB) is held by no process that needs
+no version of a distribution at run time: nats-py's and psycopg's version lookups and
+pydantic's plugin loader are answered without it (contracts/lean_imports.py, decision
+0026), and the versions they see are still the installed ones.
 """
 
 from __future__ import annotations
@@ -51,15 +56,19 @@ SERVICES: dict[str, tuple[str, frozenset[str]]] = {
                 "planning",
                 "contracts.bundle",
                 "contracts.model",
+                "importlib.metadata",
             }
         ),
     ),
     # psycopg: refused reports are dead letters in the fleet DB (decision 0015).
     "drain-intake": ("workers.cli.ledger", frozenset({"temporalio", "confluent_kafka"})),
-    "outbox-relay": ("workers.cli.fleet", frozenset({"temporalio", "nats", "clickhouse_connect"})),
+    "outbox-relay": (
+        "workers.cli.fleet",
+        frozenset({"temporalio", "nats", "clickhouse_connect", "importlib.metadata"}),
+    ),
     "simulator": (
         "workers.cli.simulator",
-        frozenset({"temporalio", "clickhouse_connect", "confluent_kafka"}),
+        frozenset({"temporalio", "clickhouse_connect", "confluent_kafka", "importlib.metadata"}),
     ),
     "ledger-consumer": ("workers.cli.ledger", frozenset({"temporalio", "nats"})),
     "worker": ("workers.cli.control", frozenset({"confluent_kafka"})),
@@ -87,7 +96,14 @@ AGENT_FORBIDDEN = frozenset(
 #: Kubernetes scheduler's HTTP client (Slurm and plain nodes never load it) and
 #: `--check`'s checks.
 AGENT_NOT_AT_START = frozenset(
-    {"urllib.request", "http.client", "agent.scheduler.kubernetes", "agent.check"}
+    {
+        "urllib.request",
+        "http.client",
+        "agent.scheduler.kubernetes",
+        "agent.check",
+        "importlib.metadata",
+        "contracts.region",
+    }
 )
 
 _PRINT_MODULES = (
@@ -146,3 +162,39 @@ def test_the_node_agent_imports_only_what_it_uses() -> None:
 def test_the_probe_sees_a_heavy_import() -> None:
     """Without the guard, importing nats brings aiohttp: the check above can fail."""
     assert "aiohttp" in _top_level_modules("import nats\n")
+
+
+@pytest.mark.timeout(150)
+def test_versions_read_without_importlib_metadata_are_the_installed_ones() -> None:
+    """The lean finder answers nats-py's and psycopg's version lookups from the dist-info
+    names and pydantic's plugin lookup with none: what they report is what
+    importlib.metadata reports (read here after them, in the same process)."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from contracts.lean_imports import no_websockets_for_nats\n"
+            "no_websockets_for_nats()\n"
+            "import sys, json, nats.aio.client, psycopg, psycopg_binary, psycopg_pool\n"
+            "import pydantic\n"
+            "class M(pydantic.BaseModel):\n    x: int\n"
+            "from pydantic.plugin._loader import get_plugins\n"
+            "held = 'importlib.metadata' in sys.modules\n"
+            "import importlib.metadata as md\n"
+            "print(json.dumps({'held': held, 'plugins': list(get_plugins()), 'got': ["
+            "nats.aio.client.__version__, psycopg.__version__, psycopg_binary.__version__,"
+            " psycopg_pool.__version__], 'want': [md.version('nats-py'), md.version('psycopg'),"
+            " md.version('psycopg-binary'), md.version('psycopg-pool')],"
+            " 'impl': psycopg.pq.__impl__, 'ok': M(x=1).x}))\n",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["held"] is False
+    assert got["plugins"] == []
+    assert got["got"] == got["want"]
+    assert got["impl"] == "binary" and got["ok"] == 1

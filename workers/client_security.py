@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ssl
 import threading
+import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
@@ -18,7 +19,7 @@ from workers.settings import KafkaSettings, Settings, TLSSettings
 if TYPE_CHECKING:
     from prometheus_client import Gauge
 
-_cert_gauge: list[Gauge] = []
+_cert_gauge: list[Gauge] = []  # notAfter, notBefore
 # The box probes its services from several threads at once: two first loads both made
 # the gauge and the second registration raised "Duplicated timeseries".
 _cert_gauge_lock = threading.Lock()
@@ -40,7 +41,42 @@ def _client_cert_not_after() -> Gauge:
                 ["setting"],
             )
         )
+        # With notAfter, the lifetime: the expiry alert fires inside the last quarter of
+        # it, whether certificates live a day (cert-manager) or ten minutes (OpenBao).
+        _cert_gauge.append(
+            Gauge(
+                "sco_client_certificate_not_before_timestamp_seconds",
+                "notBefore of the client certificate this process last loaded, by the "
+                "setting naming it",
+                ["setting"],
+            )
+        )
     return _cert_gauge[0]
+
+
+def _client_cert_not_before() -> Gauge:
+    _client_cert_not_after()
+    return _cert_gauge[1]
+
+
+# What a certificate renewal reloads (workers/cert_renewal.py): every client context made
+# with a certificate file, and every setting whose gauge shows that file's notAfter.
+_contexts: dict[Path, weakref.WeakSet[ssl.SSLContext]] = {}
+_observed: dict[str, Path] = {}
+
+
+def reload_client_certificates(cert: Path, key: Path) -> int:
+    """After `cert`/`key` were renewed: every context made with them loads them again (the
+    next handshake presents the new certificate; nats-py makes each reconnect with the
+    context it was given) and the gauges of the settings naming them show the new notAfter.
+    How many contexts were reloaded."""
+    contexts = list(_contexts.get(cert.resolve(), ()))
+    for ctx in contexts:
+        ctx.load_cert_chain(str(cert), str(key))
+    for setting, path in list(_observed.items()):
+        if path == cert.resolve():
+            observe_client_cert(path, setting)
+    return len(contexts)
 
 
 class SecretFileError(ValueError):
@@ -60,6 +96,7 @@ def observe_client_cert(path: Path | None, setting: str) -> None:
     unreadable certificate is left to the client library, which names it."""
     if path is None:
         return
+    _observed[setting] = path.resolve()
     from cryptography import x509
 
     try:
@@ -67,6 +104,7 @@ def observe_client_cert(path: Path | None, setting: str) -> None:
     except (OSError, ValueError):
         return
     _client_cert_not_after().labels(setting).set(cert.not_valid_after_utc.timestamp())
+    _client_cert_not_before().labels(setting).set(cert.not_valid_before_utc.timestamp())
 
 
 def read_secret(path: Path, setting: str) -> str:
@@ -86,6 +124,7 @@ def ssl_context(t: TLSSettings, setting: str) -> ssl.SSLContext | None:
         ctx = ssl.create_default_context(cafile=str(t.ca_file) if t.ca_file else None)
         if t.client_cert_file and t.client_key_file:
             ctx.load_cert_chain(str(t.client_cert_file), str(t.client_key_file))
+            _contexts.setdefault(t.client_cert_file.resolve(), weakref.WeakSet()).add(ctx)
     except (OSError, ssl.SSLError) as exc:
         raise SecretFileError(f"{setting}: {exc}") from exc
     return ctx

@@ -97,6 +97,11 @@ class ExclusionHookQueue:
             self._in_flight = False
             self._backoff.reset()
 
+    def forget_client(self) -> None:
+        """The next notice connects a new Temporal client (a renewed certificate: the SDK
+        fixes TLS at connect); the old one finishes what it has in hand."""
+        self._client = None
+
     async def _tell(self, notice: ReclaimNotice) -> bool:
         """True when told (or when it can never be told); False to retry."""
         try:

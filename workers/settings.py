@@ -8,7 +8,6 @@ embedded local region in a box.
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -123,6 +122,11 @@ class BoxSettings(BaseModel):
     secure_temporal_port: int = Field(default=7234, ge=1, le=65535)
     # The Temporal dev server nginx passes to: loopback only, plaintext (it has no TLS).
     secure_temporal_backend_port: int = Field(default=7235, ge=1, le=65535)
+    # Where the secure profile's processes get their certificates: `openbao`, the box's
+    # OpenBao PKI role of each kind (each process renews its own; `identity.ttl_seconds`
+    # and `identity.renew_fraction` of the box's settings); `box-ca`, a 30-day certificate
+    # of the box's own CA, never renewed while running.
+    secure_cert_source: Literal["openbao", "box-ca"] = "openbao"
 
 
 class TemporalSettings(BaseModel):
@@ -445,6 +449,8 @@ class WorkerSettings(BaseModel):
     def effective_build_id(self) -> str:
         if self.build_id:
             return self.build_id
+        import importlib.metadata  # the worker only: ~1 MB a relay need not hold
+
         try:
             return importlib.metadata.version("sco")
         except importlib.metadata.PackageNotFoundError:
@@ -644,6 +650,33 @@ class OpenBaoSettings(BaseModel):
         return value.rstrip("/")
 
 
+class IdentitySettings(BaseModel):
+    """This process's own certificate (its SPIFFE ID), renewed while it runs
+    (contracts/cert_renewal.py). `files`: the certificate files the TLS settings name are
+    kept current by someone else (cert-manager, an OpenBao Agent) and read when a client
+    is made. `openbao`: the process issues its own from OpenBao's role for `kind` (token:
+    `openbao.token_file`), writes it to `cert_file`/`key_file` (the files its TLS settings
+    name) and reloads its clients at `renew_fraction` of each certificate's lifetime."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    source: Literal["files", "openbao"] = "files"
+    # The process kind whose OpenBao role issues it: worker, notice-relay/<hall>, ...
+    kind: str = ""
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    # Lifetime asked of OpenBao (its role caps it: 60 s to 24 h).
+    ttl_seconds: int = Field(default=3600, ge=60, le=86400)
+    # Renew when this fraction of the lifetime has passed (the rest is left for retries).
+    renew_fraction: float = Field(default=2 / 3, ge=0.1, le=0.95)
+
+    @model_validator(mode="after")
+    def _openbao_needs_files(self) -> IdentitySettings:
+        if self.source == "openbao" and not (self.kind and self.cert_file and self.key_file):
+            raise ValueError("source openbao needs kind, cert_file and key_file")
+        return self
+
+
 class EstateSettings(BaseModel):
     """`sco estate status`: every region read at once, each within its own deadline."""
 
@@ -702,6 +735,7 @@ class Settings(BaseSettings):
     estate: EstateSettings = EstateSettings()
     console: ConsoleSettings = ConsoleSettings()
     openbao: OpenBaoSettings = OpenBaoSettings()
+    identity: IdentitySettings = IdentitySettings()
     box: BoxSettings = BoxSettings()
 
     @model_validator(mode="after")

@@ -42,6 +42,7 @@ from activities.lifecycle.models import LIFECYCLE_PREFIX
 from activities.plan_sources import PlanSources
 from activities.provider.free_capacity import free_capacity
 from activities.provider.interface import CloudProvider
+from contracts.headroom import headroom_at
 from contracts.region import Region
 from planning.planner import (
     ContractDemand,
@@ -131,7 +132,9 @@ class ControlActivities:
         recorded = await asyncio.to_thread(
             self._control.recorded_instances, [a.acquisition_id for a in open_acqs]
         )
-        wanted = {c.name for c in contracts if demand.get(c.name, 0) > 0}
+        now = self._clock()
+        headroom = {c.name: headroom_at(c, now) for c in contracts}
+        wanted = {c.name for c in contracts if demand.get(c.name, 0) + headroom[c.name][0] > 0}
         pool_ids = [
             region.pool_id(p)
             for p in region.pools
@@ -209,6 +212,8 @@ class ControlActivities:
                     ),
                     fallback_declined_at=declines.get(c.name),
                     kubernetes=bool(c.selectors.kubernetes),
+                    headroom_units=headroom[c.name][0],
+                    headroom_why=headroom[c.name][1],
                     # The lifecycle workflow's replacements stand in for the controller's
                     # instances: released as surplus like them when demand drops.
                     instances=[

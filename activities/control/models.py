@@ -39,6 +39,10 @@ class ContractView(BaseModel):
     fallback_declined_at: datetime | None = None
     instances: list[InstanceBrief] = []  # live instances SCO acquired (release candidates)
     kubernetes: bool = False  # has Kubernetes selectors: its instances join as nodes
+    # Units to hold ready beyond demand now (contracts/headroom.py: headroom_units, or an
+    # open headroom schedule's), and which setting asked for them.
+    headroom_units: int = 0
+    headroom_why: str = ""
 
 
 class ControllerSnapshot(BaseModel):

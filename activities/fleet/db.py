@@ -25,13 +25,18 @@ def open_pool(
     max_size: int = 8,
     timeouts: DbTimeouts | None = None,
     wait: bool = True,
+    max_lifetime: float | None = None,
 ) -> ConnectionPool:
     """Open a pool and (with `wait`) wait until one connection works, so a bad DSN fails
     here, loudly. A process that must start while the database is down passes
     `wait=False`: its first checkout then waits `timeouts.pool` and raises PoolTimeout.
 
     Every wait is bounded (`timeouts`) so a database outage surfaces as an error inside
-    the caller's own deadline (an activity's start-to-close)."""
+    the caller's own deadline (an activity's start-to-close).
+
+    `max_lifetime` (None: psycopg_pool's hour): a connection older than this is replaced,
+    so a renewed client certificate is presented within that long (libpq reads the
+    certificate files at each new connection)."""
     t = timeouts or DbTimeouts()
     # `check`: every connection is tested as it leaves the pool, so after a primary
     # switchover (Patroni) dead connections are replaced instead of failing the next
@@ -46,6 +51,7 @@ def open_pool(
         # Keep trying to reconnect through an outage of any length; a checkout meanwhile
         # fails after `t.pool`, which is what the caller handles.
         reconnect_timeout=365 * 86400.0,
+        max_lifetime=3600.0 if max_lifetime is None else max_lifetime,  # psycopg_pool's default
     )
     pool.open(wait=wait, timeout=max(15.0, t.connect * 2))
     return pool

@@ -45,6 +45,7 @@ from activities.provider.free_capacity import free_capacity
 from activities.provider.interface import CloudProvider
 from contracts.bounded import InputRejected
 from contracts.feasibility import units_per_instance
+from contracts.headroom import headroom_at
 from contracts.model import Contract
 from contracts.notice import ReclaimRequest, parse_reclaim_reply, reclaim_subject
 from contracts.region import Region
@@ -68,6 +69,7 @@ class LifecycleActivities:
         trust_dir: Path,
         nats_connect: Callable[[], Awaitable[NatsClient]] | None = None,
         request_seconds: float = 10.0,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         """`nats_connect`: a fresh connection to the region's NATS (closed after each
         request); None: no NATS here, every drain is refused as unavailable."""
@@ -77,6 +79,7 @@ class LifecycleActivities:
         self._sources = PlanSources(regions_dir, bundle_cache_dir, trust_dir)
         self._nats_connect = nats_connect
         self._request_seconds = request_seconds
+        self._clock = clock
 
     @activity.defn(name="lifecycle.snapshot")
     async def snapshot(self, inp: LifecycleSnapshotInput) -> LifecycleSnapshot:
@@ -93,6 +96,7 @@ class LifecycleActivities:
         for r in rows:
             live_per_pool[r.pool_id] = live_per_pool.get(r.pool_id, 0) + 1
         views: list[ContractLife] = []
+        now = self._clock()
         for c in contracts:
             mine = [
                 r
@@ -108,7 +112,9 @@ class LifecycleActivities:
                 ContractLife(
                     contract=c,
                     tier=c.tier,
-                    demand_units=demand.get(c.name, 0),
+                    # The controller holds the headroom beyond demand as cover: consolidation
+                    # keeps it too, or the controller would buy back what it removed.
+                    demand_units=demand.get(c.name, 0) + headroom_at(c, now)[0],
                     instances=[_instance(region, c, r) for r in mine],
                     pools=_allowed_pools(region, c, excluded),
                 )

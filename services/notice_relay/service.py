@@ -31,6 +31,7 @@ from services.notice_relay.relay import (
     PUBLISH_SLACK,
     NoticeRelay,
 )
+from workers import cert_renewal
 from workers.client_security import postgres_conninfo
 from workers.endpoints import serve_health, start_metrics
 from workers.exclusion_hooks import ExclusionHookQueue
@@ -86,6 +87,7 @@ async def run(
                 max_size=2,
                 wait=False,
                 timeouts=settings.fleet_db.timeouts(),
+                max_lifetime=cert_renewal.pool_max_lifetime(settings),
             )
             opened.callback(pool.close)
             hooks = ExclusionHookQueue(
@@ -114,6 +116,14 @@ async def run(
             )
             wakes.start()
             opened.push_async_callback(wakes.close)
+            if (renewer := cert_renewal.current()) is not None:
+                # Temporal's TLS is fixed at connect: after a renewal the next notice
+                # connects anew, with the renewed certificate.
+                def reconnect_temporal(_bundle: object) -> None:
+                    hooks.forget_client()
+                    wakes.forget_client()
+
+                renewer.add_hook(reconnect_temporal)
             relay = NoticeRelay(
                 region=region.id,
                 hall=hall,

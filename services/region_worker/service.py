@@ -46,6 +46,7 @@ from contracts.cache import installed_bundle
 from contracts.redact import mask_credentials
 from services.region_worker.configs import configs_from
 from services.region_worker.metrics import RegionCollector
+from workers import cert_renewal
 from workers.client_security import (
     ledger_options,
     nats_options,
@@ -297,6 +298,39 @@ def deployment_config(settings: Settings, region: str) -> WorkerDeploymentConfig
     )
 
 
+def temporal_reconnect(
+    settings: Settings,
+    region: str,
+    runtime: Runtime,
+    worker: Worker,
+    holders: list[Any],
+) -> Callable[[Any], Awaitable[None]]:
+    """After a certificate renewal: a new Temporal client (the SDK fixes TLS at connect)
+    on the worker's runtime, handed to the Worker (its next polls and activity calls use
+    it; what is in flight finishes on the old one) and to every object here holding the
+    old one as `_client` (the budget activities, the state collector). Runs in the
+    renewal thread; the connect runs on the worker's own loop."""
+    loop = asyncio.get_running_loop()
+
+    async def swap() -> None:
+        new = await connect(settings, region, runtime, process="worker")
+        worker.client = new
+        seen: set[int] = set()
+        for h in holders:
+            obj = getattr(h, "__self__", h)
+            if obj is None or id(obj) in seen:
+                continue
+            seen.add(id(obj))
+            if isinstance(getattr(obj, "_client", None), Client):
+                obj._client = new
+        log.info("Temporal client reconnected with the renewed certificate")
+
+    async def hook(_bundle: Any) -> None:
+        await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(swap(), loop))
+
+    return hook
+
+
 async def _warm_exact_planner() -> None:
     if not await asyncio.to_thread(warm_up):
         log.warning("no scipy on this worker: its ticks keep the greedy plan")
@@ -319,7 +353,11 @@ async def run(settings: Settings, region: str) -> None:
     with async_stop_event() as stop:
         client = await connect(settings, region, runtime, process="worker")
         async with contextlib.AsyncExitStack() as opened:
-            pool = open_pool(postgres_conninfo(settings), timeouts=settings.fleet_db.timeouts())
+            pool = open_pool(
+                postgres_conninfo(settings),
+                timeouts=settings.fleet_db.timeouts(),
+                max_lifetime=cert_renewal.pool_max_lifetime(settings),
+            )
             opened.callback(pool.close)
             provider = await opened.enter_async_context(open_provider(settings, region))
             # A short lock wait: the ledger consumer holds an embedded ledger in bursts,
@@ -380,9 +418,17 @@ async def run(settings: Settings, region: str) -> None:
                     ids += await ensure_lifecycle(client, settings, region)
                     log.info("running: %s", ", ".join(ids))
                 collecting = None
+                collector = None
                 if settings.worker.state_metrics_port:
                     collector = RegionCollector(settings, region, client, pool)
                     collecting = asyncio.create_task(collector.run(stop))
+                renewer = cert_renewal.current()
+                if renewer is not None and settings.temporal.tls.client_cert_file:
+                    renewer.add_hook(
+                        temporal_reconnect(
+                            settings, region, runtime, worker, [*activities, collector]
+                        )
+                    )
                 await stop.wait()
                 if collecting is not None:
                     await collecting

@@ -41,6 +41,8 @@ from bench.run_all import (
                 pytest.mark.timeout(b.tiny_timeout_s + 10),
                 pytest.mark.services,
                 *([pytest.mark.testcloud] if b.needs is needs.testcloud else []),
+                # the memory bench brings up a whole box (its own ports and data dir)
+                *([pytest.mark.devbox] if b.name == "memory_hour" else []),
             ],
         )
         for b in BENCHES
@@ -186,3 +188,17 @@ def test_the_test_cloud_benches_find_the_cloud_where_the_check_did(
     assert env[REPORT_FILE_ENV] == "/tmp/report.json"
     monkeypatch.setenv("OS_CLIENT_CONFIG_FILE", "/etc/openstack/clouds.yaml")
     assert child_env(Path("/tmp/r.json"))["OS_CLIENT_CONFIG_FILE"] == "/etc/openstack/clouds.yaml"
+
+
+def test_memory_growth_is_the_last_half_slope_times_its_length() -> None:
+    from bench.memory_hour_bench import growth_mb
+
+    flat = [(t * 30.0, 50.0 + (0.3 if t % 2 else -0.3)) for t in range(40)]
+    grown = growth_mb(flat)
+    assert grown is not None and abs(grown) < 0.1  # wandering is not growth
+    # 1 MB a minute, then a plateau over the last half: only the last half counts.
+    rising_then_flat = [(t * 60.0, 50.0 + min(t, 10)) for t in range(21)]
+    assert growth_mb(rising_then_flat) == pytest.approx(0.0, abs=1e-9)
+    leak = [(t * 60.0, 50.0 + 0.5 * t) for t in range(21)]  # 0.5 MB/min for 20 min
+    assert growth_mb(leak) == pytest.approx(5.0)
+    assert growth_mb(leak[:3]) is None  # too few samples to say

@@ -49,9 +49,9 @@ from activities.fleet.db import open_pool
 from activities.fleet.repository import FleetRepository
 from agent.report import drain_subject
 from contracts.distribution import publish
-from tests.support import services
 from tests.support.deb_node import as_the_unit_runs_it, podman
-from tests.support.paths import REGIONS_DIR, REPO
+from tests.support.paths import REPO
+from tests.support.secure_box_env import secure_box_env
 from tests.support.wait import WaitTimeout, eventually
 from workers.client_security import nats_options, postgres_conninfo
 from workers.devbox import tls_servers
@@ -105,20 +105,7 @@ def _plain_env() -> dict[str, str]:
 @pytest.fixture(scope="module")
 def region() -> Iterator[Region]:
     _need_servers()
-    # Outside pytest's tmp tree (private to root): PostgreSQL runs as the postgres user.
-    tmp = Path(tempfile.mkdtemp(prefix="sco-region-"))
-    env = {
-        "SCO_DATA_DIR": str(tmp / "sco"),
-        "SCO_REGIONS_DIR": str(REGIONS_DIR),
-        "SCO_POSTGRES_DSN": f"postgresql://postgres@127.0.0.1:5432/reg_{uuid.uuid4().hex[:8]}",
-        "SCO_BOX__SECURE_POSTGRES_PORT": str(services.free_port()),
-        "SCO_BOX__SECURE_NATS_PORT": str(services.free_port()),
-        "SCO_BOX__SECURE_TEMPORAL_PORT": str(services.free_port()),
-        "SCO_BOX__SECURE_TEMPORAL_BACKEND_PORT": str(services.free_port()),
-        "SCO_KAFKA__BOOTSTRAP_SERVERS": f"127.0.0.1:{services.free_port()}",
-        "SCO_PROMETHEUS__PORT": str(services.free_port()),
-        "SCO_PROMETHEUS__BOX_PORTS_FROM": str(services.free_port_range(32)),
-    }
+    tmp, env = secure_box_env("region")
     before = dict(os.environ)
     os.environ.update(env)
     try:

@@ -102,15 +102,29 @@ def acquisition_id(name: str) -> str:
     return f"acq-r1-{name}"
 
 
-def install_example_bundle(base: Path) -> tuple[Path, Path]:
-    """Compile and sign the example contracts; return (bundle cache dir, trust dir)."""
+def install_example_bundle(
+    base: Path, overrides: dict[str, dict[str, Any]] | None = None
+) -> tuple[Path, Path]:
+    """Compile and sign the example contracts; return (bundle cache dir, trust dir).
+    `overrides`: per example contract name, top-level fields to set in it first."""
     _, private, public = keys.generate(base / "keys")
     trust = base / "trust"
     trust.mkdir(parents=True, exist_ok=True)
     (trust / public.name).write_bytes(public.read_bytes())
     out = base / "compiled.json"
+    src = REPO / "contracts" / "examples"
+    if overrides:
+        import shutil
+
+        import yaml
+
+        shutil.copytree(src, base / "contracts")
+        src = base / "contracts"
+        for name, fields in overrides.items():
+            path = src / f"{name}.yaml"
+            path.write_text(yaml.safe_dump(yaml.safe_load(path.read_text()) | fields))
     _, serial = compile_and_sign(
-        REPO / "contracts" / "examples",
+        src,
         REGIONS_DIR,
         keys.load_signing_key(private),
         out,

@@ -58,7 +58,9 @@ def test_a_current_certificate_is_kept_and_one_near_expiry_is_issued_again(
 def test_each_process_gets_a_settings_file_with_its_own_certificate_and_nats_user(
     tmp_path: Path,
 ) -> None:
-    profile = SecureProfile(Settings(data_dir=tmp_path / "sco"))
+    # The box CA as the source (no OpenBao here; OpenBao's: tests/workers/test_cert_renewal.py).
+    settings = Settings(data_dir=tmp_path / "sco", box={"secure_cert_source": "box-ca"})
+    profile = SecureProfile(settings)
     env = profile.child_env("notice-relay", "r1", "B")
     doc = tomllib.loads(Path(env["SCO_CONFIG"]).read_text())
     relay = Settings(**doc)  # the file alone is valid settings

@@ -17,7 +17,6 @@ import socket
 import ssl
 import subprocess
 import sys
-import tempfile
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,8 +28,9 @@ import pytest
 from temporalio.client import Client
 from temporalio.service import TLSConfig
 
-from tests.support import services, tools
-from tests.support.paths import REGIONS_DIR, REPO
+from tests.support import tools
+from tests.support.paths import REPO
+from tests.support.secure_box_env import secure_box_env
 from tests.support.wait import eventually_async
 from workers.client_security import nats_options, postgres_conninfo
 from workers.devbox import tls_servers
@@ -66,20 +66,7 @@ def _need_servers() -> None:
 @pytest.fixture(scope="module")
 def secure_box() -> Iterator[SecureBox]:
     _need_servers()
-    # Outside pytest's tmp tree (private to root): PostgreSQL runs as the postgres user.
-    tmp = Path(tempfile.mkdtemp(prefix="sco-secure-box-"))
-    env = {
-        "SCO_DATA_DIR": str(tmp / "sco"),
-        "SCO_REGIONS_DIR": str(REGIONS_DIR),
-        "SCO_POSTGRES_DSN": f"postgresql://postgres@127.0.0.1:5432/sec_{uuid.uuid4().hex[:8]}",
-        "SCO_BOX__SECURE_POSTGRES_PORT": str(services.free_port()),
-        "SCO_BOX__SECURE_NATS_PORT": str(services.free_port()),
-        "SCO_BOX__SECURE_TEMPORAL_PORT": str(services.free_port()),
-        "SCO_BOX__SECURE_TEMPORAL_BACKEND_PORT": str(services.free_port()),
-        "SCO_KAFKA__BOOTSTRAP_SERVERS": f"127.0.0.1:{services.free_port()}",
-        "SCO_PROMETHEUS__PORT": str(services.free_port()),
-        "SCO_PROMETHEUS__BOX_PORTS_FROM": str(services.free_port_range(32)),
-    }
+    tmp, env = secure_box_env("secure-box")
     # The whole environment as it was, after, whatever the box set in it.
     before = dict(os.environ)
     os.environ.update(env)

@@ -21,6 +21,7 @@ RECORDED = [
     "acquisition_cancelled_at_once",  # deletes at once, a create in flight as it lands
     "acquisition_failed_answers_pause",  # fails with a pause in flight: answers it first
     "region_controller",
+    "region_controller_headroom",  # targets demand + headroom under the headroom patch
     "slurm_acquisition",
     "slurm_release",
     "demand_intake",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
@@ -178,31 +178,54 @@ async def _signal_demand(
 
 @demand_app.command("list")
 def demand_list(region: str = RegionOpt, json_out: bool = typer.Option(False, "--json")) -> None:
-    """Demand per contract and source."""
+    """Demand per contract and source, and the headroom each contract holds beyond it now
+    (its headroom_units, or an open headroom schedule's; from the installed bundle)."""
     from activities.control.partition import partition_of
     from activities.fleet.control_state import ControlRepository
+    from contracts.cache import installed_bundle
+    from contracts.headroom import headroom_at
 
     s = settings()
     r = known_region(s, region)
     with fleet_db(s) as pool:
         rows = ControlRepository(pool).list_demand(r)
+    bundle, _ = installed_bundle(s.bundle_cache_dir, s.trust_dir)
+    now = datetime.now(UTC)
+    headroom: dict[str, tuple[int, str]] = {
+        c.name: headroom_at(c, now)
+        for c in (bundle.content.contracts if bundle is not None else [])
+        if r in c.regions
+    }
     if json_out:
-        print_json([row.model_dump(mode="json") for row in rows])
+        print_json(
+            [
+                {
+                    **row.model_dump(mode="json"),
+                    "headroom_units": headroom.get(row.workload, (None, ""))[0],
+                    "headroom_why": headroom.get(row.workload, (None, ""))[1],
+                }
+                for row in rows
+            ]
+        )
         return
     table(
         f"demand in {r}",
-        ["contract", "source", "units", "partition", "updated"],
+        ["contract", "source", "units", "headroom", "partition", "updated"],
         [
             (
                 x.workload,
                 x.source,
                 x.units,
+                headroom.get(x.workload, ("", ""))[0],
                 partition_of(x.workload, s.control.partitions),
                 x.updated_at,
             )
             for x in rows
         ],
     )
+    held = {n: h for n, h in headroom.items() if h[0]}
+    for name, (units, why) in sorted(held.items()):
+        console.print(f"{name}: {units} headroom units held ready beyond demand ({why})")
 
 
 def _bundle(s: Settings) -> VerifiedBundle:
@@ -532,7 +555,8 @@ def controller_start(region: str = RegionOpt, json_out: bool = JsonOpt) -> None:
 def controller_status(
     region: str = RegionOpt, json_out: bool = typer.Option(False, "--json")
 ) -> None:
-    """Each partition's last tick: demand, held, planned, shortfall, acquisitions."""
+    """Each partition's last tick: demand, headroom held beyond it, held, planned,
+    shortfall, acquisitions."""
     from temporalio.service import RPCError
 
     from workflows.controller.models import STATUS_QUERY, ControllerStatus, controller_workflow_id
@@ -575,7 +599,7 @@ def controller_status(
     lines: list[tuple[object, ...]] = []
     for x in rows:
         if isinstance(x, str):
-            lines.append((x, "", "", "", "", "", "", ""))
+            lines.append((x, "", "", "", "", "", "", "", ""))
             continue
         last = x.last
         lines.append(
@@ -583,6 +607,7 @@ def controller_status(
                 controller_workflow_id(x.region, x.partition),
                 x.ticks,
                 last.demand_units if last else "",
+                last.headroom_units if last else "",
                 last.held_units if last else "",
                 last.planned_units if last else "",
                 last.shortfall_units if last else "",
@@ -592,7 +617,17 @@ def controller_status(
         )
     table(
         f"controllers in {r}",
-        ["controller", "ticks", "demand", "held", "planned", "short", "acquisitions", "note"],
+        [
+            "controller",
+            "ticks",
+            "demand",
+            "headroom",
+            "held",
+            "planned",
+            "short",
+            "acquisitions",
+            "note",
+        ],
         lines,
     )
     print_workflow_urls(s, r, [controller_workflow_id(r, p) for p in range(s.control.partitions)])

@@ -32,9 +32,12 @@ app.add_typer(bao_app, name="bao")
 app.add_typer(certs_app, name="certs")
 
 
-def _show(statuses: list[ServiceStatus], profile: str) -> None:
+def _show(statuses: list[ServiceStatus], box: Box) -> None:
+    # The secure box names where its processes' certificates come from (each one's
+    # notAfter is in its detail).
+    certs = f", certificates from {box.secure.cert_source}" if box.secure is not None else ""
     table(
-        f"SCO region in a box: {profile} profile",
+        f"SCO region in a box: {box.profile} profile{certs}",
         ["service", "mode", "address", "health", "pid", "transport", "detail"],
         [
             [
@@ -110,7 +113,7 @@ def up(
     if as_json:
         _as_json(box, statuses)
     else:
-        _show(statuses, box.profile)
+        _show(statuses, box)
     temporal = next(x for x in statuses if x.name == "temporal")
     if box.secure is None:
         ui = f"http://{temporal.address.split(':')[0]}:{s.temporal.ui_port}"
@@ -140,7 +143,7 @@ def status(as_json: bool = typer.Option(False, "--json", help="Machine-readable 
     if as_json:
         _as_json(box, statuses)
     else:
-        _show(statuses, box.profile)
+        _show(statuses, box)
     if not all(s.healthy for s in statuses):
         raise typer.Exit(1)
 

@@ -120,7 +120,11 @@ SCHEMAS: dict[str, JsonOutput] = {
     "sco db migrate": JsonOutput("object", extra=("applied", "version")),
     "sco demand collect": JsonOutput("object", extra=("workflow_id", "worker_running", "ui_url")),
     "sco demand intake": JsonOutput("object", "workflows.intake.models:IntakeStatus", ("ui_url",)),
-    "sco demand list": JsonOutput("list", "activities.fleet.control_state:DemandRow"),
+    "sco demand list": JsonOutput(
+        "list",
+        "activities.fleet.control_state:DemandRow",
+        ("headroom_units", "headroom_why"),
+    ),
     "sco demand set": JsonOutput(
         "object",
         extra=(
@@ -216,6 +220,7 @@ SCHEMAS: dict[str, JsonOutput] = {
     "sco temporal bootstrap": JsonOutput(
         "list", extra=("namespace", "namespace_state", "search_attributes_added")
     ),
+    "sco sim lifecycle": JsonOutput("object", "estate.lifecycle_eval:LifecycleResult"),
     "sco slurm nodes": JsonOutput("list", "activities.fleet.repository:InstanceRow"),
     "sco slurm resume": JsonOutput("object", "workers.slurm_power_programs:Report"),
     "sco slurm resume-failed": JsonOutput("object", "workers.slurm_power_programs:Report"),

@@ -7,7 +7,7 @@ import asyncio
 import nats
 import typer
 
-from workers.cli import estate
+from workers.cli import estate, estate_lifecycle
 from workers.cli.common import errors_as_exit, region_or_exit, settings
 
 sim_app = typer.Typer(
@@ -18,6 +18,7 @@ sim_app = typer.Typer(
 sim_app.command("estate")(estate.sim_estate)
 sim_app.command("trace")(estate.sim_trace)
 sim_app.command("evaluate")(estate.sim_evaluate)
+sim_app.command("lifecycle")(estate_lifecycle.sim_lifecycle)
 
 
 @sim_app.command("serve")

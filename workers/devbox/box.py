@@ -93,8 +93,9 @@ class Box:
         workers = self._with_workers if workers is None else workers
         regions = self.regions
         identity = self.secure.child_env if self.secure is not None else None
+        cert = self.secure.certificate_detail if self.secure is not None else None
         return self._infrastructure(regions) + (
-            region_processes(self.s, regions, identity) if workers else []
+            region_processes(self.s, regions, identity, cert) if workers else []
         )
 
     def operator_settings_files(self) -> dict[str, str]:
@@ -163,13 +164,17 @@ class Box:
             rec = state.processes.get(svc.name)
             if svc.managed_only:
                 ok = rec is not None and process.alive(rec)
+                detail = "running" if ok else "not running"
+                cert = getattr(svc, "certificate", None)
+                if ok and cert is not None:
+                    detail += f"; {cert()}"
                 out.append(
                     ServiceStatus(
                         svc.name,
                         "managed" if ok else "down",
                         svc.address,
                         ok,
-                        "running" if ok else "not running",
+                        detail,
                         rec.pid if ok and rec else None,
                         svc.transport,
                     )

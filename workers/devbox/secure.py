@@ -49,7 +49,14 @@ from workers.nats_permissions import (
     operator_user,
     relay_user,
 )
-from workers.settings import NatsAuthSettings, PostgresSettings, Settings, TLSSettings
+from workers.settings import (
+    IdentitySettings,
+    NatsAuthSettings,
+    OpenBaoSettings,
+    PostgresSettings,
+    Settings,
+    TLSSettings,
+)
 
 HOST = "127.0.0.1"
 #: The name every server certificate carries and clients verify (verify-full).
@@ -101,7 +108,7 @@ class SecureProfile:
             )
         self.base = settings
         self.root = (settings.data_dir / "secure").resolve()
-        self.issuer: CertificateIssuer = issuer or BoxCA(self.root / "pki")
+        self.issuer: CertificateIssuer = issuer or self._default_issuer(settings)
         # Enrolled nodes and revoked identities (`sco dev certs`, decision 0024).
         self.identities = IdentityRegistry(self.root / "identities")
         b = settings.box
@@ -109,6 +116,59 @@ class SecureProfile:
         self.nats_port = b.secure_nats_port
         self.temporal_port = b.secure_temporal_port
         self.temporal_backend_port = b.secure_temporal_backend_port
+
+    def _default_issuer(self, settings: Settings) -> CertificateIssuer:
+        box_ca = BoxCA(self.root / "pki")
+        if settings.box.secure_cert_source == "box-ca":
+            return box_ca
+        from workers.devbox.bao_issuer import OpenBaoIssuer
+
+        return OpenBaoIssuer(
+            settings,
+            box_ca,
+            self.root / "secrets",
+            ttl_s=settings.identity.ttl_seconds,
+            renew_fraction=settings.identity.renew_fraction,
+        )
+
+    @property
+    def cert_source(self) -> str:
+        """`openbao` or `box-ca`: where the processes' certificates come from."""
+        return str(getattr(self.issuer, "source", "box-ca"))
+
+    def _identity(self, kind: str, region: str, cert: Path, key: Path) -> dict[str, Any]:
+        """The `identity` and `openbao` settings of a process that renews its own
+        certificate from OpenBao; {} for one whose certificate the box CA issued."""
+        from workers.devbox.bao_issuer import OpenBaoIssuer, has_role
+
+        if not isinstance(self.issuer, OpenBaoIssuer):
+            return {}
+        if not has_role(kind):  # the box's and the operator's: where the box's OpenBao is
+            return {"openbao": {"address": self.base.openbao.address}}
+        bao_ca = self.issuer.bao_ca_file
+        return {
+            "identity": {
+                "source": "openbao",
+                "kind": kind,
+                "cert_file": str(cert),
+                "key_file": str(key),
+                "ttl_seconds": self.base.identity.ttl_seconds,
+                "renew_fraction": self.base.identity.renew_fraction,
+            },
+            "openbao": {
+                "address": self.base.openbao.address,
+                **({"ca_file": str(bao_ca)} if bao_ca else {}),
+                "token_file": str(self.issuer.token_file(kind, region)),
+            },
+        }
+
+    def certificate_detail(self, registry_name: str, region: str, hall: str | None) -> str:
+        """`sco dev status`: the source and notAfter of a process's certificate file."""
+        from workers.devbox.bao_issuer import certificate_detail
+
+        kind = process_kind(registry_name, hall)
+        stem = "client-" + f"{region}-{kind}".replace("/", "-")
+        return certificate_detail(self.root / "pki" / f"{stem}.crt")
 
     @property
     def postgres_password_file(self) -> Path:
@@ -166,6 +226,7 @@ class SecureProfile:
                 "address": f"{SERVER_NAME}:{self.temporal_port}",
                 "tls": client_tls,
             },
+            **self._identity(kind, region, cert.cert_path, cert.key_path),
         }
 
     def settings_for(self, kind: str, region: str, base: Settings | None = None) -> Settings:
@@ -187,6 +248,16 @@ class SecureProfile:
                     }
                 ),
                 "box": s.box.model_copy(update={"profile": "secure"}),
+                **(
+                    {"identity": IdentitySettings.model_validate(o["identity"])}
+                    if "identity" in o
+                    else {}
+                ),
+                **(
+                    {"openbao": OpenBaoSettings.model_validate(o["openbao"])}
+                    if "openbao" in o
+                    else {}
+                ),
             }
         )
 
@@ -441,7 +512,17 @@ def infrastructure(
     settings: Settings, profile: SecureProfile, regions: list[str] | None = None
 ) -> list[Service]:
     regions = regions or [settings.region]
+    from workers.devbox.openbao import OpenBaoService
+
+    # First: it issues the identities every later service and process presents.
+    # (`openbao.box = false`: an OpenBao of the site's at `openbao.address`, provisioned.)
+    bao = (
+        [OpenBaoService(settings)]
+        if profile.cert_source == "openbao" and settings.openbao.box
+        else []
+    )
     return [
+        *bao,
         SecurePostgresService(settings, profile),
         SecureNatsService(settings, profile),
         PlaintextKafkaService(settings),

@@ -525,6 +525,7 @@ class ChildProcessService(Service):
         env: dict[str, str] | None = None,
         targets: list[Target] | None = None,
         identity_env: Callable[[], dict[str, str]] | None = None,
+        certificate: Callable[[], str] | None = None,
     ) -> None:
         super().__init__(settings)
         self.name = name
@@ -533,6 +534,8 @@ class ChildProcessService(Service):
         self.targets = targets or []  # what the box's Prometheus scrapes of it
         # The secure profile: the process's own settings file (its certificate), made at start.
         self._identity_env = identity_env
+        # The secure profile: its certificate's source and notAfter, for `sco dev status`.
+        self.certificate = certificate
 
     @property
     def address(self) -> str:
@@ -674,10 +677,15 @@ def box_region_settings(settings: Settings, region: str, index: int) -> Settings
 
 #: The environment a box process gets for its identity: (registry name, region, hall).
 IdentityEnv = Callable[[str, str, str | None], dict[str, str]]
+#: (registry name, region, hall) → its certificate's source and notAfter, in words.
+IdentityCert = Callable[[str, str, str | None], str]
 
 
 def region_processes(
-    settings: Settings, regions: list[str] | None = None, identity_env: IdentityEnv | None = None
+    settings: Settings,
+    regions: list[str] | None = None,
+    identity_env: IdentityEnv | None = None,
+    identity_cert: IdentityCert | None = None,
 ) -> list[Service]:
     """Each region's own processes, as `services/registry.py` lists them: the simulated
     cloud (unless OpenStack is configured), the worker, one notice relay per hall, the
@@ -690,7 +698,9 @@ def region_processes(
     regional: list[PrometheusService] = []
     for index, r in enumerate(regions):
         rs = box_region_settings(settings, r, index)
-        own = _one_region(rs, first=index == 0, identity_env=identity_env)
+        own = _one_region(
+            rs, first=index == 0, identity_env=identity_env, identity_cert=identity_cert
+        )
         processes += own
         if prometheus.binary() is None:
             continue
@@ -704,7 +714,11 @@ def region_processes(
 
 
 def _one_region(
-    settings: Settings, *, first: bool, identity_env: IdentityEnv | None = None
+    settings: Settings,
+    *,
+    first: bool,
+    identity_env: IdentityEnv | None = None,
+    identity_cert: IdentityCert | None = None,
 ) -> list[Service]:
     r = settings.region
     try:
@@ -722,8 +736,19 @@ def _one_region(
         own = (
             functools.partial(identity_env, svc.name, r, hall) if identity_env is not None else None
         )
+        cert = (
+            functools.partial(identity_cert, svc.name, r, hall)
+            if identity_cert is not None
+            else None
+        )
         return ChildProcessService(
-            settings, name, svc.argv(r, hall), env=env, targets=targets, identity_env=own
+            settings,
+            name,
+            svc.argv(r, hall),
+            env=env,
+            targets=targets,
+            identity_env=own,
+            certificate=cert,
         )
 
     processes: list[Service] = []

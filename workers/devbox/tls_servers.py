@@ -166,6 +166,8 @@ http {{
         ssl_certificate_key {key};
         ssl_client_certificate {ca};
         ssl_verify_client on;
+        # An OpenBao identity: leaf, region's intermediate, root.
+        ssl_verify_depth 3;
         ssl_protocols TLSv1.2 TLSv1.3;
         client_max_body_size 0;
         location / {{

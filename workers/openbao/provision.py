@@ -183,3 +183,42 @@ def issue(
         serial=str(data.get("serial_number", "")),
         expires_at=int(data.get("expiration", 0)),
     )
+
+
+def sign(
+    client: BaoClient,
+    region: str,
+    kind: str,
+    csr_pem: str,
+    *,
+    instance: str | None = None,
+    ttl_s: int | None = None,
+) -> Issued:
+    """A certificate for the caller's own key (`csr_pem`, asking for the kind's SPIFFE ID:
+    the role refuses any other URI) from the kind's role: a renewal that keeps its key, so a
+    reader of the certificate and key files never pairs a new key with an old
+    certificate. `private_key` is empty: the caller holds it."""
+    check_name("region", region)
+    check_kind(kind)
+    if ttl_s is not None and not 60 <= ttl_s <= LEAF_MAX_TTL_S:
+        raise ProvisionError(f"ttl {ttl_s} s: must be 60 to {LEAF_MAX_TTL_S} s")
+    uri = spiffe_id(region, kind, instance)
+    body: dict[str, Any] = {
+        "csr": csr_pem,
+        "uri_sans": uri,
+        "exclude_cn_from_sans": True,
+        "use_csr_common_name": False,
+        "format": "pem",
+    }
+    if ttl_s is not None:
+        body["ttl"] = f"{ttl_s}s"
+    data = client.write(f"{pki_mount(region)}/sign/{role_name(kind, instance)}", body)
+    chain = data.get("ca_chain") or [data.get("issuing_ca", "")]
+    return Issued(
+        spiffe_id=uri,
+        certificate=str(data["certificate"]),
+        private_key="",
+        ca_chain="\n".join(str(c) for c in chain) + "\n",
+        serial=str(data.get("serial_number", "")),
+        expires_at=int(data.get("expiration", 0)),
+    )

@@ -68,6 +68,10 @@ class TickSummary(BaseModel):
     released: list[str] = []
     surplus: int = 0
     plan_cost_per_hour: float = 0.0
+    # Units held ready beyond demand as cover (contract headroom), and of those what
+    # reclaimable capacity could not cover this tick.
+    headroom_units: int = 0
+    headroom_short_units: int = 0
 
 
 class ControllerStatus(BaseModel):

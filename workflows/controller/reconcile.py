@@ -4,6 +4,13 @@ From a snapshot it plans every contract of the partition jointly (they contend f
 same pools), turns new allocations into acquisitions (split at the per-acquisition cap),
 prices committed fallback for what reclaimable capacity cannot cover, and names the
 instances beyond what demand needs: the controller releases those once idle long enough.
+
+With headroom (``headroom=True``, contracts/headroom.py) a contract's target is its demand
+plus its headroom units: that many more ready instances are held as cover, so a burst of
+up to the headroom lands on instances already up, and the next plan refills the headroom.
+Headroom is reclaimable only: committed fallback (money per hour, spend authority) is
+bought for demand, never for idle cover, so the headroom's share of a shortfall is not
+priced for fallback.
 """
 
 from __future__ import annotations
@@ -33,18 +40,27 @@ class ReconcileResult(BaseModel):
     demand_units: int = 0
     held_units: int = 0
     planned_units: int = 0
-    shortfall_units: int = 0
+    shortfall_units: int = 0  # of demand (headroom not covered is headroom_short_units)
     plan_cost_per_hour: float = 0.0
+    headroom_units: int = 0  # held as cover beyond demand, summed over contracts
+    headroom_short_units: int = 0  # of that headroom, what reclaimable capacity cannot cover
 
 
-def plan_input(snap: ControllerSnapshot, cfg: ControllerConfig) -> PlanInput:
+def plan_input(
+    snap: ControllerSnapshot, cfg: ControllerConfig, *, headroom: bool = False
+) -> PlanInput:
     """The planner's problem for the snapshot: what open acquisitions ask for and what
-    committed fallback already covers is not planned again."""
+    committed fallback already covers is not planned again. ``headroom``: each contract's
+    target is its demand plus its headroom units."""
     demands = [
         v.demand.model_copy(
             update={
                 "demand_units": max(
-                    0, v.demand.demand_units - v.outstanding_units - v.fallback_units
+                    0,
+                    v.demand.demand_units
+                    + (v.headroom_units if headroom else 0)
+                    - v.outstanding_units
+                    - v.fallback_units,
                 )
             }
         )
@@ -56,14 +72,19 @@ def plan_input(snap: ControllerSnapshot, cfg: ControllerConfig) -> PlanInput:
 
 
 def reconcile(
-    snap: ControllerSnapshot, cfg: ControllerConfig, now: datetime, planned: Plan | None = None
+    snap: ControllerSnapshot,
+    cfg: ControllerConfig,
+    now: datetime,
+    planned: Plan | None = None,
+    *,
+    headroom: bool = False,
 ) -> ReconcileResult:
-    """``planned``: the plan of ``plan_input(snap, cfg)`` when the caller has one (the
-    exact planner's); without, the greedy planner's."""
+    """``planned``: the plan of ``plan_input(snap, cfg, headroom=headroom)`` when the
+    caller has one (the exact planner's); without, the greedy planner's."""
     if not snap.contracts:
         return ReconcileResult()
     views = {v.demand.contract: v for v in snap.contracts}
-    result = planned if planned is not None else plan(plan_input(snap, cfg))
+    result = planned if planned is not None else plan(plan_input(snap, cfg, headroom=headroom))
     out = ReconcileResult(plan_cost_per_hour=result.cost_per_hour)
     by_contract: dict[str, list[Allocation]] = {}
     for alloc in result.allocations:
@@ -74,7 +95,12 @@ def reconcile(
         out.demand_units += view.demand.demand_units  # as asked, before netting in-flight work
         out.held_units += outcome.held_units
         out.planned_units += outcome.planned_units
-        out.shortfall_units += outcome.shortfall_units
+        # The headroom is the last of the target to be covered: a shortfall eats it first.
+        cover = view.headroom_units if headroom else 0
+        short = max(0, outcome.shortfall_units - cover)
+        out.shortfall_units += short
+        out.headroom_units += cover
+        out.headroom_short_units += outcome.shortfall_units - short
         items = [
             LaunchItem(
                 pool_id=a.pool_id,
@@ -86,10 +112,10 @@ def reconcile(
             for a in by_contract.get(outcome.contract, [])
         ]
         fallback = None
-        if outcome.shortfall_units > 0 and _may_fall_back(view, cfg, now):
+        if short > 0 and _may_fall_back(view, cfg, now):
             fallback = price_fallback(
                 view.demand,
-                outcome.shortfall_units,
+                short,
                 snap.pools,
                 snap.committed_rate,
                 authority_per_hour=view.authority_per_hour,

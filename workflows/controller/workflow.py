@@ -53,6 +53,10 @@ with workflow.unsafe.imports_passed_through():
 #: Ticks plan in a local activity (control.greedy_plan), not in the workflow task. Runs
 #: started before it keep planning in the workflow until their continue-as-new.
 PLAN_OFF_THREAD_PATCH = "plan-off-thread"
+#: Ticks target demand plus each contract's headroom units (contracts/headroom.py). Asked
+#: only on a tick whose snapshot carries headroom, so runs and histories without any take
+#: the same commands as before; runs started before it keep planning demand alone.
+HEADROOM_PATCH = "headroom"
 
 _RETRY = RetryPolicy(maximum_attempts=10, maximum_interval=timedelta(seconds=30))
 
@@ -165,14 +169,18 @@ class RegionControllerWorkflow:
             )
             return
         planned: Plan | None = None  # ticks that plan off-thread record why (_choice)
+        headroom = False
         if workflow.patched(PLAN_OFF_THREAD_PATCH):
+            headroom = any(v.headroom_units > 0 for v in snap.contracts) and workflow.patched(
+                HEADROOM_PATCH
+            )
             planned = None
             if snap.contracts:  # else nothing to plan, no activity call
-                planned = await self._plan_off_thread(snap)
+                planned = await self._plan_off_thread(snap, headroom=headroom)
                 if planned is None:
                     summary.problem = "planning failed: the tick plans nothing"
                     return
-            result = reconcile(snap, cfg, now, planned=planned)
+            result = reconcile(snap, cfg, now, planned=planned, headroom=headroom)
         elif workflow.patched("exact-plan"):
             # Runs that began before plan-off-thread: the greedy plan in the workflow task.
             problem = plan_input(snap, cfg)
@@ -190,11 +198,13 @@ class RegionControllerWorkflow:
         summary.planned_units = result.planned_units
         summary.shortfall_units = result.shortfall_units
         summary.plan_cost_per_hour = result.plan_cost_per_hour
+        summary.headroom_units = result.headroom_units
+        summary.headroom_short_units = result.headroom_short_units
         k8s = {v.demand.contract for v in snap.contracts if v.kubernetes}
         # Why each acquisition's pools, from this tick's own problem and plan (no command).
         why = None
         if planned is not None and result.acquisitions:
-            why = ChoiceExplainer(plan_input(snap, cfg), planned)
+            why = ChoiceExplainer(plan_input(snap, cfg, headroom=headroom), planned)
         for req in result.acquisitions:
             acq_id = f"{ACQUISITION_PREFIX}{inp.region}-{req.contract}-{workflow.uuid4().hex[:10]}"
             acq = AcquisitionInput(
@@ -244,12 +254,14 @@ class RegionControllerWorkflow:
         await self._release(snap, result.surplus, summary)
         summary.surplus = len(result.surplus)
 
-    async def _plan_off_thread(self, snap: ControllerSnapshot) -> Plan | None:
+    async def _plan_off_thread(
+        self, snap: ControllerSnapshot, *, headroom: bool = False
+    ) -> Plan | None:
         """The greedy plan from a local activity (the planner's CPU time is spent on the
         worker's activity threads, never in a workflow task; the history records the plan),
         then improved as in :meth:`_improve`. None when planning failed: a planner error is
         deterministic, so the tick plans nothing rather than retrying forever."""
-        problem = plan_input(snap, self._inp.config)
+        problem = plan_input(snap, self._inp.config, headroom=headroom)
         try:
             greedy: Plan = await workflow.execute_local_activity_method(
                 ControlActivities.greedy_plan,

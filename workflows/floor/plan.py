@@ -20,6 +20,7 @@ from activities.floor.models import (
     ProbeResult,
 )
 from planning.floor_spread import spread
+from planning.hall_probe import ProbeRules, judge_halls
 from workflows.floor.models import FloorConfig, HallLoss, generation_of, reservation_of
 
 
@@ -197,27 +198,17 @@ def judge(
     clean: Mapping[str, int],
     cfg: FloorConfig,
 ) -> Verdict:
-    """Hysteresis over probes (see the workflow module's docstring for the rule)."""
-    v = Verdict(bad=dict(bad), clean=dict(clean))
-    for hall, p in sorted(probe.halls.items()):
-        loss = lost.get(hall)
-        if loss is None:
-            v.clean.pop(hall, None)
-            unhealthy = p.instances > 0 and p.unhealthy >= cfg.lost_fraction * p.instances
-            v.bad[hall] = v.bad.get(hall, 0) + 1 if unhealthy else 0
-            if v.bad[hall] >= cfg.lost_probes:
-                v.lost[hall] = (
-                    f"{p.unhealthy} of {p.instances} floor instances in hall {hall} ERROR or "
-                    f"gone on {v.bad[hall]} probes in a row"
-                )
-                v.bad[hall] = 0
-            continue
-        v.bad.pop(hall, None)
-        if not loss.detected:
-            continue  # an operator's loss is lifted by an operator only
-        ok = p.answering and p.unhealthy == 0
-        v.clean[hall] = v.clean.get(hall, 0) + 1 if ok else 0
-        if v.clean[hall] >= cfg.clean_probes:
-            v.restored[hall] = f"hall {hall} answered cleanly on {v.clean[hall]} probes in a row"
-            v.clean.pop(hall)
-    return v
+    """Hysteresis over probes: planning.hall_probe.judge_halls, the rule the estate
+    simulator's keeper runs too (see the workflow module's docstring)."""
+    v = judge_halls(
+        probe.halls,
+        {hall: loss.detected for hall, loss in lost.items()},
+        bad,
+        clean,
+        ProbeRules(
+            lost_fraction=cfg.lost_fraction,
+            lost_probes=cfg.lost_probes,
+            clean_probes=cfg.clean_probes,
+        ),
+    )
+    return Verdict(lost=v.lost, restored=v.restored, bad=v.bad, clean=v.clean)

@@ -2,3 +2,6 @@
 path "pki_r1/issue/agent" {
   capabilities = ["update"]
 }
+path "pki_r1/sign/agent" {
+  capabilities = ["update"]
+}

@@ -2,3 +2,6 @@
 path "pki_r1/issue/contract-sync" {
   capabilities = ["update"]
 }
+path "pki_r1/sign/contract-sync" {
+  capabilities = ["update"]
+}

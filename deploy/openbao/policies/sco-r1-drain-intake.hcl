@@ -2,6 +2,9 @@
 path "pki_r1/issue/drain-intake" {
   capabilities = ["update"]
 }
+path "pki_r1/sign/drain-intake" {
+  capabilities = ["update"]
+}
 path "sco/data/r1/kafka" {
   capabilities = ["read"]
 }

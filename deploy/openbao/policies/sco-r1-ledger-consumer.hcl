@@ -2,6 +2,9 @@
 path "pki_r1/issue/ledger-consumer" {
   capabilities = ["update"]
 }
+path "pki_r1/sign/ledger-consumer" {
+  capabilities = ["update"]
+}
 path "sco/data/r1/kafka" {
   capabilities = ["read"]
 }

@@ -2,6 +2,9 @@
 path "pki_r1/issue/notice-relay-C" {
   capabilities = ["update"]
 }
+path "pki_r1/sign/notice-relay-C" {
+  capabilities = ["update"]
+}
 path "sco/data/r1/fleet-db" {
   capabilities = ["read"]
 }

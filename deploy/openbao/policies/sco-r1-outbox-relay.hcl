@@ -2,6 +2,9 @@
 path "pki_r1/issue/outbox-relay" {
   capabilities = ["update"]
 }
+path "pki_r1/sign/outbox-relay" {
+  capabilities = ["update"]
+}
 path "sco/data/r1/fleet-db" {
   capabilities = ["read"]
 }

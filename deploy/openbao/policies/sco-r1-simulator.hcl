@@ -2,3 +2,6 @@
 path "pki_r1/issue/simulator" {
   capabilities = ["update"]
 }
+path "pki_r1/sign/simulator" {
+  capabilities = ["update"]
+}

@@ -1,0 +1,320 @@
+"""The box under churn for an hour: every process's memory curve, and its growth.
+
+    .venv/bin/python bench/memory_hour_bench.py [--minutes 60] [--interval 30]
+        [--churn-seconds 60] [--tiny]
+
+A region in a box of its own, as `make up` brings it (`sco dev up --workers`: Temporal's
+dev server, Kafka, OpenBao, NATS, the simulated cloud, the region worker, a notice relay
+per hall, the outbox relay, the drain intake, the ledger consumer; PostgreSQL is a scratch
+database on the machine's server), on a block of free ports and a data dir of its own
+(as tests/workers/test_devbox.py isolates one) with a NATS server of its own, so it
+collides with no test and no other box. Beside it one node agent (`python -m agent`, hall
+A of r1) on the box's NATS, idle as a node between notices is.
+
+Churn, as `make up` and an operator make it: the pool catalogue synced, then the three
+example contracts' demand set (`sco demand set`, the controllers start acquisitions),
+and every --churn-seconds one change in turn: a contract's demand moved up or down (its
+controller acquires or releases), or an operator's reclaim of one ACTIVE instance
+(`sco reclaim`: the hall's relay notices it, the exclusion hook and the controller's
+replacement follow). Each `sco` command is its own process, as an operator runs it.
+
+Every --interval seconds the VmRSS of every process the box recorded (summed over its
+process tree: a server started through a wrapper counts whole) and of the agent is read
+from /proc. Per process the report has its VmRSS at the end and its growth over the last
+half of the run: the least-squares slope over the samples of the last half times that
+half's length (a curve that only wanders has ~0; a leak has its rate), held to
+max(1 MB, 2 % of its RSS) (issue 33: no growth in the last half hour). The worker and
+the notice relays are also held to their RSS targets (300 MB, 50 MB). The curves are in
+details.curves ([seconds since the first sample, MB]); --record memory_hour=FILE joins
+a run made alone into `make bench`'s report (bench/run_all.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench import procstat
+from bench.report import Report
+from tests.support import services
+from tests.support.paths import BASE_DSN, REGIONS_DIR
+
+REGION = "r1"
+SCO = str(Path(sys.executable).parent / "sco")
+#: The example contracts `make up` gives demand to, and the range churn moves them in.
+DEMAND: dict[str, tuple[int, int, int]] = {  # contract: (make up's, low, high)
+    "spark-etl": (120, 60, 180),
+    "ci-runners": (200, 100, 260),
+    "search-api": (40, 20, 60),
+}
+#: RSS targets (issue 33), by the box's process name prefix.
+RSS_TARGETS = {"worker-": 300.0, "notice-relay-": 50.0, "agent": 35.0}
+
+
+def growth_mb(curve: list[tuple[float, float]]) -> float | None:
+    """Least-squares slope of (t, MB) over the last half of the run, times its length."""
+    if len(curve) < 4:
+        return None
+    end = curve[-1][0]
+    half = [(t, v) for t, v in curve if t >= end / 2]
+    if len(half) < 3:
+        return None
+    n = len(half)
+    mt = sum(t for t, _ in half) / n
+    mv = sum(v for _, v in half) / n
+    var = sum((t - mt) ** 2 for t, _ in half)
+    if var == 0:
+        return None
+    slope = sum((t - mt) * (v - mv) for t, v in half) / var
+    return slope * (half[-1][0] - half[0][0])
+
+
+def tree_rss(pid: int) -> float | None:
+    """VmRSS of `pid` and its descendants, MB; None when `pid` is gone."""
+    own = procstat.rss_mb(pid)
+    if own is None:
+        return None
+    return own + sum(tree_rss(child) or 0.0 for child, _ in procstat.children(pid))
+
+
+def box_env(tmp: Path, dsn: str) -> dict[str, str]:
+    base = services.free_port_range(24)
+    return {
+        "SCO_DATA_DIR": str(tmp / "sco"),
+        "SCO_REGIONS_DIR": str(REGIONS_DIR),
+        "SCO_POSTGRES_DSN": dsn,
+        "SCO_NATS_URL": f"nats://127.0.0.1:{base + 7}",  # the box runs its own
+        "SCO_TEMPORAL__ADDRESS": f"127.0.0.1:{base}",
+        "SCO_TEMPORAL__UI_PORT": str(base + 1),
+        "SCO_KAFKA__BOOTSTRAP_SERVERS": f"127.0.0.1:{base + 2}",
+        "SCO_OPENBAO__ADDRESS": f"https://127.0.0.1:{base + 3}",
+        "SCO_PROMETHEUS__PORT": str(base + 5),
+        "SCO_PROMETHEUS__BOX_PORTS_FROM": str(base + 8),
+        "SCO_REGION": REGION,
+    }
+
+
+class Churn:
+    def __init__(self, env: dict[str, str], log: Path, seed: int = 33) -> None:
+        self.env = {**os.environ, **env}
+        self.log = log
+        self.rng = random.Random(seed)
+        self.demand = {c: d for c, (d, _, _) in DEMAND.items()}
+        self.turn = itertools.cycle(["demand", "reclaim", "demand"])
+        self.commands = 0
+        self.failed: list[str] = []
+
+    def sco(self, *args: str, timeout: float = 180) -> bool:
+        started = time.monotonic()
+        try:
+            out = subprocess.run(
+                [SCO, *args],
+                env=self.env,
+                cwd=ROOT,
+                text=True,
+                capture_output=True,
+                timeout=timeout,
+                check=False,
+            )
+            ok, tail = out.returncode == 0, (out.stderr.strip().splitlines() or [""])[-1]
+        except subprocess.TimeoutExpired:
+            ok, tail = False, f"no answer in {timeout:.0f} s"
+        self.commands += 1
+        with self.log.open("a") as f:
+            f.write(
+                f"{time.time():.0f} {'ok' if ok else 'FAILED'} {time.monotonic() - started:.1f}s "
+                f"sco {' '.join(args)} {'' if ok else tail}\n"
+            )
+        if not ok:
+            self.failed.append(f"sco {' '.join(args)}: {tail}"[:200])
+        return ok
+
+    def start(self) -> None:
+        self.sco("pools", "sync", "--region", REGION)
+        for contract, units in self.demand.items():
+            self.sco("demand", "set", contract, str(units), "--region", REGION)
+
+    def step(self, active: list[str]) -> None:
+        if next(self.turn) == "reclaim" and active:
+            self.sco("reclaim", self.rng.choice(active), "--reason", "memory bench churn")
+            return
+        contract = self.rng.choice(sorted(self.demand))
+        _, low, high = DEMAND[contract]
+        self.demand[contract] = self.rng.randint(low, high)
+        self.sco("demand", "set", contract, str(self.demand[contract]), "--region", REGION)
+
+
+def active_instances(dsn: str) -> list[str]:
+    """Up to 200 ACTIVE reclaimable instances of the region (fleet state: a floor's
+    committed ones are refused to a reclaim without --force), none when it is away."""
+    import psycopg
+
+    from activities.events import CapacityType, InstanceState
+    from activities.fleet.db import open_pool
+    from activities.fleet.repository import FleetRepository
+
+    try:
+        pool = open_pool(dsn, max_size=1)
+    except psycopg.Error:
+        return []
+    try:
+        rows = FleetRepository(pool).list_instances(REGION, [InstanceState.ACTIVE])
+    except psycopg.Error:
+        return []
+    finally:
+        pool.close()
+    ids = [r.instance_id for r in rows if r.capacity_type is CapacityType.RECLAIMABLE]
+    return ids[:200]
+
+
+def start_agent(tmp: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    from workers.settings import Settings
+
+    trust = Settings().trust_dir
+    config = tmp / "agent.toml"
+    config.write_text(
+        f'node_id = "memory-bench-node"\nregion = "{REGION}"\nhall = "A"\nscheduler = "none"\n'
+        f'nats_urls = ["{env["SCO_NATS_URL"]}"]\ncache_dir = "{tmp / "agent-cache"}"\n'
+        f'trust_dir = "{trust}"\njournal_path = "{tmp / "agent" / "journal.jsonl"}"\n'
+        f'socket_dir = "{tmp / "agent-s"}"\n'
+    )
+    return subprocess.Popen(
+        [sys.executable, "-m", "agent", "--config", str(config), "--log-level", "WARNING"],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=(tmp / "agent.log").open("wb"),
+    )
+
+
+def run(
+    args: argparse.Namespace, report: Report, tmp: Path
+) -> dict[str, list[tuple[float, float]]]:
+    from workers.devbox.box import Box
+    from workers.settings import Settings
+
+    dsn = services.scratch_database(BASE_DSN)
+    env = box_env(tmp, dsn)
+    curves: dict[str, list[tuple[float, float]]] = {}
+    agent: subprocess.Popen[bytes] | None = None
+    with services.environment(env):
+        box = Box(Settings(), with_workers=True)
+        try:
+            t_up = time.monotonic()
+            box.up()
+            report.details["box_up_s"] = round(time.monotonic() - t_up, 1)
+            agent = start_agent(tmp, env)
+            churn = Churn(env, tmp / "churn.log")
+            churn.start()
+            pids = {n: r.pid for n, r in box.state_file.read().processes.items()}
+            pids["agent"] = agent.pid
+            report.details["pids"] = pids
+            t0 = time.monotonic()
+            end = t0 + args.minutes * 60
+            next_sample, next_churn = t0, t0 + args.churn_seconds
+            while True:
+                now = time.monotonic()
+                if now >= next_sample:
+                    for name, pid in pids.items():
+                        if (mb := tree_rss(pid)) is not None:
+                            curves.setdefault(name, []).append((round(now - t0, 1), round(mb, 2)))
+                    print(
+                        f"sample at {now - t0:.0f} s: {len(curves)} processes",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    next_sample += args.interval
+                if now >= end:
+                    break
+                if now >= next_churn:
+                    churn.step(active_instances(dsn))
+                    next_churn = time.monotonic() + args.churn_seconds
+                time.sleep(max(0.0, min(next_sample, next_churn, end) - time.monotonic()))
+            report.details["churn_commands"] = churn.commands
+            report.details["churn_failed"] = churn.failed[:20]
+            report.details["active_instances_at_end"] = len(active_instances(dsn))
+            gone = sorted(n for n, pid in pids.items() if procstat.rss_mb(pid) is None)
+            if gone:
+                report.notes.append(f"exited during the run: {', '.join(gone)}")
+        finally:
+            if agent is not None and agent.poll() is None:
+                agent.terminate()
+                try:
+                    agent.wait(30)
+                except subprocess.TimeoutExpired:
+                    agent.kill()
+            box.down()
+            services.drop_database(dsn)
+    return curves
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--minutes", type=float, default=60.0, help="how long the box runs")
+    ap.add_argument("--interval", type=float, default=30.0, help="seconds between samples")
+    ap.add_argument("--churn-seconds", type=float, default=60.0, help="seconds between changes")
+    ap.add_argument("--tiny", action="store_true", help="1 minute, samples every 5 s (CI smoke)")
+    args = ap.parse_args()
+    if args.tiny:
+        args.minutes, args.interval, args.churn_seconds = 1.0, 5.0, 10.0
+    if args.minutes <= 0 or args.interval <= 0 or args.churn_seconds <= 0:
+        ap.error("--minutes, --interval, --churn-seconds: above 0")
+    report = Report(
+        "memory_hour",
+        {
+            "minutes": args.minutes,
+            "interval_s": args.interval,
+            "churn_seconds": args.churn_seconds,
+            "region": REGION,
+        },
+    )
+    with tempfile.TemporaryDirectory(prefix="sco-memhour-") as tmp:
+        curves = run(args, report, Path(tmp))
+    report.details["curves"] = curves
+    half = f"last {args.minutes / 2:g} min"
+    for name in sorted(curves):
+        curve = curves[name]
+        end_mb = curve[-1][1]
+        target = next((t for p, t in RSS_TARGETS.items() if name.startswith(p)), None)
+        report.figure(
+            f"{name}_rss_end",
+            end_mb,
+            "MB",
+            anchor=f"VmRSS (process tree) at the end of {args.minutes:g} min of box churn",
+            target=target,
+            comparator="<=" if target is not None else None,
+        )
+        grown = growth_mb(curve)
+        anchor = f"least-squares slope x length over the {half}, {len(curve)} samples in all"
+        if grown is None:
+            report.measurement_missing(
+                f"{name}_growth_last_half",
+                "fewer than 3 samples in the last half",
+                "MB",
+                anchor=anchor,
+            )
+            continue
+        report.figure(
+            f"{name}_growth_last_half",
+            grown,
+            "MB",
+            anchor=anchor,
+            target=round(max(1.0, 0.02 * end_mb), 1),
+            comparator="<=",
+        )
+    if not curves:
+        report.measurement_missing("rss", "no process was sampled", "MB", anchor="the box")
+    return report.emit()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
