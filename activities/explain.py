@@ -238,7 +238,8 @@ def _last_passed_over(
         ).fetchone()
     if row is None or row.choice is None:
         return None
-    passed = next(c for c in row.choice.passed_over if c.pool_id == pool_id)
+    record = ChoiceRecord.model_validate(row.choice)
+    passed = next(c for c in record.passed_over if c.pool_id == pool_id)
     return PassedOverLine(
         acquisition_id=row.acquisition_id,
         contract=row.workload,
@@ -471,8 +472,8 @@ def explain_instance(src: ExplainSources, instance_id: str) -> InstanceExplanati
             f"asked in {', '.join(acq.pool_ids) or row.pool_id}"
             + (f" ({acq.detail})" if acq.detail else "")
         )
-        out.choice = acq.choice
-        chosen, out.chosen_over = _choice_lines(acq.choice, row.pool_id)
+        out.choice = None if acq.choice is None else ChoiceRecord.model_validate(acq.choice)
+        chosen, out.chosen_over = _choice_lines(out.choice, row.pool_id)
         why += chosen
         why += [f"chosen over {line}" for line in out.chosen_over]
     why.extend(f"decision: {d.kind} {d.outcome}: {d.reason}" for d in out.decisions[:3])

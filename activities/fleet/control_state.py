@@ -8,15 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import datetime
+from typing import Any
 
 from psycopg.rows import class_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
-from pydantic import BaseModel
+from pydantic import BaseModel, field_validator
 
 from activities.decisions import Decision
 from activities.fleet import outbox
-from planning.choice import ChoiceRecord
 
 #: Acquisition states after which it holds no more in-flight work.
 FINISHED_ACQUISITION_STATES = ("completed", "cancelled", "declined", "failed")
@@ -46,7 +46,9 @@ class AcquisitionRow(BaseModel):
     detail: str
     created_at: datetime
     updated_at: datetime
-    choice: ChoiceRecord | None = None  # None: recorded before SCO kept its reasons
+    # planning.choice.ChoiceRecord as JSON (None: recorded before SCO kept its reasons);
+    # kept opaque here so the commands that read fleet state never load the planner.
+    choice: dict[str, Any] | None = None
 
 
 class AcquisitionRecord(BaseModel):
@@ -65,10 +67,15 @@ class AcquisitionRecord(BaseModel):
     shortfall_units: int = 0
     pool_ids: list[str] = []
     detail: str = ""
-    # Why these pools (planning/choice.py), written by the acquisition's maker when it
-    # records the acquisition; None leaves a recorded one as it is (the acquisition's own
-    # progress records carry none).
-    choice: ChoiceRecord | None = None
+    # Why these pools (planning/choice.py's ChoiceRecord, as JSON), written by the
+    # acquisition's maker when it records the acquisition; None leaves a recorded one as it
+    # is (the acquisition's own progress records carry none).
+    choice: dict[str, Any] | None = None
+
+    @field_validator("choice", mode="before")
+    @classmethod
+    def _record_as_json(cls, v: object) -> object:
+        return v.model_dump(mode="json") if isinstance(v, BaseModel) else v
 
 
 class ControlRepository:
@@ -154,12 +161,7 @@ class ControlRepository:
                        pool_ids = excluded.pool_ids, detail = excluded.detail,
                        choice = coalesce(excluded.choice, acquisitions.choice),
                        updated_at = now()""",
-                rec.model_dump()
-                | {
-                    "choice": None
-                    if rec.choice is None
-                    else Jsonb(rec.choice.model_dump(mode="json"))
-                },
+                rec.model_dump() | {"choice": None if rec.choice is None else Jsonb(rec.choice)},
             )
 
     def open_acquisitions(self, region: str, partition: int | None = None) -> list[AcquisitionRow]:

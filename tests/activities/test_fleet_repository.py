@@ -116,10 +116,12 @@ def test_an_acquisitions_choice_survives_its_progress_records(fleet_repo: FleetR
         requested_units=2,
         requested_instances=1,
     )
-    control.record_acquisition(base.model_copy(update={"choice": why}))
+    # The record validates a ChoiceRecord into its JSON (model_copy would skip that).
+    control.record_acquisition(AcquisitionRecord(**{**base.model_dump(), "choice": why}))
     control.record_acquisition(base.model_copy(update={"state": "running", "active": 1}))
     row = control.get_acquisition(acq)
-    assert row is not None and row.state == "running" and row.choice == why
+    assert row is not None and row.state == "running"
+    assert row.choice is not None and ChoiceRecord.model_validate(row.choice) == why
     control.record_acquisition(base.model_copy(update={"acquisition_id": acq + "-old"}))
     old = control.get_acquisition(acq + "-old")
     assert old is not None and old.choice is None  # recorded without: NULL, said so

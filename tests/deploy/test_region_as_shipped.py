@@ -278,7 +278,9 @@ async def _subscribes(r: Region, node: Node) -> None:
     try:
         await nc.subscribe(f"sco.r1.notice.{HALL}.{node.name}")
         await nc.flush(timeout=5)
-        await asyncio.sleep(0.2)  # a permissions violation comes after the PONG
+        # The server answers the SUB's -ERR before the PONG; its error callback is a task
+        # the client schedules when it parses the -ERR: one more round trip lets it run.
+        await nc.flush(timeout=5)
         if errors:
             raise errors[0]
     finally:

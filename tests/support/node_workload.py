@@ -61,6 +61,7 @@ def main() -> int:
     status["listening"] = server.listening.is_set()
     _write(a.status, status)
     while not server.draining.is_set():
+        # sleep is the behaviour under test: the workload's own work, one step per 20 ms.
         time.sleep(0.02)
         step += 1
         if step % 25 == 0:
