@@ -405,7 +405,8 @@ def _published(rig: Rig, commit: str, within: float) -> tuple[dict[str, Any], fl
 def _counted(outcome: str, region: str, before: float) -> None:
     eventually(
         lambda: _metric("sco_contract_sync_commits_total", region=region, outcome=outcome) > before,
-        timeout=15,
+        # A round (fetch, verify, compile) took over 15 s at load 19 on 2 cores.
+        timeout=INTERVAL + 60,
         what=f"a commit counted as {outcome}",
     )
 
@@ -415,7 +416,7 @@ def _head_refused_becomes(region: str, value: float) -> None:
     after the round published), so a reader waits for the round to finish."""
     eventually(
         lambda: _metric("sco_contract_sync_head_refused", region=region) == value,
-        timeout=15,
+        timeout=INTERVAL + 60,
         what=f"sco_contract_sync_head_refused={value}",
     )
 
