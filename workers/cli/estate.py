@@ -10,7 +10,7 @@ import typer
 
 from contracts.findings import errors
 from contracts.region import Region, RegionFileError, load_regions
-from contracts.source import read_contracts
+from contracts.source import ContractSource, read_contracts
 from estate.config import PLANTED, EstateConfig
 from estate.engine import POLICIES, simulate
 from estate.report import table
@@ -76,17 +76,7 @@ def sim_estate(
         bounds.in_file("--readme", readme)
         if README_BEGIN not in readme.read_text() or README_END not in readme.read_text():
             fail(f"--readme {readme}: no {README_BEGIN} ... {README_END} section to rewrite")
-    try:
-        regions = load_regions(regions_dir)
-    except RegionFileError as exc:
-        fail(str(exc))
-    sources, findings = read_contracts(contracts_dir)
-    if errors(findings):
-        fail(str(errors(findings)[0]))
-    unknown_regions = sorted(set(region) - set(regions))
-    if unknown_regions:
-        wrong, known = ", ".join(map(shown, unknown_regions)), ", ".join(regions)
-        fail(f"--region: unknown {wrong}; known: {known}")
+    regions, sources = estate_inputs(regions_dir, contracts_dir, region)
     unknown = sorted(set(policy) - set(POLICIES))
     if unknown:
         fail(f"--policy: unknown {', '.join(map(repr, unknown))}; known: {', '.join(POLICIES)}")
@@ -130,6 +120,25 @@ def sim_estate(
     if readme is not None:
         _update_readme(readme, text, out)
     console.print(f"wrote {out / 'estate.json'}")
+
+
+def estate_inputs(
+    regions_dir: Path, contracts_dir: Path, region: list[str]
+) -> tuple[dict[str, Region], list[ContractSource]]:
+    """The region files and contracts a simulation runs on, each refused in one line, and
+    every `--region` asked for checked against them (`sco sim estate|lifecycle`)."""
+    try:
+        regions = load_regions(regions_dir)
+    except RegionFileError as exc:
+        fail(str(exc))
+    sources, findings = read_contracts(contracts_dir)
+    if errors(findings):
+        fail(str(errors(findings)[0]))
+    unknown = sorted(set(region) - set(regions))
+    if unknown:
+        wrong, known = ", ".join(map(shown, unknown)), ", ".join(regions)
+        fail(f"--region: unknown {wrong}; known: {known}")
+    return regions, sources
 
 
 def _update_readme(readme: Path, text: str, out: Path) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from workers.cli.bounds import path_value
-from workers.cli.common import console, fail, print_json, shown, table
+from workers.cli.common import console, print_json, table
 
 
 def sim_lifecycle(
@@ -34,12 +34,10 @@ def sim_lifecycle(
     """Voluntary churn per 1,000 instance-hours, cost, savings by return from fallback and
     by consolidation, voluntary lost work and fallback spend after capacity returns:
     sco-today, sco-return, sco-lifecycle and karpenter-consolidation on one trace."""
-    from contracts.findings import errors
-    from contracts.region import RegionFileError, load_regions
-    from contracts.source import read_contracts
     from estate.config import EstateConfig
     from estate.lifecycle_eval import CHURN_TARGET, FALLBACK_TARGET, evaluate_lifecycle
     from workers.cli import bounds
+    from workers.cli.estate import estate_inputs
 
     bounds.finite("--days", days, low=0, high=366, low_open=True)
     bounds.whole("--seed", seed, low=0, high=2**32 - 1)
@@ -50,16 +48,7 @@ def sim_lifecycle(
     bounds.in_dir("--contracts-dir", contracts_dir)
     if out is not None:
         bounds.out_dir("--out", out.parent)
-    try:
-        regions = load_regions(regions_dir)
-    except RegionFileError as exc:
-        fail(str(exc))
-    sources, findings = read_contracts(contracts_dir)
-    if errors(findings):
-        fail(str(errors(findings)[0]))
-    unknown = sorted(set(region) - set(regions))
-    if unknown:
-        fail(f"--region: unknown {', '.join(map(shown, unknown))}; known: {', '.join(regions)}")
+    regions, sources = estate_inputs(regions_dir, contracts_dir, region)
     cfg = EstateConfig(days=days, seed=seed, tenants=tenants, regions=tuple(region))
     result = evaluate_lifecycle(
         [regions[r] for r in sorted(regions)],
