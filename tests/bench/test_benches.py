@@ -18,11 +18,13 @@ from bench.run_all import (
     BENCHES,
     END,
     ROOT,
+    STOP_GRACE_S,
     Bench,
     child_env,
     markdown,
     replace_section,
     run_one,
+    run_stopping_gracefully,
 )
 
 
@@ -38,7 +40,7 @@ from bench.run_all import (
             b,
             id=b.name,
             marks=[
-                pytest.mark.timeout(b.tiny_timeout_s + 10),
+                pytest.mark.timeout(b.tiny_timeout_s + STOP_GRACE_S + 10),
                 pytest.mark.services,
                 *([pytest.mark.testcloud] if b.needs is needs.testcloud else []),
                 # the memory bench brings up a whole box (its own ports and data dir)
@@ -202,3 +204,21 @@ def test_memory_growth_is_the_last_half_slope_times_its_length() -> None:
     leak = [(t * 60.0, 50.0 + 0.5 * t) for t in range(21)]  # 0.5 MB/min for 20 min
     assert growth_mb(leak) == pytest.approx(5.0)
     assert growth_mb(leak[:3]) is None  # too few samples to say
+
+
+def test_an_overrun_bench_is_interrupted_and_its_clean_up_runs(tmp_path: Path) -> None:
+    # A bench on the test cloud deletes what it made in `finally`; a kill on overrun left
+    # its servers in the halls the next test's floor needed.
+    cleaned = tmp_path / "cleaned"
+    script = tmp_path / "overrun.py"
+    script.write_text(
+        "import asyncio, pathlib, sys\n"
+        "async def main() -> None:\n"
+        "    try:\n"
+        "        await asyncio.sleep(60)\n"
+        "    finally:\n"
+        f"        pathlib.Path({str(cleaned)!r}).write_text('done')\n"
+        "asyncio.run(main())\n"
+    )
+    assert run_stopping_gracefully([sys.executable, str(script)], {}, timeout=3) is None
+    assert cleaned.read_text() == "done"

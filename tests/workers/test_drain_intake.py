@@ -31,7 +31,7 @@ from nats.js.errors import NotFoundError
 from typer.testing import CliRunner
 
 from agent.checkpoint.protocol import Saved
-from agent.checkpoint.server import register
+from agent.checkpoint.server import CheckpointServer, register
 from agent.daemon import Agent
 from agent.scheduler import Workload
 from contracts.cache import BundleCache
@@ -202,15 +202,28 @@ async def test_drain_reports_on_nats_are_booked_continuously_and_shown_by_lost_w
     config = agent_config(tmp_path, node=NODE, region=REGION, nats_urls=[nats_server.url])
     agent = Agent(config, scheduler=scheduler)  # its own NATS link and notice source
     lost_per_save = iter([2, 1])
-    server = register(
-        lambda reason, deadline: Saved("file:///ckpt/step-9", lost_steps=next(lost_per_save)),
-        socket_path=config.socket_dir / "slurm_91/sock",
-    )
+
+    def start_job() -> CheckpointServer:
+        return register(
+            lambda reason, deadline: Saved("file:///ckpt/step-9", lost_steps=next(lost_per_save)),
+            socket_path=config.socket_dir / "slurm_91/sock",
+        )
+
+    server = start_job()
     stop = asyncio.Event()
     run = asyncio.create_task(agent.run(stop))
 
     async def drain(n: int) -> None:
-        scheduler.workloads_on_node = [train, ci]  # the requeued jobs are back on the node
+        nonlocal server
+        if n > 1:
+            # The requeued jobs are back on the node. The agent's directory pass (every 5 s)
+            # removed the train job's directory, socket and all, once it was requeued: the
+            # job, started again, makes its socket again in the directory the pass gives it.
+            scheduler.workloads_on_node = [train, ci]
+            server.close()
+            await agent.sync_job_dirs()
+            server = start_job()
+        assert await asyncio.to_thread(server.listening.wait, 30), "the job's socket"
         now = datetime.now(UTC)
         notice = ReclaimNotice(
             notice_id=ReclaimNotice.stable_id(REGION, NODE, now),
