@@ -430,22 +430,31 @@ def exit_code(ctr: str) -> int | None:
     return int(state[1])
 
 
-def probe_answers(ctr: str, container: Doc) -> bool:
-    """The container's readiness probe (else liveness), from inside its pod's network."""
+def probe_answers(ctr: str, container: Doc) -> str | None:
+    """The container's readiness probe (else liveness), from inside its pod's network: None
+    when it answers 200, else what it answered (status and body, or the error)."""
     probe = container.get("readinessProbe") or container["livenessProbe"]
     port = probe["httpGet"]["port"]  # a number: for_podman resolved the named port
     code = (
-        "import urllib.request,sys;"
-        f"sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:{port}{probe['httpGet']['path']}',"
-        " timeout=3).status == 200 else 1)"
+        "import urllib.request,urllib.error,sys\n"
+        "try:\n"
+        f" r=urllib.request.urlopen('http://127.0.0.1:{port}{probe['httpGet']['path']}',"
+        " timeout=3); print(r.status, r.read(300).decode(errors='replace'))\n"
+        "except urllib.error.HTTPError as e: print(e.code, e.read(300).decode(errors='replace'))\n"
+        "except Exception as e: print(type(e).__name__, e)\n"
     )
-    run = subprocess.run(
-        ["podman", "exec", ctr, "python3", "-c", code],
-        env=PODMAN_ENV,
-        capture_output=True,
-        timeout=30,
-    )
-    return run.returncode == 0
+    try:
+        run = subprocess.run(
+            ["podman", "exec", ctr, "python3", "-c", code],
+            env=PODMAN_ENV,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except subprocess.TimeoutExpired:
+        return "podman exec took over 30 s"
+    answer = (run.stdout.strip() or run.stderr.strip()[-300:]).replace("\n", " ")
+    return None if answer.startswith("200 ") else answer or f"exit {run.returncode}"
 
 
 def exited(ctr: str) -> bool:
@@ -520,19 +529,27 @@ async def play_region(
         played.append(path)
         await asyncio.to_thread(play, [*configmaps, doc], path)
 
+    # Which containers are not ready yet and what their probes answered: a timeout names
+    # them (the processes' logs alone did not say which).
+    waiting: dict[str, str] = {}
+
     def all_ready() -> bool:
+        waiting.clear()
         for doc in deployments:
             for pod in pod_names(doc):
                 for c in pod_spec(doc)["containers"]:
-                    if ("readinessProbe" in c or "livenessProbe" in c) and not probe_answers(
-                        f"{pod}-{c['name']}", c
-                    ):
-                        return False
-        return True
+                    if "readinessProbe" not in c and "livenessProbe" not in c:
+                        continue
+                    ctr = f"{pod}-{c['name']}"
+                    if (answer := probe_answers(ctr, c)) is not None:
+                        waiting[ctr] = answer
+        return not waiting
 
-    await asyncio.to_thread(
-        until_or_logs, "every pod's health endpoint", all_ready, 420, lambda: logs(deployments)
-    )
+    def diag() -> str:
+        not_ready = "\n".join(f"  {ctr}: {answer}" for ctr, answer in sorted(waiting.items()))
+        return f"not ready:\n{not_ready}\n{logs(deployments)}"
+
+    await asyncio.to_thread(until_or_logs, "every pod's health endpoint", all_ready, 420, diag)
 
 
 # -- the test -----------------------------------------------------------------------------

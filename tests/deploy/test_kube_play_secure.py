@@ -32,6 +32,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from contracts.distribution import publish
 from tests.deploy.test_k8s_manifests import TLS_KINDS, render
 from tests.deploy.test_kube_play import (
     LEDGER_MOUNT,
@@ -47,7 +48,7 @@ from tests.deploy.test_kube_play import (
 from tests.support import services
 from tests.support.kube_play import PlayInputs, for_podman
 from tests.support.paths import REGIONS_DIR
-from workers.client_security import postgres_conninfo
+from workers.client_security import nats_options, postgres_conninfo
 from workers.devbox import tls_servers
 from workers.devbox.box import Box
 from workers.devbox.secure import BOX_KIND, POD_HOST, SecureProfile
@@ -174,15 +175,17 @@ def secure_inputs(
     )
 
 
-@pytest.mark.timeout(600)
-async def test_overlay_r1_jobs_complete_over_tls_against_the_secure_box(
+@pytest.mark.timeout(900)
+async def test_overlay_r1_runs_over_tls_against_the_secure_box(
     image: str,  # noqa: F811 -- the fixture imported above
     secure_box: SecureBox,
     tmp_path: Path,
 ) -> None:
     """The migration Job over TLS PostgreSQL (its own client certificate, verify-full of
     10.0.2.2, the password from its file), the bootstrap Job over mutual-TLS Temporal; each
-    exits 0. The Deployments are not run here yet (tests/deploy/README.md)."""
+    exits 0. Then every Deployment, each with its own kind's certificate, until each pod's
+    health endpoint answers: the worker over mutual-TLS Temporal and TLS PostgreSQL, each
+    hall's relay over mTLS NATS as its hall's identity."""
     bundle = signed_bundle(tmp_path)
     inputs = secure_inputs(
         tmp_path,
@@ -197,18 +200,23 @@ async def test_overlay_r1_jobs_complete_over_tls_against_the_secure_box(
     write_secret_files(played)
     configmaps = [d for d in played.docs if d["kind"] == "ConfigMap"]
     jobs = [d for d in played.docs if d["kind"] == "Pod"]
+    deployments = [d for d in played.docs if d["kind"] == "Deployment"]
     assert {d["metadata"]["name"].rsplit("-", 1)[0] for d in jobs} == {
         "sco-db-migrate",
         "sco-temporal-bootstrap",
     }
+    # The contract distributor has the region's bundle before the worker's init container
+    # (published over mutual-TLS NATS as the box's own control identity).
+    control = secure_box.control
+    await publish(control.nats_url, "r1", bundle.raw, nats_options(control))
     played_files: list[Path] = []
     try:
-        await play_region(jobs, [], configmaps, tmp_path, played_files)
+        await play_region(jobs, deployments, configmaps, tmp_path, played_files)
     finally:
         await asyncio.to_thread(
             teardown,
             list(reversed(played_files)),
-            [pod for d in jobs for pod in pod_names(d)],
+            [pod for d in [*jobs, *deployments] for pod in pod_names(d)],
             [d["metadata"]["name"] for d in configmaps] + played.volumes,
         )
 
