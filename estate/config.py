@@ -118,10 +118,10 @@ class EstateConfig(BaseModel):
 
     # SCO's reclaim-rate estimate (the ledger's window) and exclusion cycle (workflow defaults).
     rate_window_days: int = Field(default=7, ge=1)
-    load_risk_rate: float = Field(default=0.0, ge=0)
+    load_risk_rate: float = Field(default=2.0, ge=0)
     """The planner's owner-load risk (planning.models.LoadRisk): reclaims per instance-hour
     expected of a pool with nothing free (the controller's load_risk_rate)."""
-    load_risk_free_share: float = Field(default=0.5, gt=0, le=1)
+    load_risk_free_share: float = Field(default=0.25, gt=0, le=1)
     """... none at or above this free share."""
     exclusion_window_minutes: int = Field(default=60, ge=1)
     exclusion_threshold: int = Field(default=3, ge=1)
