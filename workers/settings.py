@@ -392,6 +392,7 @@ class ControlSettings(BaseModel):
     # reclaimed this many times per instance-hour, one with at least load_risk_free_share
     # free not at all (planning.models.LoadRisk; 0: off).
     load_risk_rate: float = Field(default=2.0, ge=0)
+    # The free share of a pool at or above which the owner's load adds no risk.
     load_risk_free_share: float = Field(default=0.25, gt=0, le=1)
     # At most this many instances per acquisition workflow (a bigger need is split).
     max_instances_per_acquisition: int = Field(default=200, ge=1)
