@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from planning.exclusion_cycle import CycleRules
 from planning.hall_probe import ProbeRules
+from planning.models import LoadRisk
 
 
 class EstateConfig(BaseModel):
@@ -117,6 +118,11 @@ class EstateConfig(BaseModel):
 
     # SCO's reclaim-rate estimate (the ledger's window) and exclusion cycle (workflow defaults).
     rate_window_days: int = Field(default=7, ge=1)
+    load_risk_rate: float = Field(default=2.0, ge=0)
+    """The planner's owner-load risk (planning.models.LoadRisk): reclaims per instance-hour
+    expected of a pool with nothing free (the controller's load_risk_rate)."""
+    load_risk_free_share: float = Field(default=0.25, gt=0, le=1)
+    """... none at or above this free share."""
     exclusion_window_minutes: int = Field(default=60, ge=1)
     exclusion_threshold: int = Field(default=3, ge=1)
     burst_merge_minutes: int = Field(default=3, ge=0)
@@ -143,6 +149,10 @@ class EstateConfig(BaseModel):
             lost_probes=self.floor_lost_probes,
             clean_probes=self.floor_clean_probes,
         )
+
+    def load_risk(self) -> LoadRisk:
+        """The planner's owner-load risk, as the controller gives it."""
+        return LoadRisk(full_rate=self.load_risk_rate, free_share=self.load_risk_free_share)
 
     def exclusion_rules(self) -> CycleRules:
         """The exclusion cycle's settings, for the product's own state machine."""

@@ -28,9 +28,8 @@ from estate.halls import HallWatch, watch
 from estate.policy import PolicyBase
 from estate.results import ExclusionResult, FallbackResult, HallDetection, RegionRun
 from estate.trace import RegionTrace
-from planning.costs import expected_cost
 from planning.floor_spread import spread
-from planning.models import PlanInput, PoolInput, pool_input
+from planning.models import PlanInput, PoolInput, pool_input, risk_cost
 from planning.planner import plan
 
 
@@ -226,7 +225,7 @@ class Sco(PolicyBase):
         for o in result.outcomes:
             t = by_name[o.contract]
             if o.surplus_units:
-                self.release_reclaimable(t, o.surplus_units, excluded, rates, minute)
+                self.release_reclaimable(t, o.surplus_units, excluded, pools, minute)
             self.arbitrate(t, o.shortfall_units, pools, minute)
 
     def pool_inputs(self, minute: int, rates: list[float], excluded: set[int]) -> list[PoolInput]:
@@ -246,7 +245,12 @@ class Sco(PolicyBase):
                 if len(self._inputs) > 100_000:
                     self._inputs.clear()
                 inp = pool_input(
-                    fleet.region, pool, free=key[1], reclaim_rate=key[2], excluded=key[3]
+                    fleet.region,
+                    pool,
+                    free=key[1],
+                    reclaim_rate=key[2],
+                    excluded=key[3],
+                    load=self.cfg.load_risk() if self.risk_pricing else None,
                 )
                 if key[4] != pool.price_per_hour:
                     inp = inp.model_copy(update={"price_per_hour": key[4]})
@@ -255,16 +259,16 @@ class Sco(PolicyBase):
         return out
 
     def release_reclaimable(
-        self, t: int, surplus: int, excluded: set[int], rates: list[float], minute: int
+        self, t: int, surplus: int, excluded: set[int], pools_in: list[PoolInput], minute: int
     ) -> None:
-        """Excluded pools first, then the dearest risk-priced units."""
+        """Excluded pools first, then the dearest risk-priced units (the planner's price)."""
         fleet = self.fleet
         tenant = fleet.tenants[t]
         pools = [p for p, h in enumerate(fleet.held) if t in h]
         kind = tenant.kind.value
 
         def dearest(p: int) -> tuple[bool, float, int]:
-            cost = expected_cost(fleet.price[p], rates[p], kind) / tenant.upi[p]
+            cost = risk_cost(pools_in[p], kind) / tenant.upi[p]
             return (p not in excluded, -cost, p)
 
         for p in sorted(pools, key=dearest):

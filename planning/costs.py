@@ -33,6 +33,19 @@ def expected_cost(price_per_hour: float, reclaim_rate: float, kind: str) -> floa
     return price_per_hour * (1.0 + reclaim_rate * RESTART_COST_HOURS[kind])
 
 
+def owner_load_rate(free: int, size: int, full_rate: float, free_share: float) -> float:
+    """Reclaims per instance-hour to expect from the owner's own load, from the pool's free
+    share: none while at least ``free_share`` of the pool is free, rising linearly to
+    ``full_rate`` when nothing is. The owner takes its capacity back from the pools it has
+    filled, so the fullest pools are reclaimed next; a reclaim history learns that only
+    after the notices, the free share says it before (Karpenter's price-capacity-optimized
+    ranks pools by the same signal)."""
+    if full_rate <= 0 or size <= 0:
+        return 0.0
+    share = min(1.0, max(0, free) / size)
+    return full_rate * max(0.0, 1.0 - share / free_share)
+
+
 def pool_share_cap(max_pool_share: float, reclaimable_units: int) -> int:
     """Instances (existing and new) one contract may hold in a pool."""
     return max(0, math.floor(max_pool_share * reclaimable_units + _EPS))

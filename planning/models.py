@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, field_validat
 from contracts import feasibility
 from contracts.model import Contract
 from contracts.region import Pool, Region
-from planning.costs import RESTART_COST_HOURS, expected_cost
+from planning.costs import RESTART_COST_HOURS, expected_cost, owner_load_rate
 
 
 class PoolInput(BaseModel):
@@ -31,6 +31,9 @@ class PoolInput(BaseModel):
     free: int = Field(ge=0)  # instances that can start now
     reclaim_rate: float = Field(default=0.0, ge=0, allow_inf_nan=False)  # per instance-hour
     excluded: bool = False  # by the pool exclusion cycle: never used for new instances
+    # Reclaims per instance-hour expected from the owner's load at this free share
+    # (planning.costs.owner_load_rate), on top of the observed reclaim_rate.
+    load_rate: float = Field(default=0.0, ge=0, allow_inf_nan=False)
 
 
 class ContractDemand(BaseModel):
@@ -56,6 +59,17 @@ class ContractDemand(BaseModel):
         if kind not in RESTART_COST_HOURS:
             raise ValueError(f"unknown workload kind {kind!r}; known: {sorted(RESTART_COST_HOURS)}")
         return kind
+
+
+class LoadRisk(BaseModel):
+    """How the planner prices the owner's load (planning.costs.owner_load_rate): a pool
+    with nothing free is expected to be reclaimed ``full_rate`` times per instance-hour,
+    one with at least ``free_share`` free not at all. ``full_rate`` 0: off."""
+
+    model_config = ConfigDict(frozen=True)
+
+    full_rate: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+    free_share: float = Field(default=0.5, gt=0, le=1)
 
 
 class PlanInput(BaseModel):
@@ -129,9 +143,16 @@ def contract_demand(
 
 
 def pool_input(
-    region: Region, pool: Pool, *, free: int, reclaim_rate: float = 0.0, excluded: bool = False
+    region: Region,
+    pool: Pool,
+    *,
+    free: int,
+    reclaim_rate: float = 0.0,
+    excluded: bool = False,
+    load: LoadRisk | None = None,
 ) -> PoolInput:
-    """The planner's view of one pool of ``region``, with its live free capacity."""
+    """The planner's view of one pool of ``region``, with its live free capacity and, with
+    ``load``, the reclaims its free share lets one expect from the owner's load."""
     return PoolInput(
         pool_id=region.pool_id(pool),
         hall=pool.hall,
@@ -145,6 +166,9 @@ def pool_input(
         free=free,
         reclaim_rate=reclaim_rate,
         excluded=excluded,
+        load_rate=0.0
+        if load is None
+        else owner_load_rate(free, pool.reclaimable_units, load.full_rate, load.free_share),
     )
 
 
@@ -162,5 +186,6 @@ def units_per_instance(demand: ContractDemand, pool: PoolInput) -> int:
 
 
 def risk_cost(pool: PoolInput, kind: str) -> float:
-    """Risk-adjusted expected cost of one instance-hour of ``pool`` for a ``kind`` workload."""
-    return expected_cost(pool.price_per_hour, pool.reclaim_rate, kind)
+    """Risk-adjusted expected cost of one instance-hour of ``pool`` for a ``kind`` workload:
+    the reclaims observed and those the owner's load lets one expect."""
+    return expected_cost(pool.price_per_hour, pool.reclaim_rate + pool.load_rate, kind)

@@ -388,6 +388,12 @@ class ControlSettings(BaseModel):
     spread_max_pool_fraction: float = Field(default=0.25, gt=0, le=1)
     # Reclaim rates come from the ledger over this window.
     reclaim_window_hours: float = Field(default=168.0, gt=0)
+    # The planner prices the owner's load too: a pool with nothing free is expected to be
+    # reclaimed this many times per instance-hour, one with at least load_risk_free_share
+    # free not at all (planning.models.LoadRisk; 0: off).
+    load_risk_rate: float = Field(default=2.0, ge=0)
+    # The free share of a pool at or above which the owner's load adds no risk.
+    load_risk_free_share: float = Field(default=0.25, gt=0, le=1)
     # At most this many instances per acquisition workflow (a bigger need is split).
     max_instances_per_acquisition: int = Field(default=200, ge=1)
 

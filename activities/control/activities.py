@@ -161,6 +161,7 @@ class ControlActivities:
                 ),
                 reclaim_rate=rates.get(region.pool_id(p), 0.0),
                 excluded=region.pool_id(p) in excluded,
+                load=inp.load_risk,
             )
             for p in region.pools
         ]

@@ -9,7 +9,7 @@ from pydantic import BaseModel, Field
 
 from activities.control.partition import partition_of as partition_of  # re-exported
 from activities.events import CapacityType, InstanceState
-from planning.models import ContractDemand, PoolInput
+from planning.models import ContractDemand, LoadRisk, PoolInput
 
 #: Acquisitions the controller started; floors and probes use their own prefixes.
 ACQUISITION_PREFIX = "acq-"
@@ -60,6 +60,8 @@ class SnapshotInput(BaseModel):
     partition: int
     partitions: int
     reclaim_window_hours: float = 168.0
+    # Off for inputs written before the owner-load risk (their ticks priced history only).
+    load_risk: LoadRisk = LoadRisk()
 
 
 class MarkSurplusInput(BaseModel):

@@ -32,6 +32,8 @@ def controller_config(settings: Settings) -> ControllerConfig:
         spread_max_pool_fraction=c.spread_max_pool_fraction,
         max_instances_per_acquisition=c.max_instances_per_acquisition,
         reclaim_window_hours=c.reclaim_window_hours,
+        load_risk_rate=c.load_risk_rate,
+        load_risk_free_share=c.load_risk_free_share,
         partitions=c.partitions,
         kubernetes_user_data=settings.kubernetes.node_user_data or None,
     )

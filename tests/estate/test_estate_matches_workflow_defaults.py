@@ -5,6 +5,7 @@ decisions are one state machine for both: planning.exclusion_cycle.)"""
 from __future__ import annotations
 
 from estate.config import EstateConfig
+from workflows.controller.models import ControllerConfig
 from workflows.exclusion.models import ExclusionConfig
 
 
@@ -20,3 +21,7 @@ def test_the_simulated_cycle_uses_the_workflow_defaults() -> None:
     assert sim.strike_reset_minutes * 60 == wf.strike_reset_seconds
     # What the state machine is given, field by field, whichever side builds it.
     assert sim.exclusion_rules() == wf.cycle_rules()
+
+
+def test_the_simulated_planner_prices_load_as_the_controller_does() -> None:
+    assert EstateConfig().load_risk() == ControllerConfig().load_risk()

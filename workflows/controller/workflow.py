@@ -152,6 +152,7 @@ class RegionControllerWorkflow:
                 partition=inp.partition,
                 partitions=cfg.partitions,
                 reclaim_window_hours=cfg.reclaim_window_hours,
+                load_risk=cfg.load_risk(),
             ),
             start_to_close_timeout=timedelta(seconds=120),
             heartbeat_timeout=timedelta(seconds=60),
