@@ -219,6 +219,10 @@ def _run_one(bench: Bench, tiny: bool) -> dict[str, Any]:
     return out
 
 
+def _interruptible() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def run_stopping_gracefully(
     argv: list[str], env: dict[str, str], timeout: float
 ) -> subprocess.CompletedProcess[str] | None:
@@ -234,6 +238,9 @@ def run_stopping_gracefully(
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,  # a bench that will not stop goes with its children
+        # An interrupt must reach it: pytest-xdist's workers ignore SIGINT, and a child
+        # started with SIGINT ignored keeps ignoring it (Python installs no handler then).
+        preexec_fn=_interruptible,
     ) as proc:
         try:
             out, err = proc.communicate(timeout=timeout)
