@@ -262,10 +262,10 @@ def main() -> int:
     ap.add_argument("--minutes", type=float, default=60.0, help="how long the box runs")
     ap.add_argument("--interval", type=float, default=30.0, help="seconds between samples")
     ap.add_argument("--churn-seconds", type=float, default=60.0, help="seconds between changes")
-    ap.add_argument("--tiny", action="store_true", help="1 minute, samples every 5 s (CI smoke)")
+    ap.add_argument("--tiny", action="store_true", help="30 s, samples every 5 s (CI smoke)")
     args = ap.parse_args()
     if args.tiny:
-        args.minutes, args.interval, args.churn_seconds = 1.0, 5.0, 10.0
+        args.minutes, args.interval, args.churn_seconds = 0.5, 5.0, 10.0
     if args.minutes <= 0 or args.interval <= 0 or args.churn_seconds <= 0:
         ap.error("--minutes, --interval, --churn-seconds: above 0")
     report = Report(

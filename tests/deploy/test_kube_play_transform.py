@@ -196,3 +196,18 @@ def test_plaintext_services_drop_only_theirs() -> None:
     assert s.nats_tls.enabled and s.nats_tls.client_cert_file and s.temporal.tls.enabled
     assert s.postgres.sslmode == "verify-full" and s.postgres.password_file
     assert s.nats_auth.password_file
+
+
+@needs_kubectl
+def test_a_containers_own_env_wins_over_its_config_map_as_in_kubernetes(tmp_path: Path) -> None:
+    # podman 4.3.1 lets envFrom override env: each hall's relay ran as the region's NATS
+    # user (control-r1), which the secure box's permissions refused.
+    played = for_podman(list(render("r1")), _inputs(tmp_path))
+    relay = next(d for d in played.docs if d["metadata"]["name"] == "sco-notice-relay-b")
+    (c,) = relay["spec"]["template"]["spec"]["containers"]
+    assert "envFrom" not in c
+    env = {e["name"]: e["value"] for e in c["env"]}
+    assert len(env) == len(c["env"])  # one entry per name: nothing left for podman to order
+    assert env["SCO_NATS_AUTH__USER"] == "relay-r1-B"
+    assert env["SCO_NATS_URL"] == "nats://10.0.2.2:4222"  # the ConfigMap's, with the inputs
+    assert env["SCO_REGION"] == "r1"

@@ -19,6 +19,9 @@ deviation from the real cluster, listed here and in tests/deploy/README.md:
   the user and refuses a CONNECT that carries a password too).
 - The `sco-region` ConfigMap gets the box's service addresses (`env`) as SCO_* variables:
   the cluster's service names (nats.sco-estate.svc, ...) do not resolve here.
+- A container's `envFrom` ConfigMap becomes plain `env` entries, its own `env` winning as
+  in Kubernetes: podman 4.3.1 lets `envFrom` override `env` (each hall's relay got the
+  region's NATS user instead of its own).
 - `shared` host directories are mounted into every container (the ledger's embedded store,
   which stands in for the ClickHouse server the box does not run).
 - Container ports are dropped (a probe's named port becomes its number): kube play 4.3
@@ -43,6 +46,7 @@ deviation from the real cluster, listed here and in tests/deploy/README.md:
 from __future__ import annotations
 
 import copy
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -162,6 +166,32 @@ def _pod_spec(
                 env["value"] = _secret(inputs, ref["name"], ref["key"])
         mounts = container.setdefault("volumeMounts", [])
         mounts += [{"name": f"shared-{i}", "mountPath": p} for i, p in enumerate(inputs.shared)]
+        _env_from_as_env(container, configmaps)
+
+
+#: What Kubernetes takes from a ConfigMap's keys as environment variable names.
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _env_from_as_env(container: Doc, configmaps: dict[str, dict[str, str]]) -> None:
+    """A ConfigMap's `envFrom` as plain `env` entries, the container's own `env` winning.
+    Kubernetes gives `env` precedence over `envFrom`; podman 4.3.1 the reverse, which gave
+    every hall's relay the region's `SCO_NATS_AUTH__USER` (control-r1) instead of its own."""
+    refs = container.pop("envFrom", [])
+    own = container.setdefault("env", [])
+    names = {e["name"] for e in own}
+    expanded: list[Doc] = []
+    for ref in refs:
+        cm = ref.get("configMapRef")
+        if cm is None:
+            raise ValueError(f"envFrom {ref}: only configMapRef is played here")
+        prefix = ref.get("prefix", "")
+        for key, value in configmaps[cm["name"]].items():
+            name = prefix + key
+            if _ENV_NAME.fullmatch(name) and name not in names:
+                expanded.append({"name": name, "value": value})
+                names.add(name)
+    container["env"] = [*expanded, *own]
 
 
 def _unpublish(container: Doc) -> None:
