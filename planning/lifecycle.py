@@ -230,7 +230,7 @@ def _target(
 _PartSet = tuple[float, int, tuple[str, ...], tuple[LifePool, ...]]
 
 
-def _split(
+def _return_pools(
     pools: Sequence[LifePool],
     room: Mapping[str, int],
     units: int,
@@ -240,11 +240,16 @@ def _split(
     stable_rounds: int,
     max_parts: int,
 ) -> tuple[LifePool, ...] | None:
-    """The cheapest two to `max_parts` smaller instances of usable pools that together
-    cover `units` (ties: fewer instances, then pool ids); None: no such set.
+    """Where a replacement of `units` starts: one instance as large if a usable pool has
+    one (fewer launches, fewer drains to go wrong), else the cheapest two to `max_parts`
+    smaller instances of usable pools that together cover `units` (ties: fewer
+    instances, then pool ids); None: neither.
 
-    A bounded knapsack over the units covered (capped at `units`): each pool gives at
-    most the instances its room and the contract's share allow."""
+    The smaller ones by a bounded knapsack over the units covered (capped at `units`):
+    each pool gives at most the instances its room and the contract's share allow."""
+    one = _target(pools, room, units, share=share, streak=streak, stable_rounds=stable_rounds)
+    if one is not None:
+        return (one,)
     if max_parts < 2 or units < 2:
         return None
     smaller = sorted(
@@ -274,32 +279,6 @@ def _split(
         best = grown
     found = best.get(units)
     return found[3] if found is not None and found[1] >= 2 else None
-
-
-def _return_pools(
-    pools: Sequence[LifePool],
-    room: Mapping[str, int],
-    units: int,
-    *,
-    share: Mapping[str, int],
-    streak: Mapping[str, int] | None,
-    stable_rounds: int,
-    max_parts: int,
-) -> tuple[LifePool, ...] | None:
-    """Where a replacement of `units` starts: one instance as large if a pool has one
-    (fewer launches, fewer drains to go wrong), else several smaller ones."""
-    one = _target(pools, room, units, share=share, streak=streak, stable_rounds=stable_rounds)
-    if one is not None:
-        return (one,)
-    return _split(
-        pools,
-        room,
-        units,
-        share=share,
-        streak=streak,
-        stable_rounds=stable_rounds,
-        max_parts=max_parts,
-    )
 
 
 def _share_room(view: ContractLife) -> dict[str, int]:

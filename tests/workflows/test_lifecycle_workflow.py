@@ -301,6 +301,31 @@ async def until_replaced(
     await poll_until(check, within=within, what=f"{n} replacement(s)")
 
 
+async def until_held(
+    e: Env, workflow_env: WorkflowEnvironment, subject: str, why: str, within: float = 60
+) -> None:
+    """Until a `held` decision about `subject` whose reason contains `why`."""
+
+    async def check() -> bool:
+        await skip_time(workflow_env, 30)
+        return any(
+            s == subject and o == "held" and why in r for s, o, r in decisions(e, "disruption")
+        )
+
+    await poll_until(check, within=within, what=f"{subject} held: {why}")
+
+
+async def pause_settled(handle: WorkflowHandle[LifecycleWorkflow, None]) -> None:
+    """Pause the workflow and wait until any round under way has finished."""
+    await handle.signal(LifecycleWorkflow.pause, PauseInput(operator="test"))
+
+    async def paused() -> bool:
+        st = await handle.query(LifecycleWorkflow.status)
+        return st.state is LifecycleState.PAUSED and not st.pending and not st.in_flight
+
+    await poll_until(paused, within=30)
+
+
 def assert_one_at_a_time(e: Env) -> None:
     """Budget of 1: every `replacing` comes after the previous replacement's `replaced`."""
     started = 0
@@ -410,21 +435,8 @@ async def test_a_fallback_stays_when_only_some_of_its_smaller_replacements_come_
     env.cloud.creates_left = 1
     handle = await start(env)
 
-    async def held_incomplete() -> bool:
-        await skip_time(workflow_env, 30)
-        return any(
-            s == fb and o == "held" and "not every piece became ACTIVE (1 of 2)" in r
-            for s, o, r in decisions(env, "disruption")
-        )
-
-    await poll_until(held_incomplete, within=60)
-    await handle.signal(LifecycleWorkflow.pause, PauseInput(operator="test"))
-
-    async def paused() -> bool:
-        st = await handle.query(LifecycleWorkflow.status)
-        return st.state is LifecycleState.PAUSED and not st.pending and not st.in_flight
-
-    await poll_until(paused, within=30)
+    await until_held(env, workflow_env, fb, "not every piece became ACTIVE (1 of 2)")
+    await pause_settled(handle)
     assert [i for i, _, _, _ in live(env)] == [fb] and env.notices == []
     released = [r for _, o, r in decisions(env, "release") if o == "released"]
     assert any("not every piece became ACTIVE" in r for r in released), released
@@ -482,14 +494,7 @@ async def test_a_blackout_holds_every_voluntary_disruption_while_a_hall_loss_is_
     await poll_until(lambda: floor_holds({"A": 3, "B": 3, "C": 2, "D": 2}), within=60)
     handle = await start(env, stable_rounds=1)
 
-    async def held_by_blackout() -> bool:
-        await skip_time(workflow_env, 30)
-        return any(
-            s == fb and o == "held" and "blackout 0 is open" in r
-            for s, o, r in decisions(env, "disruption")
-        )
-
-    await poll_until(held_by_blackout, within=60)
+    await until_held(env, workflow_env, fb, "blackout 0 is open")
     # A hall lost in the blackout: the floor is rebuilt in the survivors all the same.
     env.cloud.fail_hall("B")
     await keeper.signal(FloorKeeperWorkflow.hall_lost, HallEvent(hall="B", operator="ops"))
@@ -571,14 +576,7 @@ async def test_no_drain_without_a_relay_keeps_the_old_instance_and_releases_the_
     fb = await seed(env, "r1.D.gp.xl", committed=True)  # hall D: no relay answers
     handle = await start(env, drain_attempts=1)
 
-    async def held_for_no_drain() -> bool:
-        await skip_time(workflow_env, 30)
-        return any(
-            s == fb and o == "held" and "no notice relay runs for r1/D" in r
-            for s, o, r in decisions(env, "disruption")
-        )
-
-    await poll_until(held_for_no_drain, within=60)
+    await until_held(env, workflow_env, fb, "no notice relay runs for r1/D")
     # Later rounds boot no second replacement just to release it again: the hall waits.
     await skip_time(workflow_env, 200)
 
@@ -590,13 +588,7 @@ async def test_no_drain_without_a_relay_keeps_the_old_instance_and_releases_the_
 
     await poll_until(hall_waits, within=30)
     assert "D" in (await handle.query(LifecycleWorkflow.status)).undrainable
-    await handle.signal(LifecycleWorkflow.pause, PauseInput(operator="test"))
-
-    async def paused() -> bool:  # any round under way has finished
-        st = await handle.query(LifecycleWorkflow.status)
-        return st.state is LifecycleState.PAUSED and not st.pending and not st.in_flight
-
-    await poll_until(paused, within=30)
+    await pause_settled(handle)
     # The old instance serves on, never broken without a drain; its replacement went again.
     rows = [r for r in env.fleet.list_instances("r1") if r.workload == CONTRACT]
     states = {r.instance_id: r.state for r in rows}

@@ -343,12 +343,10 @@ class LifecycleWorkflow:
                 if new_ids:  # some pieces up, not all: make-before-break needs all of them
                     await self._release_replacement(r, new_ids, "not every piece became ACTIVE")
                     return
-                self._remember(r, "held", f"the replacement in {r.pool_id} did not become ACTIVE")
-                await self._decide(
-                    "held",
-                    f"{r.reason.value}: the replacement in {r.pool_id} did not become ACTIVE; "
+                await self._keep_old(
+                    r,
+                    f"the replacement in {r.pool_id} did not become ACTIVE",
                     f"{', '.join(r.replaced)} kept, tried again next round",
-                    subject=subject,
                 )
                 return
             new_id = ", ".join(new_ids)
@@ -461,7 +459,6 @@ class LifecycleWorkflow:
         """The drain was not told (or not every piece of the replacement came up): the old
         instance stays, its replacement goes (so the next round does not launch a second
         one beside it)."""
-        subject = r.instance_id
         for new_id in new_ids:
             ref: InstanceRef = await workflow.execute_activity_method(
                 LifecycleActivities.instance,
@@ -488,21 +485,22 @@ class LifecycleWorkflow:
                 )
         ids = ", ".join(new_ids)
         if len(new_ids) < len(r.parts):
-            self._remember(r, "held", f"replacement incomplete: {why}")
-            await self._decide(
-                "held",
-                f"{r.reason.value}: {why} ({len(new_ids)} of {len(r.parts)}); "
+            await self._keep_old(
+                r,
+                f"{why} ({len(new_ids)} of {len(r.parts)})",
                 f"{r.instance_id} kept, {ids} released, tried again next round",
-                subject=subject,
             )
             return
-        self._remember(r, "held", f"drain not told: {why}")
-        await self._decide(
-            "held",
-            f"{r.reason.value}: the drain of {r.instance_id} was not told ({why}); "
+        await self._keep_old(
+            r,
+            f"the drain of {r.instance_id} was not told ({why})",
             f"{r.instance_id} kept, its replacement {ids} released",
-            subject=subject,
         )
+
+    async def _keep_old(self, r: Replacement, why: str, kept: str) -> None:
+        """The replacement did not happen (`why`); the old instance stays (`kept`)."""
+        self._remember(r, "held", why)
+        await self._decide("held", f"{r.reason.value}: {why}; {kept}", subject=r.instance_id)
 
     async def _delete_old(self, r: Replacement, old: LifeInstance, new_id: str) -> None:
         inp = self._inp
