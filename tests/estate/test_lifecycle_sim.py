@@ -15,8 +15,12 @@ from contracts.region import load_regions
 from contracts.source import read_contracts
 from estate.config import EstateConfig
 from estate.lifecycle_eval import FALLBACK_TARGET, LifecycleResult, crunches, evaluate_lifecycle
+from estate.lifecycle_sim import ScoLifecycle
+from planning.lifecycle import AntiChurn
 from tests.support.paths import EXAMPLES, REGIONS_DIR
 from workers.cli.main import app
+from workers.settings import LifecycleSettings
+from workflows.lifecycle.models import LifecycleConfig
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -90,3 +94,12 @@ def test_sim_lifecycle_command() -> None:
     bad = runner.invoke(app, ["sim", "lifecycle", "--region", "r9"])
     assert bad.exit_code != 0 and "--region: unknown" in bad.output
     assert len(bad.output.strip().splitlines()) == 1
+
+
+def test_the_sim_runs_the_workflows_default_anti_churn() -> None:
+    """SCO's policies in the sim take AntiChurn's defaults: the workflow's and the
+    settings' (max_return_parts included) must be the same, or the bench measures
+    another product."""
+    sim = ScoLifecycle.anti_churn
+    for knobs in (LifecycleConfig(), LifecycleSettings()):
+        assert {k: getattr(knobs, k) for k in AntiChurn.model_fields} == sim.model_dump()
