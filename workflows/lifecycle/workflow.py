@@ -10,7 +10,8 @@ exceeds what the contract's disruption budget allowed.
 
 Reasons: drift (the instance no longer conforms to its contract), return from fallback
 (a committed fallback instance whose allowed reclaimable pools have had free capacity on
-`stable_rounds` rounds and that is at least `min_age_seconds` old), expiry (older than
+`stable_rounds` rounds and that is at least `min_age_seconds` old; replaced by one
+instance as large, else by up to `max_return_parts` smaller ones), expiry (older than
 the contract's `max_instance_age_hours`) and consolidation (one or two reclaimable
 instances replaced by one that still covers the contract's demand and saves by
 `consolidation_margin`, found on `stable_rounds` rounds in a row). Each reason is
@@ -21,8 +22,9 @@ blocked.
 One replacement, make-before-break:
 1. a DISRUPTION decision `replacing` (what, why, where to, the saving);
 2. the replacement: a child AcquisitionWorkflow (id `life-<region>-<contract>-<nonce>`,
-   ABANDON, recorded first under partition -2 so no controller counts it), waited for;
-   not ACTIVE: decision `held`, the old instance stays;
+   ABANDON, recorded first under partition -2 so no controller counts it) booting every
+   piece of it, waited for; not all ACTIVE: decision `held`, the old instance stays (the
+   pieces that did come up are released);
 3. the drain: the hall's notice relay is asked to notice the old instance (activity
    `lifecycle.tell_drain`, the request `sco reclaim --force` sends); its agent drains it
    by the contract's drain action before the deadline (notice + the region's lead).
