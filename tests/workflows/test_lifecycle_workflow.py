@@ -559,7 +559,14 @@ async def test_two_half_empty_instances_consolidate_into_one_within_a_budget_of_
 
 @pytest.mark.parametrize(
     "scenario",
-    ["lifecycle_return_from_fallback", "lifecycle_consolidation", "lifecycle_return_in_parts"],
+    [
+        "lifecycle_return_from_fallback",
+        "lifecycle_consolidation",
+        "lifecycle_return_in_parts",
+        # Recorded by the code before return in parts: a gp.2xl fallback held round after
+        # round with only xl free. Replayed, the rounds plan one for one (not patched).
+        "lifecycle_fallback_held_one_for_one",
+    ],
 )
 async def test_recorded_histories_replay(scenario: str) -> None:
     """A change to the workflow that would break a running one fails here: patch it."""
