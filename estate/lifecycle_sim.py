@@ -19,7 +19,8 @@ Four policies, each SCO's planner, arbiter, exclusion cycle and floor keepers (e
   (the controller's tick): Karpenter evaluates continuously, so this is the baseline's
   lower bound on churn.
 
-Every replacement is make-before-break as in the workflow: the replacement launches, the
+Every replacement is make-before-break as in the workflow: the replacement launches (each
+of its instances, when a fallback returns as several smaller ones), the
 old instance is told to drain when the replacement is up and is gone the region's notice
 lead later; that is one voluntary disruption, and its lost work is the drain's
 (estate.work.lost_minutes with notice). While it is under way the controller counts the
@@ -317,9 +318,11 @@ class ScoLifecycle(ScoToday):
 
     def _start(self, t: int, r: Replacement, minute: int) -> None:
         fleet = self.fleet
-        target = self.index[r.pool_id]
-        fleet.launch(target, t, 1, minute, self.cfg.boot_minutes)
-        units = fleet.tenants[t].upi[target]
+        units = 0
+        for part in r.parts:  # every piece of a return from fallback in smaller instances
+            target = self.index[part.pool_id]
+            fleet.launch(target, t, 1, minute, self.cfg.boot_minutes)
+            units += fleet.tenants[t].upi[target]
         self.pending_units[t] += units
         old: list[tuple[str, int, str]] = []
         for iid in r.replaced:

@@ -8,7 +8,11 @@ disrupted for one reason only):
 - drift: the instance no longer conforms to its contract (planning/drift.py);
 - return from fallback: a committed fallback instance (bought by the controller when
   reclaimable capacity ran out) whose contract's allowed reclaimable pools have free
-  capacity again: a reclaimable replacement stops the fallback spend;
+  capacity again: a reclaimable replacement stops the fallback spend. When no allowed
+  pool has a free instance as large as the old one, several smaller ones (at most
+  `max_return_parts`, the cheapest set that covers its units) replace it: reclaimable
+  capacity often comes back in smaller pieces first, and waiting for the one large shape
+  kept the fallback spend running (decision 0031);
 - expiry: older than the contract's `max_instance_age_hours` (planning/voluntary.py);
 - consolidation: one or two of the contract's reclaimable instances replaced by one
   instance that costs less by a margin, when what the contract then holds still covers
@@ -17,9 +21,10 @@ disrupted for one reason only):
   controller's surplus release, not a consolidation. Two instances replaced by one are
   drained one after the other, so a consolidation disrupts one instance at a time.
 
-Every replacement is make-before-break (the workflow launches it first), so a candidate
-with no allowed pool that has room (within the contract's `max_pool_share` of it) and
-covers at least the old instance's units is held back, never broken. Each reason goes
+Every replacement is make-before-break (the workflow launches it, every part of it, first),
+so a candidate with no allowed pool that has room (within the contract's `max_pool_share`
+of it) and covers at least the old instance's units (alone, or for a return from fallback
+in parts) is held back, never broken. Each reason goes
 through `allowed_disruptions` (the contract's disruption budget and blackouts).
 Anti-churn for return from fallback: the instance is at least `min_age_seconds` old, the
 target pool has shown free capacity on `stable_rounds` rounds in a row (hysteresis: a
@@ -98,6 +103,21 @@ class AntiChurn(BaseModel):
     # Consolidation: on or off, and the least saving as a share of the replaced cost.
     consolidate: bool = True
     consolidation_margin: float = Field(default=0.1, ge=0, le=1)
+    # Return from fallback: the most reclaimable instances one fallback instance may be
+    # replaced by when no single one as large is free (1: one for one only).
+    max_return_parts: int = Field(default=4, ge=1)
+
+
+class ReplacementPart(BaseModel):
+    """One reclaimable instance of a replacement made of several."""
+
+    model_config = ConfigDict(frozen=True)
+
+    pool_id: str
+    hall: str
+    flavor: str
+    units: int
+    price_per_hour: float
 
 
 class Replacement(BaseModel):
@@ -116,10 +136,30 @@ class Replacement(BaseModel):
     # Consolidation only: more instances the one replacement stands in for (drained and
     # deleted after `instance_id`, one at a time); their prices are in old_price_per_hour.
     also: tuple[str, ...] = ()
+    # Return from fallback only: more reclaimable instances launched beside the first
+    # (pool_id, flavor, units), all ACTIVE before the old instance is drained; their
+    # prices are in new_price_per_hour.
+    more: tuple[ReplacementPart, ...] = ()
 
     @property
     def replaced(self) -> tuple[str, ...]:
         return (self.instance_id, *self.also)
+
+    @property
+    def parts(self) -> tuple[ReplacementPart, ...]:
+        """Every instance the replacement launches, the first included."""
+        first = ReplacementPart(
+            pool_id=self.pool_id,
+            hall=self.hall,
+            flavor=self.flavor,
+            units=self.units,
+            price_per_hour=self.new_price_per_hour - sum(p.price_per_hour for p in self.more),
+        )
+        return (first, *self.more)
+
+    @property
+    def new_units(self) -> int:
+        return sum(p.units for p in self.parts)
 
     @property
     def saving_per_hour(self) -> float:
@@ -150,6 +190,23 @@ class _Candidate(BaseModel):
     why: str
 
 
+def _usable(
+    p: LifePool,
+    room: Mapping[str, int],
+    share: Mapping[str, int],
+    streak: Mapping[str, int] | None,
+    stable_rounds: int,
+) -> bool:
+    """An allowed pool with room now, within the contract's pool share (and, given a
+    streak, free on `stable_rounds` rounds in a row)."""
+    return (
+        not p.excluded
+        and room.get(p.pool_id, 0) > 0
+        and (p.pool_id not in share or share[p.pool_id] > 0)
+        and (streak is None or streak.get(p.pool_id, 0) >= stable_rounds)
+    )
+
+
 def _target(
     pools: Sequence[LifePool],
     room: Mapping[str, int],
@@ -164,13 +221,64 @@ def _target(
     fits = [
         p
         for p in pools
-        if not p.excluded
-        and p.units >= max(units, 1)
-        and room.get(p.pool_id, 0) > 0
-        and (p.pool_id not in share or share[p.pool_id] > 0)
-        and (streak is None or streak.get(p.pool_id, 0) >= stable_rounds)
+        if p.units >= max(units, 1) and _usable(p, room, share, streak, stable_rounds)
     ]
     return min(fits, key=lambda p: (p.price_per_hour, p.pool_id), default=None)
+
+
+#: (cost, instances, pool ids, pools) of a set of smaller instances.
+_PartSet = tuple[float, int, tuple[str, ...], tuple[LifePool, ...]]
+
+
+def _return_pools(
+    pools: Sequence[LifePool],
+    room: Mapping[str, int],
+    units: int,
+    *,
+    share: Mapping[str, int],
+    streak: Mapping[str, int] | None,
+    stable_rounds: int,
+    max_parts: int,
+) -> tuple[LifePool, ...] | None:
+    """Where a replacement of `units` starts: one instance as large if a usable pool has
+    one (fewer launches, fewer drains to go wrong), else the cheapest two to `max_parts`
+    smaller instances of usable pools that together cover `units` (ties: fewer
+    instances, then pool ids); None: neither.
+
+    The smaller ones by a bounded knapsack over the units covered (capped at `units`):
+    each pool gives at most the instances its room and the contract's share allow."""
+    one = _target(pools, room, units, share=share, streak=streak, stable_rounds=stable_rounds)
+    if one is not None:
+        return (one,)
+    if max_parts < 2 or units < 2:
+        return None
+    smaller = sorted(
+        (
+            p
+            for p in pools
+            if 0 < p.units < units and _usable(p, room, share, streak, stable_rounds)
+        ),
+        key=lambda p: (p.price_per_hour, p.pool_id),
+    )
+    # covered units -> the best set found so far that covers them
+    best: dict[int, _PartSet] = {0: (0.0, 0, (), ())}
+    for p in smaller:
+        limit = min(room.get(p.pool_id, 0), share.get(p.pool_id, max_parts), -(-units // p.units))
+        grown = dict(best)
+        for covered, (cost, n, ids, picked) in best.items():
+            for k in range(1, min(limit, max_parts - n) + 1):
+                got = min(units, covered + k * p.units)
+                cand: _PartSet = (
+                    cost + k * p.price_per_hour,
+                    n + k,
+                    ids + (p.pool_id,) * k,
+                    picked + (p,) * k,
+                )
+                if got not in grown or cand[:3] < grown[got][:3]:
+                    grown[got] = cand
+        best = grown
+    found = best.get(units)
+    return found[3] if found is not None and found[1] >= 2 else None
 
 
 def _share_room(view: ContractLife) -> dict[str, int]:
@@ -268,35 +376,49 @@ def plan_lifecycle(
             hold = _anti_churn(c, now, min_age, anti_churn)
             if inst.hall in undrainable:
                 hold = f"no drain can be told in hall {inst.hall} lately (no relay answered)"
-            target: LifePool | None = None
+            targets: tuple[LifePool, ...] | None = None
             if hold is None:
                 fallback = c.reason is DisruptionReason.RETURN_FROM_FALLBACK
-                target = _target(
+                parts = anti_churn.max_return_parts if fallback else 1
+                targets = _return_pools(
                     view.pools,
                     room,
                     inst.units,
                     share=share,
                     streak=free_streak if fallback else None,
                     stable_rounds=anti_churn.stable_rounds,
+                    max_parts=parts,
                 )
-                if target is None:
-                    near = _target(view.pools, room, inst.units, share=share) if fallback else None
+                if targets is None:
+                    near = (
+                        _return_pools(
+                            view.pools,
+                            room,
+                            inst.units,
+                            share=share,
+                            streak=None,
+                            stable_rounds=1,
+                            max_parts=parts,
+                        )
+                        if fallback
+                        else None
+                    )
                     hold = (
-                        f"free capacity in {near.pool_id} seen on "
-                        f"{free_streak.get(near.pool_id, 0)} of {anti_churn.stable_rounds} "
-                        "rounds in a row (hysteresis)"
+                        _unstable(near, free_streak, anti_churn.stable_rounds)
                         if near is not None
                         else f"no allowed reclaimable pool has room for {inst.units} unit(s)"
                     )
-                elif (
-                    fallback
-                    and inst.price_per_hour - target.price_per_hour < anti_churn.min_saving_per_hour
-                ):
-                    hold = (
-                        f"saves {inst.price_per_hour - target.price_per_hour:.3f}/h, under "
-                        f"min_saving_per_hour {anti_churn.min_saving_per_hour:g}"
-                    )
-            if hold is not None or target is None:
+                else:
+                    saving = inst.price_per_hour - sum(p.price_per_hour for p in targets)
+                    if fallback and (
+                        saving < anti_churn.min_saving_per_hour
+                        or (len(targets) > 1 and saving <= 0)
+                    ):
+                        hold = (
+                            f"saves {saving:.3f}/h, under "
+                            f"min_saving_per_hour {anti_churn.min_saving_per_hour:g}"
+                        )
+            if hold is not None or targets is None:
                 plan.held.append(
                     Held(
                         contract=name, instance_id=inst.instance_id, reason=c.reason, why=hold or ""
@@ -313,23 +435,11 @@ def plan_lifecycle(
                 )
                 continue
             busy[c.reason] = busy.get(c.reason, 0) + 1
-            room[target.pool_id] = room.get(target.pool_id, 0) - 1
-            if target.pool_id in share:  # a capped pool
-                share[target.pool_id] -= 1
-            plan.replace.append(
-                Replacement(
-                    contract=name,
-                    instance_id=inst.instance_id,
-                    reason=c.reason,
-                    why=c.why,
-                    pool_id=target.pool_id,
-                    hall=target.hall,
-                    flavor=target.flavor,
-                    units=target.units,
-                    old_price_per_hour=inst.price_per_hour,
-                    new_price_per_hour=target.price_per_hour,
-                )
-            )
+            for target in targets:
+                room[target.pool_id] = room.get(target.pool_id, 0) - 1
+                if target.pool_id in share:  # a capped pool
+                    share[target.pool_id] -= 1
+            plan.replace.append(_replacement(name, inst, c, targets))
         if anti_churn.consolidate:
             taken = {c.instance.instance_id for c in candidates}
             taken |= {i.instance_id for i in view.instances if i.hall in undrainable}
@@ -350,6 +460,51 @@ def plan_lifecycle(
         if verdicts:
             plan.verdicts[name] = [verdicts[r] for r in sorted(verdicts)]
     return plan
+
+
+def _unstable(near: Sequence[LifePool], free_streak: Mapping[str, int], stable_rounds: int) -> str:
+    ids = list(dict.fromkeys(p.pool_id for p in near))
+    seen = min(free_streak.get(pid, 0) for pid in ids)
+    return (
+        f"free capacity in {', '.join(ids)} seen on {seen} of {stable_rounds} "
+        "rounds in a row (hysteresis)"
+    )
+
+
+def _replacement(
+    name: str, inst: LifeInstance, c: _Candidate, targets: Sequence[LifePool]
+) -> Replacement:
+    """`inst` replaced by the instances of `targets` (one, or several smaller ones)."""
+    first, *more = targets
+    why = c.why
+    if more:
+        where = " + ".join(f"{p.flavor} in {p.pool_id}" for p in targets)
+        why += (
+            f"; as {len(targets)} smaller instances ({where}): no allowed pool has a free "
+            f"instance of {inst.units} units"
+        )
+    return Replacement(
+        contract=name,
+        instance_id=inst.instance_id,
+        reason=c.reason,
+        why=why,
+        pool_id=first.pool_id,
+        hall=first.hall,
+        flavor=first.flavor,
+        units=first.units,
+        old_price_per_hour=inst.price_per_hour,
+        new_price_per_hour=sum(p.price_per_hour for p in targets),
+        more=tuple(
+            ReplacementPart(
+                pool_id=p.pool_id,
+                hall=p.hall,
+                flavor=p.flavor,
+                units=p.units,
+                price_per_hour=p.price_per_hour,
+            )
+            for p in more
+        ),
+    )
 
 
 #: Consolidation looks at this many of a contract's most expensive instances (pairs of them

@@ -419,6 +419,10 @@ class LifecycleSettings(BaseModel):
     # demand): on or off, and the least saving as a share of what the replaced cost.
     consolidate: bool = True
     consolidation_margin: float = Field(default=0.1, ge=0, le=1)
+    # Return from fallback when no allowed pool has a free instance as large as the
+    # fallback one: at most this many smaller reclaimable instances replace it (1: wait
+    # for one as large).
+    max_return_parts: int = Field(default=4, ge=1)
     # A hall where no notice relay answered a drain: its instances wait this long before
     # another replacement is booted for them.
     drain_retry_seconds: float = Field(default=1800.0, ge=0)

@@ -14,9 +14,13 @@ from typer.testing import CliRunner
 from contracts.region import load_regions
 from contracts.source import read_contracts
 from estate.config import EstateConfig
-from estate.lifecycle_eval import LifecycleResult, crunches, evaluate_lifecycle
+from estate.lifecycle_eval import FALLBACK_TARGET, LifecycleResult, crunches, evaluate_lifecycle
+from estate.lifecycle_sim import ScoLifecycle
+from planning.lifecycle import AntiChurn
 from tests.support.paths import EXAMPLES, REGIONS_DIR
 from workers.cli.main import app
+from workers.settings import LifecycleSettings
+from workflows.lifecycle.models import LifecycleConfig
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -46,10 +50,11 @@ def test_today_keeps_fallback_the_lifecycle_returns_from_it() -> None:
     assert set(ret.disruptions_by_reason) == {"return-from-fallback"}
     assert ret.fallback_cost_capacity_back < today.fallback_cost_capacity_back
     assert r.saved_by_return_from_fallback > 0
-    # The 10 % target is the bench's figure (missed there too, decision 0025): here
-    # llm-train's gpu-a.2xl fallback waits for a free 2xl (one-for-one replacement).
+    # llm-train's gpu-a.2xl fallback, with only l/xl free, returns as smaller instances
+    # (decision 0031): on this trace what runs on after capacity returns is under 10 %
+    # of today's (one-for-one replacement left 73 %).
     assert r.fallback_after_return_vs_today is not None
-    assert r.fallback_after_return_vs_today < 1
+    assert r.fallback_after_return_vs_today <= FALLBACK_TARGET
     assert sco.fallback_cost_capacity_back <= ret.fallback_cost_capacity_back + 1e-6
 
 
@@ -89,3 +94,12 @@ def test_sim_lifecycle_command() -> None:
     bad = runner.invoke(app, ["sim", "lifecycle", "--region", "r9"])
     assert bad.exit_code != 0 and "--region: unknown" in bad.output
     assert len(bad.output.strip().splitlines()) == 1
+
+
+def test_the_sim_runs_the_workflows_default_anti_churn() -> None:
+    """SCO's policies in the sim take AntiChurn's defaults: the workflow's and the
+    settings' (max_return_parts included) must be the same, or the bench measures
+    another product."""
+    sim = ScoLifecycle.anti_churn
+    for knobs in (LifecycleConfig(), LifecycleSettings()):
+        assert {k: getattr(knobs, k) for k in AntiChurn.model_fields} == sim.model_dump()

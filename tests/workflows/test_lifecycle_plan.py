@@ -160,7 +160,7 @@ def test_anti_churn_min_age_and_hysteresis() -> None:
 
 def test_make_before_break_needs_room_and_enough_units() -> None:
     c = contract({"budgets": [{"max_instances": 5}]})
-    small = pool("r1.B.gp.xl").model_copy(update={"units": 1})
+    small = pool("r1.B.gp.xl", free=1).model_copy(update={"units": 1})  # one is not enough
     excluded = pool("r1.C.gp.xl").model_copy(update={"excluded": True})
     v = view(c, [inst("fb", fallback=True)], [small, excluded, pool("r1.D.gp.xl", free=0)])
     plan = plan_lifecycle([v], now=NOW, free_streak={**STABLE, "r1.D.gp.xl": 3})
@@ -169,6 +169,101 @@ def test_make_before_break_needs_room_and_enough_units() -> None:
     v = view(c, [inst("fb-1", fallback=True), inst("fb-2", fallback=True)], [pool(free=1)])
     plan = plan_lifecycle([v], now=NOW, free_streak=STABLE)
     assert len(plan.replace) == 1 and len(plan.held) == 1
+
+
+# -- return from fallback in smaller pieces ------------------------------------------------
+
+
+def big_fallback(iid: str = "fb", age_hours: float = 5.0) -> LifeInstance:
+    """A committed gp.2xl fallback (4 units, 0.352/h)."""
+    return inst(iid, fallback=True, age_hours=age_hours).model_copy(
+        update={"pool_id": "r1.A.gp.2xl", "size": "2xl", "units": 4, "price_per_hour": 0.352}
+    )
+
+
+def test_a_fallback_returns_as_several_smaller_instances_when_no_large_one_is_free() -> None:
+    c = contract({"budgets": [{"max_instances": 1}]})
+    big = pool("r1.B.gp.2xl", free=0, price=0.128).model_copy(
+        update={"units": 4, "flavor": "gp.2xl"}
+    )
+    xl_b, xl_c = pool("r1.B.gp.xl", free=1, price=0.064), pool("r1.C.gp.xl", price=0.07)
+    v = view(c, [big_fallback(), big_fallback("fb-2", age_hours=3)], [big, xl_b, xl_c])
+    plan = plan_lifecycle([v], now=NOW, free_streak=STABLE)
+    (r,) = plan.replace  # a budget of 1: one fallback (one disruption) at a time
+    assert (r.instance_id, r.reason) == ("fb", REPLACE)
+    # The cheapest pair: B's one free xl, then C's.
+    assert [(p.pool_id, p.units) for p in r.parts] == [("r1.B.gp.xl", 2), ("r1.C.gp.xl", 2)]
+    assert r.new_units == 4 and r.new_price_per_hour == pytest.approx(0.134)
+    assert r.parts[0].price_per_hour == pytest.approx(0.064)
+    assert r.saving_per_hour == pytest.approx(0.352 - 0.134)
+    assert "as 2 smaller instances (gp.xl in r1.B.gp.xl + gp.xl in r1.C.gp.xl)" in r.why
+    assert [(h.instance_id, h.why) for h in plan.held] == [
+        ("fb-2", "budget 0 (1 instances) has 1 in flight")
+    ]
+    # One large instance free: it is preferred to the pieces (one launch, one drain).
+    free_big = big.model_copy(update={"free": 1})
+    plan = plan_lifecycle(
+        [view(c, [big_fallback()], [free_big, xl_b, xl_c])],
+        now=NOW,
+        free_streak={**STABLE, "r1.B.gp.2xl": 2},
+    )
+    assert [(p.pool_id, p.units) for p in plan.replace[0].parts] == [("r1.B.gp.2xl", 4)]
+    assert plan.replace[0].more == ()
+
+
+def test_the_pieces_respect_room_share_hysteresis_saving_and_a_part_limit() -> None:
+    c = contract({"budgets": [{"max_instances": 5}]})
+    one = pool("r1.B.gp.xl", free=1)
+    # Room for one xl only: 2 of 4 units, held (never broken without all its replacement).
+    plan = plan_lifecycle([view(c, [big_fallback()], [one])], now=NOW, free_streak=STABLE)
+    assert (
+        plan.replace == []
+        and plan.held[0].why == "no allowed reclaimable pool has room for 4 unit(s)"
+    )
+    # The pool share caps the pieces too.
+    capped = pool("r1.B.gp.xl").model_copy(update={"share_cap": 1})
+    plan = plan_lifecycle([view(c, [big_fallback()], [capped])], now=NOW, free_streak=STABLE)
+    assert plan.replace == []
+    # Free on one round only: every piece waits for its pool's hysteresis.
+    two = [pool("r1.B.gp.xl", free=1), pool("r1.C.gp.xl", free=1)]
+    first = plan_lifecycle(
+        [view(c, [big_fallback()], two)], now=NOW, free_streak={"r1.B.gp.xl": 2, "r1.C.gp.xl": 1}
+    )
+    assert first.replace == []
+    assert first.held[0].why == (
+        "free capacity in r1.B.gp.xl, r1.C.gp.xl seen on 1 of 2 rounds in a row (hysteresis)"
+    )
+    # Pieces that cost as much as the fallback save nothing: held.
+    dear = [p.model_copy(update={"price_per_hour": 0.2}) for p in two]
+    held = plan_lifecycle([view(c, [big_fallback()], dear)], now=NOW, free_streak=STABLE)
+    assert held.replace == [] and held.held[0].why.startswith("saves -0.048/h")
+    # Four 1-unit pieces exceed a limit of 3 parts; one for one only when the limit is 1.
+    tiny = [pool("r1.B.gp.xl").model_copy(update={"units": 1})]
+    for limit, n in ((4, 4), (3, 0), (1, 0)):
+        plan = plan_lifecycle(
+            [view(c, [big_fallback()], tiny)],
+            now=NOW,
+            free_streak=STABLE,
+            anti_churn=AntiChurn(max_return_parts=limit),
+        )
+        assert [len(r.parts) for r in plan.replace] == ([n] if n else []), limit
+    # Drift and expiry are still one for one: pieces are for fallback only.
+    drifted = contract({"budgets": [{"max_instances": 5}]}, skus=["gp"])
+    mem = big_fallback("mem").model_copy(
+        update={"sku": "mem", "fallback": False, "committed": False}
+    )
+    plan = plan_lifecycle([view(drifted, [mem], [pool()])], now=NOW, free_streak=STABLE)
+    assert plan.replace == [] and "room for 4 unit(s)" in plan.held[0].why
+
+
+def test_two_fallbacks_share_the_free_pieces() -> None:
+    c = contract({"budgets": [{"max_instances": 5}]})
+    three = pool("r1.B.gp.xl", free=3)
+    fbs = [big_fallback("fb-1", age_hours=9), big_fallback("fb-2")]
+    plan = plan_lifecycle([view(c, fbs, [three])], now=NOW, free_streak=STABLE)
+    # Three free xl: two for the older fallback, one left is not enough for the other.
+    assert [(r.instance_id, len(r.parts)) for r in plan.replace] == [("fb-1", 2)]
+    assert [h.instance_id for h in plan.held] == ["fb-2"]
 
 
 def test_replacements_stay_within_the_contracts_pool_share() -> None:

@@ -75,14 +75,20 @@ class ScarceCloud(SimulatedCloud):
     """The simulated cloud, with pools that have no reclaimable capacity while `scarce`."""
 
     scarce: set[str] = field(default_factory=set)
+    # Reclaimable creates that still succeed, though free capacity shows (None: all).
+    creates_left: int | None = None
 
     async def free_capacity(self, pool_id: str) -> int:
         free = await super().free_capacity(pool_id)
         return 0 if pool_id in self.scarce else free
 
     async def create(self, request: CreateRequest) -> ProviderInstance:
-        if request.pool_id in self.scarce and request.reservation_id is None:
+        if request.reservation_id is None and (
+            request.pool_id in self.scarce or self.creates_left == 0
+        ):
             raise InsufficientCapacity(f"No valid host was found for {request.pool_id}")
+        if request.reservation_id is None and self.creates_left is not None:
+            self.creates_left -= 1
         return await super().create(request)
 
 
@@ -232,7 +238,7 @@ async def env(
         await nc.close()
 
 
-async def seed(e: Env, pool_id: str, *, committed: bool) -> str:
+async def seed(e: Env, pool_id: str, *, committed: bool, price: float = 0.176) -> str:
     """An instance of spark-etl the controller acquired: committed fallback or reclaimable."""
     name = f"acq-r1-{CONTRACT}-{uuid.uuid4().hex[:8]}-0"
     pool = e.cloud.region.pool(pool_id)
@@ -248,7 +254,7 @@ async def seed(e: Env, pool_id: str, *, committed: bool) -> str:
             workload=CONTRACT,
             tier=2,
             acquisition_id=name.rsplit("-", 1)[0],
-            price_per_hour=0.176 if committed else None,
+            price_per_hour=price if committed else None,
         )
     )
     e.fleet.record_event(name, EventKind.READY, provider_id=inst.provider_id)
@@ -293,6 +299,31 @@ async def until_replaced(
         return sum(1 for _, o, _ in decisions(e, "disruption") if o == "replaced") >= n
 
     await poll_until(check, within=within, what=f"{n} replacement(s)")
+
+
+async def until_held(
+    e: Env, workflow_env: WorkflowEnvironment, subject: str, why: str, within: float = 60
+) -> None:
+    """Until a `held` decision about `subject` whose reason contains `why`."""
+
+    async def check() -> bool:
+        await skip_time(workflow_env, 30)
+        return any(
+            s == subject and o == "held" and why in r for s, o, r in decisions(e, "disruption")
+        )
+
+    await poll_until(check, within=within, what=f"{subject} held: {why}")
+
+
+async def pause_settled(handle: WorkflowHandle[LifecycleWorkflow, None]) -> None:
+    """Pause the workflow and wait until any round under way has finished."""
+    await handle.signal(LifecycleWorkflow.pause, PauseInput(operator="test"))
+
+    async def paused() -> bool:
+        st = await handle.query(LifecycleWorkflow.status)
+        return st.state is LifecycleState.PAUSED and not st.pending and not st.in_flight
+
+    await poll_until(paused, within=30)
 
 
 def assert_one_at_a_time(e: Env) -> None:
@@ -364,6 +395,54 @@ async def test_fallback_returns_to_reclaimable_capacity_within_a_budget_of_one(
     await handle.terminate()
 
 
+async def test_a_large_fallback_returns_as_smaller_instances_all_up_before_its_drain(
+    env: Env, workflow_env: WorkflowEnvironment
+) -> None:
+    """A committed gp.2xl fallback (4 units) while reclaimable capacity comes back in xl
+    (2 units) only: two reclaimable xl replace it, both ACTIVE before its one drain."""
+    fb = await seed(env, "r1.A.gp.2xl", committed=True, price=0.352)
+    env.cloud.scarce = {p for p in env.cloud.region.pool_ids() if p.endswith(".2xl")}
+    handle = await start(env)
+    await until_replaced(env, workflow_env, 1)
+    after = live(env)
+    assert len(after) == 2 and {t for _, _, t, _ in after} == {"reclaimable"}, after
+    assert all(p.endswith(".xl") for _, p, _, _ in after)
+    assert len({a for _, _, _, a in after}) == 1  # one acquisition launched both pieces
+    row = env.fleet.get_instance(fb)
+    assert row is not None and row.state is InstanceState.DELETED
+    # One disruption: the fallback's drain, told once, after both pieces were up.
+    assert [n.node for n in env.notices] == [fb] and env.leaving_at_notice == [1]
+    disruption = decisions(env, "disruption")
+    (replacing,) = [r for s, o, r in disruption if o == "replacing" and s == fb]
+    assert "as 2 smaller instances" in replacing and " + " in replacing
+    (replaced,) = [r for s, o, r in disruption if o == "replaced" and s == fb]
+    assert replaced.startswith("return-from-fallback: ") and "saves 0.224/h" in replaced
+    st = await handle.query(LifecycleWorkflow.status)
+    assert st.replaced == 1 and st.saved_per_hour == pytest.approx(0.352 - 2 * 0.064)
+    (rec,) = [r for r in st.recent if r.outcome == "replaced"]
+    assert sorted(rec.replacement.split(", ")) == sorted(i for i, _, _, _ in after)
+    await histories.record(handle, "lifecycle_return_in_parts")
+    await handle.terminate()
+
+
+async def test_a_fallback_stays_when_only_some_of_its_smaller_replacements_come_up(
+    env: Env, workflow_env: WorkflowEnvironment
+) -> None:
+    """Make-before-break for every piece: one xl of two boots, the other is refused; the
+    one is released again and the fallback serves on, never drained."""
+    fb = await seed(env, "r1.A.gp.2xl", committed=True, price=0.352)
+    env.cloud.scarce = {p for p in env.cloud.region.pool_ids() if p.endswith(".2xl")}
+    env.cloud.creates_left = 1
+    handle = await start(env)
+
+    await until_held(env, workflow_env, fb, "not every piece became ACTIVE (1 of 2)")
+    await pause_settled(handle)
+    assert [i for i, _, _, _ in live(env)] == [fb] and env.notices == []
+    released = [r for _, o, r in decisions(env, "release") if o == "released"]
+    assert any("not every piece became ACTIVE" in r for r in released), released
+    await handle.terminate()
+
+
 async def test_a_contract_change_drifts_instances_and_replaces_them_one_at_a_time(
     env: Env, workflow_env: WorkflowEnvironment
 ) -> None:
@@ -415,14 +494,7 @@ async def test_a_blackout_holds_every_voluntary_disruption_while_a_hall_loss_is_
     await poll_until(lambda: floor_holds({"A": 3, "B": 3, "C": 2, "D": 2}), within=60)
     handle = await start(env, stable_rounds=1)
 
-    async def held_by_blackout() -> bool:
-        await skip_time(workflow_env, 30)
-        return any(
-            s == fb and o == "held" and "blackout 0 is open" in r
-            for s, o, r in decisions(env, "disruption")
-        )
-
-    await poll_until(held_by_blackout, within=60)
+    await until_held(env, workflow_env, fb, "blackout 0 is open")
     # A hall lost in the blackout: the floor is rebuilt in the survivors all the same.
     env.cloud.fail_hall("B")
     await keeper.signal(FloorKeeperWorkflow.hall_lost, HallEvent(hall="B", operator="ops"))
@@ -485,7 +557,17 @@ async def test_two_half_empty_instances_consolidate_into_one_within_a_budget_of_
     await handle.terminate()
 
 
-@pytest.mark.parametrize("scenario", ["lifecycle_return_from_fallback", "lifecycle_consolidation"])
+@pytest.mark.parametrize(
+    "scenario",
+    [
+        "lifecycle_return_from_fallback",
+        "lifecycle_consolidation",
+        "lifecycle_return_in_parts",
+        # Recorded by the code before return in parts: a gp.2xl fallback held round after
+        # round with only xl free. Replayed, the rounds plan one for one (not patched).
+        "lifecycle_fallback_held_one_for_one",
+    ],
+)
 async def test_recorded_histories_replay(scenario: str) -> None:
     """A change to the workflow that would break a running one fails here: patch it."""
     replayer = Replayer(
@@ -501,14 +583,7 @@ async def test_no_drain_without_a_relay_keeps_the_old_instance_and_releases_the_
     fb = await seed(env, "r1.D.gp.xl", committed=True)  # hall D: no relay answers
     handle = await start(env, drain_attempts=1)
 
-    async def held_for_no_drain() -> bool:
-        await skip_time(workflow_env, 30)
-        return any(
-            s == fb and o == "held" and "no notice relay runs for r1/D" in r
-            for s, o, r in decisions(env, "disruption")
-        )
-
-    await poll_until(held_for_no_drain, within=60)
+    await until_held(env, workflow_env, fb, "no notice relay runs for r1/D")
     # Later rounds boot no second replacement just to release it again: the hall waits.
     await skip_time(workflow_env, 200)
 
@@ -520,13 +595,7 @@ async def test_no_drain_without_a_relay_keeps_the_old_instance_and_releases_the_
 
     await poll_until(hall_waits, within=30)
     assert "D" in (await handle.query(LifecycleWorkflow.status)).undrainable
-    await handle.signal(LifecycleWorkflow.pause, PauseInput(operator="test"))
-
-    async def paused() -> bool:  # any round under way has finished
-        st = await handle.query(LifecycleWorkflow.status)
-        return st.state is LifecycleState.PAUSED and not st.pending and not st.in_flight
-
-    await poll_until(paused, within=30)
+    await pause_settled(handle)
     # The old instance serves on, never broken without a drain; its replacement went again.
     rows = [r for r in env.fleet.list_instances("r1") if r.workload == CONTRACT]
     states = {r.instance_id: r.state for r in rows}

@@ -30,6 +30,9 @@ class LifecycleConfig(BaseModel):
     # Consolidation: on or off, and its least saving as a share of the replaced cost.
     consolidate: bool = True
     consolidation_margin: float = Field(default=0.1, ge=0, le=1)
+    # Return from fallback: at most this many smaller reclaimable instances replace one
+    # fallback instance when none as large is free (1: one for one only).
+    max_return_parts: int = Field(default=4, ge=1)
     # The replacement's acquisition: ACTIVE polls, and how long a boot may stay in BUILD.
     poll_seconds: float = Field(default=1.0, gt=0)
     build_timeout_seconds: float = Field(default=900.0, gt=0)

@@ -10,7 +10,8 @@ exceeds what the contract's disruption budget allowed.
 
 Reasons: drift (the instance no longer conforms to its contract), return from fallback
 (a committed fallback instance whose allowed reclaimable pools have had free capacity on
-`stable_rounds` rounds and that is at least `min_age_seconds` old), expiry (older than
+`stable_rounds` rounds and that is at least `min_age_seconds` old; replaced by one
+instance as large, else by up to `max_return_parts` smaller ones), expiry (older than
 the contract's `max_instance_age_hours`) and consolidation (one or two reclaimable
 instances replaced by one that still covers the contract's demand and saves by
 `consolidation_margin`, found on `stable_rounds` rounds in a row). Each reason is
@@ -21,8 +22,9 @@ blocked.
 One replacement, make-before-break:
 1. a DISRUPTION decision `replacing` (what, why, where to, the saving);
 2. the replacement: a child AcquisitionWorkflow (id `life-<region>-<contract>-<nonce>`,
-   ABANDON, recorded first under partition -2 so no controller counts it), waited for;
-   not ACTIVE: decision `held`, the old instance stays;
+   ABANDON, recorded first under partition -2 so no controller counts it) booting every
+   piece of it, waited for; not all ACTIVE: decision `held`, the old instance stays (the
+   pieces that did come up are released);
 3. the drain: the hall's notice relay is asked to notice the old instance (activity
    `lifecycle.tell_drain`, the request `sco reclaim --force` sends); its agent drains it
    by the contract's drain action before the deadline (notice + the region's lead).
@@ -69,11 +71,13 @@ with workflow.unsafe.imports_passed_through():
         LifecycleSnapshot,
         LifecycleSnapshotInput,
     )
+    from contracts.disruption import DisruptionReason
     from planning.choice import ChoiceRecord
     from planning.lifecycle import (
         AntiChurn,
         ContractLife,
         Held,
+        LifecyclePlan,
         LifeInstance,
         Replacement,
         next_consolidation_streak,
@@ -103,6 +107,10 @@ with workflow.unsafe.imports_passed_through():
     from workflows.provider_calls import STATE_RETRY, delete_instance, record_release
 
 T = TypeVar("T")
+
+#: Return from fallback in several smaller instances (decision 0031): rounds recorded
+#: before it planned one for one only.
+PATCH_RETURN_IN_PARTS = "return-from-fallback-in-parts"
 
 _RETRY = RetryPolicy(maximum_attempts=10, maximum_interval=timedelta(seconds=30))
 
@@ -257,21 +265,15 @@ class LifecycleWorkflow:
         now = workflow.now()
         self._undrainable = {h: t for h, t in self._undrainable.items() if t > now}
         self._streak = next_streak(self._streak, snap.contracts)
-        plan = plan_lifecycle(
-            snap.contracts,
-            now=now,
-            free_streak=self._streak,
-            paused=self._paused_contracts,
-            anti_churn=AntiChurn(
-                min_age_seconds=cfg.min_age_seconds,
-                stable_rounds=cfg.stable_rounds,
-                min_saving_per_hour=cfg.min_saving_per_hour,
-                consolidate=cfg.consolidate,
-                consolidation_margin=cfg.consolidation_margin,
-            ),
-            consolidation_streak=self._consolidation_streak,
-            undrainable=set(self._undrainable),
-        )
+        plan = self._plan(snap.contracts, max_return_parts=1)
+        if cfg.max_return_parts > 1 and any(
+            h.reason is DisruptionReason.RETURN_FROM_FALLBACK for h in plan.held
+        ):
+            # A fallback held for want of one large instance may return in smaller ones.
+            # Asked only when that changes the plan: histories before it replay unchanged.
+            pieces = self._plan(snap.contracts, max_return_parts=cfg.max_return_parts)
+            if pieces != plan and workflow.patched(PATCH_RETURN_IN_PARTS):
+                plan = pieces
         self._consolidation_streak = next_consolidation_streak(self._consolidation_streak, plan)
         await self._record_held(plan.held)
         if not plan.replace:
@@ -281,6 +283,25 @@ class LifecycleWorkflow:
         views = {v.contract.name: v for v in snap.contracts}
         await gather([self._replace_or_log(r, views[r.contract]) for r in plan.replace])
         self._set_state(LifecycleState.WATCHING)
+
+    def _plan(self, contracts: list[ContractLife], *, max_return_parts: int) -> LifecyclePlan:
+        cfg = self._cfg
+        return plan_lifecycle(
+            contracts,
+            now=workflow.now(),
+            free_streak=self._streak,
+            paused=self._paused_contracts,
+            anti_churn=AntiChurn(
+                min_age_seconds=cfg.min_age_seconds,
+                stable_rounds=cfg.stable_rounds,
+                min_saving_per_hour=cfg.min_saving_per_hour,
+                consolidate=cfg.consolidate,
+                consolidation_margin=cfg.consolidation_margin,
+                max_return_parts=max_return_parts,
+            ),
+            consolidation_streak=self._consolidation_streak,
+            undrainable=set(self._undrainable),
+        )
 
     async def _record_held(self, held: list[Held]) -> None:
         """A held-back candidate is recorded when it is first held, or held for another
@@ -313,22 +334,24 @@ class LifecycleWorkflow:
         try:
             await self._decide(
                 "replacing",
-                f"{r.reason.value}: {r.why}; replacement in {r.pool_id} at "
+                f"{r.reason.value}: {r.why}; replacement in {_where(r)} at "
                 f"{r.new_price_per_hour:.3f}/h (was {r.old_price_per_hour:.3f}/h)",
                 subject=subject,
-                units=r.units,
+                units=r.new_units,
                 amount_per_hour=r.new_price_per_hour,
             )
-            new_id = await self._launch(r, view)
-            if new_id is None:
-                self._remember(r, "held", f"the replacement in {r.pool_id} did not become ACTIVE")
-                await self._decide(
-                    "held",
-                    f"{r.reason.value}: the replacement in {r.pool_id} did not become ACTIVE; "
+            new_ids = await self._launch(r, view)
+            if len(new_ids) < len(r.parts):
+                if new_ids:  # some pieces up, not all: make-before-break needs all of them
+                    await self._release_replacement(r, new_ids, "not every piece became ACTIVE")
+                    return
+                await self._keep_old(
+                    r,
+                    f"the replacement in {r.pool_id} did not become ACTIVE",
                     f"{', '.join(r.replaced)} kept, tried again next round",
-                    subject=subject,
                 )
                 return
+            new_id = ", ".join(new_ids)
             gone: list[LifeInstance] = []
             # One drain at a time: a consolidation disrupts one instance at once.
             for n, old in enumerate(olds):
@@ -338,7 +361,7 @@ class LifecycleWorkflow:
                         seconds=self._cfg.drain_retry_seconds
                     )
                 if not told.told and n == 0:
-                    await self._release_replacement(r, new_id, told.why)
+                    await self._release_replacement(r, new_ids, told.why)
                     return
                 if not told.told:
                     await self._decide(
@@ -359,9 +382,25 @@ class LifecycleWorkflow:
             for x in r.replaced:
                 self._in_flight.pop(x, None)
 
-    async def _launch(self, r: Replacement, view: ContractLife) -> str | None:
+    async def _launch(self, r: Replacement, view: ContractLife) -> list[str]:
+        """The replacement's instances, every part in one child acquisition; the ids of
+        those ACTIVE at its end (fewer than the parts: not all of it came up)."""
         inp = self._inp
         acq_id = f"{LIFECYCLE_PREFIX}{inp.region}-{r.contract}-{workflow.uuid4().hex[:8]}"
+        items: dict[str, LaunchItem] = {}
+        for part in r.parts:
+            item = items.get(part.pool_id)
+            if item is None:
+                items[part.pool_id] = LaunchItem(
+                    pool_id=part.pool_id,
+                    hall=part.hall,
+                    flavor=part.flavor,
+                    instances=1,
+                    units=part.units,
+                )
+            else:
+                item.instances += 1
+                item.units += part.units
         result = await run_child_acquisition(
             AcquisitionRecord(
                 acquisition_id=acq_id,
@@ -369,14 +408,14 @@ class LifecycleWorkflow:
                 workload=r.contract,
                 partition=LIFECYCLE_PARTITION,
                 state=AcquisitionState.STARTING.value,
-                requested_units=r.units,
-                requested_instances=1,
-                pool_ids=[r.pool_id],
+                requested_units=r.new_units,
+                requested_instances=len(r.parts),
+                pool_ids=list(items),
                 detail=f"lifecycle:{r.reason.value}:{r.instance_id}",
                 choice=ChoiceRecord(
                     basis="lifecycle",
                     summary=f"{r.reason.value}: replacement for "
-                    f"{', '.join(r.replaced)} in {r.pool_id}: {r.why}",
+                    f"{', '.join(r.replaced)} in {_where(r)}: {r.why}",
                 ),
             ),
             AcquisitionInput(
@@ -384,26 +423,16 @@ class LifecycleWorkflow:
                 partition=LIFECYCLE_PARTITION,
                 contract=r.contract,
                 tier=view.tier,
-                items=[
-                    LaunchItem(
-                        pool_id=r.pool_id,
-                        hall=r.hall,
-                        flavor=r.flavor,
-                        instances=1,
-                        units=r.units,
-                    )
-                ],
+                items=list(items.values()),
                 poll_seconds=self._cfg.poll_seconds,
                 build_timeout_seconds=self._cfg.build_timeout_seconds,
             ),
             record_retry=_RETRY,
             what="lifecycle",
         )
-        if result is None:
-            return None
-        if result.progress.active < 1 or not result.instance_ids:
-            return None
-        return result.instance_ids[0]
+        if result is None or result.progress.active < 1:
+            return []
+        return list(result.instance_ids[: len(r.parts)])
 
     async def _tell_drain(self, r: Replacement, old: LifeInstance, new_id: str) -> DrainTold:
         try:
@@ -428,36 +457,52 @@ class LifecycleWorkflow:
             return DrainTold(told=False, why=why, unavailable=True)
         return told
 
-    async def _release_replacement(self, r: Replacement, new_id: str, why: str) -> None:
-        """The drain was not told: the old instance stays, its replacement goes (so the
-        next round does not launch a second one beside it)."""
-        subject = r.instance_id
-        ref: InstanceRef = await workflow.execute_activity_method(
-            LifecycleActivities.instance,
-            InstanceLookup(instance_id=new_id),
-            start_to_close_timeout=timedelta(seconds=30),
-            retry_policy=STATE_RETRY,
-        )
-        if ref.found and ref.provider_id is not None:
-            await delete_instance(self._budget, self._inp.region, ref.provider_id)
-        if ref.found:
-            await record_release(
-                region=self._inp.region,
-                instance_id=new_id,
-                subject=r.contract,
-                event_reason=f"lifecycle: drain of {r.instance_id} not told",
-                decision_reason=f"{new_id} released: the drain of {r.instance_id} was not told "
-                f"({why})",
-                price_per_hour=ref.price_per_hour,
-                at=workflow.now(),
+    async def _release_replacement(self, r: Replacement, new_ids: list[str], why: str) -> None:
+        """The drain was not told (or not every piece of the replacement came up): the old
+        instance stays, its replacement goes (so the next round does not launch a second
+        one beside it)."""
+        for new_id in new_ids:
+            ref: InstanceRef = await workflow.execute_activity_method(
+                LifecycleActivities.instance,
+                InstanceLookup(instance_id=new_id),
+                start_to_close_timeout=timedelta(seconds=30),
+                retry_policy=STATE_RETRY,
             )
-        self._remember(r, "held", f"drain not told: {why}")
-        await self._decide(
-            "held",
-            f"{r.reason.value}: the drain of {r.instance_id} was not told ({why}); "
-            f"{r.instance_id} kept, its replacement {new_id} released",
-            subject=subject,
+            if ref.found and ref.provider_id is not None:
+                await delete_instance(self._budget, self._inp.region, ref.provider_id)
+            if ref.found:
+                await record_release(
+                    region=self._inp.region,
+                    instance_id=new_id,
+                    subject=r.contract,
+                    event_reason=f"lifecycle: drain of {r.instance_id} not told"
+                    if len(new_ids) == len(r.parts)
+                    else f"lifecycle: replacement of {r.instance_id} incomplete",
+                    decision_reason=f"{new_id} released: the drain of {r.instance_id} was not "
+                    f"told ({why})"
+                    if len(new_ids) == len(r.parts)
+                    else f"{new_id} released: {why}, {r.instance_id} kept",
+                    price_per_hour=ref.price_per_hour,
+                    at=workflow.now(),
+                )
+        ids = ", ".join(new_ids)
+        if len(new_ids) < len(r.parts):
+            await self._keep_old(
+                r,
+                f"{why} ({len(new_ids)} of {len(r.parts)})",
+                f"{r.instance_id} kept, {ids} released, tried again next round",
+            )
+            return
+        await self._keep_old(
+            r,
+            f"the drain of {r.instance_id} was not told ({why})",
+            f"{r.instance_id} kept, its replacement {ids} released",
         )
+
+    async def _keep_old(self, r: Replacement, why: str, kept: str) -> None:
+        """The replacement did not happen (`why`); the old instance stays (`kept`)."""
+        self._remember(r, "held", why)
+        await self._decide("held", f"{r.reason.value}: {why}; {kept}", subject=r.instance_id)
 
     async def _delete_old(self, r: Replacement, old: LifeInstance, new_id: str) -> None:
         inp = self._inp
@@ -494,10 +539,10 @@ class LifecycleWorkflow:
         )
         await self._decide(
             "replaced",
-            f"{r.reason.value}: {ids} drained and deleted, {new_id} in {r.pool_id} serves "
+            f"{r.reason.value}: {ids} drained and deleted, {new_id} in {_where(r)} serves "
             f"instead; saves {saving:.3f}/h",
             subject=r.instance_id,
-            units=r.units,
+            units=r.new_units,
             amount_per_hour=r.new_price_per_hour,
         )
 
@@ -575,3 +620,8 @@ class LifecycleWorkflow:
             start_to_close_timeout=timedelta(seconds=30),
             retry_policy=_RETRY,
         )
+
+
+def _where(r: Replacement) -> str:
+    """Where the replacement runs: its pool, or each piece's."""
+    return r.pool_id if not r.more else " + ".join(p.pool_id for p in r.parts)
