@@ -21,23 +21,38 @@ tests/deploy/README.md says how far they got.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import nats
 import psycopg
 import pytest
+from nats.aio.msg import Msg
+from temporalio.api.workflowservice.v1 import SetWorkerDeploymentCurrentVersionRequest
 
+from activities.events import InstanceState
+from activities.fleet.db import open_pool
+from activities.fleet.repository import FleetRepository
+from activities.provider.sim_service import serve
+from activities.provider.simulator import SimulatedCloud
 from contracts.distribution import publish
+from contracts.region import Region
 from tests.deploy.test_k8s_manifests import TLS_KINDS, render
 from tests.deploy.test_kube_play import (
+    BUILD,
     LEDGER_MOUNT,
+    SignedBundle,
     _host_address,
     image,  # noqa: F401 -- the fixture: the session's image, plus the ledger layer
+    logs,
     notice_key_secrets,
     play_region,
     pod_names,
@@ -46,13 +61,17 @@ from tests.deploy.test_kube_play import (
     write_secret_files,
 )
 from tests.support import services
-from tests.support.kube_play import PlayInputs, for_podman
-from tests.support.paths import REGIONS_DIR
+from tests.support.kube_play import Doc, PlayInputs, for_podman
+from tests.support.paths import REGIONS_DIR, REPO
+from tests.support.wait import WaitTimeout, eventually_async
 from workers.client_security import nats_options, postgres_conninfo
 from workers.devbox import tls_servers
 from workers.devbox.box import Box
 from workers.devbox.secure import BOX_KIND, POD_HOST, SecureProfile
 from workers.settings import Settings
+from workers.temporal_connect import connect
+from workflows.acquisition.models import AcquisitionInput, AcquisitionState, LaunchItem
+from workflows.acquisition.workflow import AcquisitionWorkflow
 
 pytestmark = [
     pytest.mark.devbox,
@@ -179,13 +198,16 @@ def secure_inputs(
 async def test_overlay_r1_runs_over_tls_against_the_secure_box(
     image: str,  # noqa: F811 -- the fixture imported above
     secure_box: SecureBox,
+    region_r1: Region,
     tmp_path: Path,
 ) -> None:
     """The migration Job over TLS PostgreSQL (its own client certificate, verify-full of
     10.0.2.2, the password from its file), the bootstrap Job over mutual-TLS Temporal; each
     exits 0. Then every Deployment, each with its own kind's certificate, until each pod's
-    health endpoint answers: the worker over mutual-TLS Temporal and TLS PostgreSQL, each
-    hall's relay over mTLS NATS as its hall's identity."""
+    health endpoint answers. Then the pods' worker runs an acquisition (mutual-TLS Temporal,
+    TLS PostgreSQL, the simulated cloud over mTLS NATS), and `sco reclaim` (the operator's
+    certificate) of one of its instances has hall A's relay pod sign the notice with hall A's
+    key, over mTLS NATS as its hall's identity."""
     bundle = signed_bundle(tmp_path)
     inputs = secure_inputs(
         tmp_path,
@@ -210,15 +232,92 @@ async def test_overlay_r1_runs_over_tls_against_the_secure_box(
     control = secure_box.control
     await publish(control.nats_url, "r1", bundle.raw, nats_options(control))
     played_files: list[Path] = []
+    cloud = SimulatedCloud(region_r1, clock=asyncio.get_running_loop().time)
+    sim_nc = await nats.connect(control.nats_url, connect_timeout=5, **nats_options(control))
+    sim = asyncio.create_task(serve(cloud, sim_nc))  # the pods' simulated cloud (prefix "sco")
     try:
         await play_region(jobs, deployments, configmaps, tmp_path, played_files)
+        await _acquisition_and_hall_notice(secure_box, region_r1, bundle, deployments)
     finally:
+        sim.cancel()
+        await sim_nc.close()
         await asyncio.to_thread(
             teardown,
             list(reversed(played_files)),
             [pod for d in [*jobs, *deployments] for pod in pod_names(d)],
             [d["metadata"]["name"] for d in configmaps] + played.volumes,
         )
+
+
+async def _acquisition_and_hall_notice(
+    box: SecureBox, region: Region, bundle: SignedBundle, deployments: list[Doc]
+) -> None:
+    control = box.control
+    client = await connect(control, "r1")
+
+    async def made_current() -> bool:  # deploy/README.md step 6, as the box's identity
+        await client.workflow_service.set_worker_deployment_current_version(
+            SetWorkerDeploymentCurrentVersionRequest(
+                namespace="r1", deployment_name="sco-r1", build_id=BUILD, identity="test"
+            )
+        )
+        return True
+
+    try:  # the version registers with the worker's first poll; until then the call fails
+        await eventually_async(made_current, timeout=180, what=f"build {BUILD} current", every=2)
+    except WaitTimeout as exc:
+        raise WaitTimeout(f"{exc}\n{logs(deployments)}") from exc
+    pool = open_pool(postgres_conninfo(control), max_size=1)
+    try:
+        fleet = FleetRepository(pool)
+        fleet.sync_pools(region)  # `sco pools sync`
+        contract = f"kps-{uuid.uuid4().hex[:6]}"
+        item = LaunchItem(pool_id="r1.A.gp.l", hall="A", flavor="gp.l", instances=1, units=1)
+        handle = await client.start_workflow(
+            AcquisitionWorkflow.run,
+            AcquisitionInput(region="r1", contract=contract, tier=2, items=[item]),
+            id=f"acq-{contract}",
+            task_queue=control.temporal.task_queue("r1"),
+        )
+        try:
+            result = await asyncio.wait_for(handle.result(), 180)
+        except TimeoutError:
+            raise AssertionError(f"acquisition not done in 180 s\n{logs(deployments)}") from None
+        assert result.progress.state is AcquisitionState.COMPLETED, result.progress
+        (instance,) = [
+            i.instance_id
+            for i in fleet.list_instances("r1", [InstanceState.ACTIVE], hall="A")
+            if i.workload == contract
+        ]
+    finally:
+        pool.close()
+
+    # The notice, heard as the box's own identity: signed by hall A's relay with A's key.
+    nc = await nats.connect(control.nats_url, connect_timeout=5, **nats_options(control))
+    got: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+
+    async def heard(msg: Msg) -> None:
+        if not got.done():
+            got.set_result(msg.data)
+
+    try:
+        await nc.subscribe("sco.r1.notice.A.>", cb=heard)
+        await nc.flush()
+        out = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "workers.cli", "reclaim", instance, "--region", "r1",
+             "--by", "test"],
+            env=box.operator_env, cwd=REPO, text=True, capture_output=True, timeout=120,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stdout + out.stderr + logs(deployments)
+        try:
+            envelope = json.loads(await asyncio.wait_for(got, 60))
+        except TimeoutError:
+            raise AssertionError(f"no notice for hall A\n{logs(deployments)}") from None
+    finally:
+        await nc.close()
+    assert envelope["key_id"] == bundle.notice_keys["A"][0], envelope
+    assert (envelope["notice"]["hall"], envelope["notice"]["node"]) == ("A", instance)
 
 
 def test_the_box_server_certificate_names_the_pods_address(secure_box: SecureBox) -> None:
