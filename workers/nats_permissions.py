@@ -29,7 +29,12 @@ from typing import Any
 
 from contracts.distribution import bucket_for
 from contracts.holders import holder_subject
-from contracts.notice import notice_stream, notice_subject, reclaim_subject
+from contracts.notice import (
+    NOTICE_HOOKS_CONSUMER,
+    notice_stream,
+    notice_subject,
+    reclaim_subject,
+)
 
 
 @dataclass(frozen=True)
@@ -112,6 +117,8 @@ def relay_user(region: str, hall: str) -> User:
             f"sco.{region}.notice.{hall}.>",
             f"$JS.API.STREAM.INFO.{stream}",
             f"$JS.API.STREAM.CREATE.{stream}",
+            # The region worker's backlog of notices to tell Temporal of (its answer).
+            f"$JS.API.CONSUMER.INFO.{stream}.{NOTICE_HOOKS_CONSUMER}",
             f"sco.{region}.sim.>",  # the simulated cloud's API (the region in a box)
         ],
         subscribe=[reclaim_subject(region, hall), f"{identity_inbox(name)}.>"],
