@@ -17,6 +17,7 @@ from nacl.signing import SigningKey
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js.client import JetStreamContext
+from nats.js.errors import NotFoundError
 from prometheus_client import Counter, Gauge
 
 from activities.backoff import CappedBackoff
@@ -191,12 +192,16 @@ def _reload_on_hangup(signing_key: SigningKey | KeyFileSigner) -> Iterator[None]
 
 
 def hooks_pending(js: JetStreamContext, region: str) -> Callable[[], Awaitable[int]]:
-    """How many of the region's notices the region worker has still to tell Temporal of
-    (its durable consumer's backlog; 0 while it has none or NATS does not say)."""
+    """How many of the region's notices the region worker has still to tell Temporal of:
+    its durable consumer's backlog, or, before any worker made it, every notice the stream
+    holds (the consumer starts at the oldest); 0 when NATS does not say."""
 
     async def pending() -> int:
         try:
-            info = await js.consumer_info(notice_stream(region), NOTICE_HOOKS_CONSUMER)
+            try:
+                info = await js.consumer_info(notice_stream(region), NOTICE_HOOKS_CONSUMER)
+            except NotFoundError:
+                return int((await js.stream_info(notice_stream(region))).state.messages)
         except (nats.errors.Error, OSError, TimeoutError):
             return 0
         return int(info.num_pending or 0) + int(info.num_ack_pending or 0)
