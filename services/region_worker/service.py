@@ -442,7 +442,11 @@ async def run(settings: Settings, region: str) -> None:
                 await stop.wait()
                 if collecting is not None:
                     await collecting
-                await hooking
+                # Not waited for: a notice being told when cancelled is not acknowledged,
+                # so the stream hands it to a worker again (signals are idempotent).
+                hooking.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await hooking
                 await warming
                 running = False
                 log.info(
