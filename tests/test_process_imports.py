@@ -91,6 +91,9 @@ AGENT_FORBIDDEN = frozenset(
         "clickhouse_connect",
         "confluent_kafka",
         "typer",
+        # Its TOML and environment are read by agent/config.py, not by a settings library.
+        "pydantic_settings",
+        "dotenv",
     }
 )
 
@@ -209,7 +212,8 @@ RELAY_NEVER_CALLS = frozenset({"activities.provider.errors"})
 
 def _reachable(start: str, skip: frozenset[str] = frozenset()) -> dict[str, str]:
     """Every module `start` can ever import, at its top or inside a function (statically,
-    through this repository's modules): module -> the repository module importing it."""
+    through this repository's modules; `if TYPE_CHECKING:` blocks aside): module -> the
+    repository module importing it."""
     importer: dict[str, str] = {}
     todo, seen = [start], {start}
     while todo:
@@ -219,7 +223,11 @@ def _reachable(start: str, skip: frozenset[str] = frozenset()) -> dict[str, str]
             path = REPO / module.replace(".", "/") / "__init__.py"
         if not path.exists() or module in skip:
             continue  # a library's module, or one whose lazy imports are vouched for
-        for _, name in imported_modules(ast.parse(path.read_text())):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):  # what only the type checker reads is never loaded
+            if isinstance(node, ast.If) and ast.unparse(node.test).endswith("TYPE_CHECKING"):
+                node.body = []
+        for _, name in imported_modules(tree):
             parts = name.split(".")
             for sub in (".".join(parts[: i + 1]) for i in range(len(parts))):
                 if sub not in seen:
@@ -243,3 +251,15 @@ def test_the_reachability_probe_sees_a_lazy_temporal_import() -> None:
     """The region worker's notice hooks import Temporal: the check above can fail."""
     assert "temporalio" in _reachable("workers.notice_hooks")
     assert "temporalio" in _reachable("activities.provider.errors")  # inside a function
+    assert "contracts.bundle" not in _reachable("contracts.notice_signing")  # type only
+
+
+def test_a_nats_connect_loads_no_contract_models() -> None:
+    """Every process's `nats_options` reads its identity's inbox prefix: not through the
+    rendered users' module, which loads the bundle's and the contract models (~2 MB the
+    relay held once connected)."""
+    reached = _reachable("workers.client_security")
+    assert (
+        sorted({"contracts.bundle", "contracts.model", "workers.nats_permissions"} & set(reached))
+        == []
+    )

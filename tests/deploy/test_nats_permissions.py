@@ -42,7 +42,8 @@ from tests.support.private_nats import (
     running_nats_server,
 )
 from tests.support.services import free_port
-from workers.nats_permissions import agent_inbox, identity_inbox, region_users, write_users
+from workers.nats_inboxes import agent_inbox, identity_inbox
+from workers.nats_permissions import region_users, write_users
 
 pytestmark = pytest.mark.timeout(60)
 NODES = [("A", "node-a1"), ("A", "node-a2"), ("B", "node-b1")]

@@ -76,8 +76,9 @@ from tests.support.services import free_port
 from tests.support.wait import checked, eventually, eventually_async
 from workers.cli.main import app
 from workers.client_security import nats_options
+from workers.nats_inboxes import agent_inbox, identity_inbox
 from workers.nats_limits import BUNDLE_MAX_CONSUMERS
-from workers.nats_permissions import agent_inbox, identity_inbox, region_users, write_users
+from workers.nats_permissions import region_users, write_users
 from workers.settings import Settings
 
 pytestmark = pytest.mark.timeout(120)
