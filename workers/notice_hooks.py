@@ -119,7 +119,12 @@ class NoticeHookConsumer:
                     ),
                 )
             except (NotFoundError, nats.errors.Error, OSError) as exc:
-                log.info("notice hooks: stream %s not ready (%s)", notice_stream(self._region), exc)
+                # Said once: a region whose relays have not started yet waits quietly.
+                (log.debug if backoff.failures else log.info)(
+                    "notice hooks: stream %s not there yet (%s); waiting for it",
+                    notice_stream(self._region),
+                    exc,
+                )
                 await _sleep_unless(stop, backoff.next())
         return None
 
