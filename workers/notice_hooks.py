@@ -134,8 +134,8 @@ class NoticeHookConsumer:
             await asyncio.wait_for(self._tell(notice), self._call_timeout)
         except ValueError as exc:  # not a notice, or a pool of another region: never
             log.error("notice hook dropped (%s): %s", msg.subject, exc)
-            self.counts.dropped += 1
             await msg.term()
+            self.counts.dropped += 1
             return
         except Exception as exc:  # Temporal away or slow: whatever it raises, again later
             self.counts.failed_attempts += 1
@@ -145,8 +145,8 @@ class NoticeHookConsumer:
             await msg.nak(delay=wait)
             return
         self._backoff.reset()
-        self.counts.told += 1
         await msg.ack()
+        self.counts.told += 1
 
     async def _tell(self, notice: ReclaimNotice) -> None:
         if notice.stage == NoticeStage.EARLY:
