@@ -79,24 +79,34 @@ class NoticeHookConsumer:
         self.counts = HookCounts()
 
     async def run(self, js: JetStreamContext, stop: asyncio.Event) -> None:
-        sub = await self._subscribe(js, stop)
-        if sub is None:
-            return
-        try:
-            while not stop.is_set():
+        while not stop.is_set():
+            sub = await self._subscribe(js, stop)
+            if sub is None:
+                return
+            try:
+                await self._serve(sub, stop)
+            finally:
+                with contextlib.suppress(nats.errors.Error):
+                    await sub.unsubscribe()
+
+    async def _serve(self, sub: JetStreamContext.PullSubscription, stop: asyncio.Event) -> None:
+        """Fetch and tell until stopped or a fetch fails: NATS away (it reconnects by
+        itself), or the consumer or its stream gone; `run` then subscribes again, which
+        makes the consumer again where it is gone."""
+        while not stop.is_set():
+            try:
+                msgs = await sub.fetch(batch=16, timeout=self._fetch_seconds)
+            except (nats.errors.TimeoutError, TimeoutError):
+                continue  # nothing new
+            except nats.errors.Error as exc:
+                log.warning("notice hooks: fetch failed (%r), subscribing again", exc)
+                await _sleep_unless(stop, self._backoff.next())
+                return
+            for msg in msgs:
                 try:
-                    msgs = await sub.fetch(batch=16, timeout=self._fetch_seconds)
-                except (nats.errors.TimeoutError, TimeoutError):
-                    continue  # nothing new
-                except nats.errors.Error as exc:  # NATS away: it reconnects by itself
-                    log.warning("notice hooks: fetch failed (%s), retrying", exc)
-                    await _sleep_unless(stop, self._backoff.next())
-                    continue
-                for msg in msgs:
                     await self._handle(msg)
-        finally:
-            with contextlib.suppress(nats.errors.Error):
-                await sub.unsubscribe()
+                except nats.errors.Error as exc:  # the answer lost: handed out again later
+                    log.warning("notice hooks: %s not acknowledged (%s)", msg.subject, exc)
 
     async def _subscribe(
         self, js: JetStreamContext, stop: asyncio.Event

@@ -129,14 +129,7 @@ async def test_the_backlog_is_counted_and_an_early_warning_wakes_the_controllers
 ) -> None:
     hooks = NoticeHookConsumer(region_client, "r1", "unused", partitions=2, fetch_seconds=0.5)
     async with consuming(nc, hooks):  # the durable consumer made, nothing to tell yet
-
-        async def made() -> bool:
-            with contextlib.suppress(nats.js.errors.NotFoundError):
-                await nc.jetstream().consumer_info(notice_stream("r1"), NOTICE_HOOKS_CONSUMER)
-                return True
-            return False
-
-        await eventually_async(made, timeout=30, what="the durable consumer")
+        await eventually_async(lambda: _made(nc), timeout=30, what="the durable consumer")
     pending = hooks_pending(nc.jetstream(), "r1")
     await publish(nc, notice("sco-r1-y", NoticeStage.EARLY))
     await publish(nc, notice("sco-r1-z", NoticeStage.EARLY))
@@ -153,3 +146,25 @@ async def test_the_backlog_is_counted_and_an_early_warning_wakes_the_controllers
 
 async def _nothing(backlog: Callable[[], Awaitable[int]]) -> bool:
     return await backlog() == 0
+
+
+@pytest.mark.timeout(120)
+async def test_a_consumer_deleted_under_the_worker_is_made_again(
+    nc: NATS, region_client: Client
+) -> None:
+    hooks = NoticeHookConsumer(region_client, "r1", "unused", partitions=1, fetch_seconds=0.5)
+    async with consuming(nc, hooks):
+        await eventually_async(lambda: _made(nc), timeout=30, what="the durable consumer")
+        await nc.jetstream().delete_consumer(notice_stream("r1"), NOTICE_HOOKS_CONSUMER)
+        await publish(nc, notice("sco-r1-w", NoticeStage.EARLY))
+        await eventually_async(
+            checked(lambda: hooks.counts.told), timeout=60, what="told by the consumer made again"
+        )
+        assert await _made(nc)
+
+
+async def _made(nc: NATS) -> bool:
+    with contextlib.suppress(nats.js.errors.NotFoundError):
+        await nc.jetstream().consumer_info(notice_stream("r1"), NOTICE_HOOKS_CONSUMER)
+        return True
+    return False
