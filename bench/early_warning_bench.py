@@ -9,10 +9,11 @@ Per trial one ACTIVE instance of a DCP training contract (llm-train, opted in wi
 signed bundle) and a DCP-shaped training job on the real checkpoint protocol. The reclaim
 is planned through the hall's notice relay (`ReclaimRequest(at=...)`, what `sco reclaim
 --at` sends): the relay writes the plan to fleet state, signs and publishes the early
-warning, and its hook queue wakes the region controller (RegionControllerWorkflow on the
-dev server), which counts the doomed instance as leaving and starts a replacement. The
-relay loop sends the hard notice at reclaim time - lead and deletes the node at the
-deadline, as `sco notice-relay` does.
+warning, and the region worker's notice hooks (workers/notice_hooks.py, reading the notice
+stream) wake the region controller (RegionControllerWorkflow on the dev server), which
+counts the doomed instance as leaving and starts a replacement. The relay loop sends the
+hard notice at reclaim time - lead and deletes the node at the deadline, as
+`sco notice-relay` does.
 
 replaced_before_hard_notice: fraction of trials whose contract is covered again by ACTIVE
     instances other than the doomed one before the hard notice went out. Target >= 90 %.
@@ -51,7 +52,6 @@ sys.path.insert(0, str(ROOT))
 
 import nats
 from nacl.encoding import HexEncoder
-from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
@@ -74,7 +74,7 @@ from contracts import bundle, keys
 from contracts.cache import BundleCache
 from contracts.keys import TrustStore
 from contracts.model import EarlyWarningAction
-from contracts.notice import NoticePolicy, ReclaimNotice, ReclaimRequest, notice_stream
+from contracts.notice import NoticePolicy, ReclaimRequest, notice_stream
 from contracts.region import Region, load_region
 from contracts.source import read_contracts
 from services.notice_relay.relay import NoticeRelay
@@ -82,8 +82,7 @@ from tests.support import services
 from tests.support.agent_fakes import RecordingScheduler, agent_config, notice_key
 from tests.support.control_harness import region_worker
 from tests.support.paths import BASE_DSN, EXAMPLES
-from workers.controller_wake import wake_controllers
-from workers.exclusion_hooks import ExclusionHookQueue
+from workers.notice_hooks import NoticeHookConsumer
 from workers.temporal_bootstrap import ensure_search_attributes
 from workflows.controller.models import (
     ControllerConfig,
@@ -397,15 +396,12 @@ async def main() -> int:
                 region, latency=Latency(api_s=API_S / k, boot_s=BOOT_S / k), clock=loop.time
             )
 
-            async def temporal() -> Client:
-                return env.client
-
-            async def wake(client: Client, notice: ReclaimNotice) -> None:
-                await wake_controllers(client, region.id, PARTITIONS, notice)
-
-            wakes = ExclusionHookQueue(
-                temporal, region.id, "unused", tell=wake, name="controller wakes"
+            # The region worker's side: hard notices signal exclusion cycles on a queue
+            # no worker polls here, early warnings wake the controller.
+            hooks = NoticeHookConsumer(
+                env.client, region.id, "unused", PARTITIONS, fetch_seconds=0.5
             )
+            hooks_stop = asyncio.Event()
             relays = {
                 hall: NoticeRelay(
                     region=region.id,
@@ -415,7 +411,6 @@ async def main() -> int:
                     provider=cloud,
                     js=nc.jetstream(),
                     signing_key=notice_key(tmp),
-                    on_planned=wakes.submit,
                 )
                 for hall in region.halls
             }
@@ -429,7 +424,7 @@ async def main() -> int:
                 trust_dir=trust,
                 regions_dir=regions_dir,
             ) as h:
-                wakes.start()
+                hooking = asyncio.create_task(hooks.run(nc.jetstream(), hooks_stop))
                 partition = partition_of(CONTRACT, PARTITIONS)
                 handle = await env.client.start_workflow(
                     RegionControllerWorkflow.run,
@@ -485,7 +480,8 @@ async def main() -> int:
                 finally:
                     stop.set()
                     await loop_task
-                    await wakes.close()
+                    hooks_stop.set()
+                    await hooking
                     await handle.terminate()
             pool.close()
     finally:

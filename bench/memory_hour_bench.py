@@ -15,8 +15,8 @@ Churn, as `make up` and an operator make it: the pool catalogue synced, then the
 example contracts' demand set (`sco demand set`, the controllers start acquisitions),
 and every --churn-seconds one change in turn: a contract's demand moved up or down (its
 controller acquires or releases), or an operator's reclaim of one ACTIVE instance
-(`sco reclaim`: the hall's relay notices it, the exclusion hook and the controller's
-replacement follow). Each `sco` command is its own process, as an operator runs it.
+(`sco reclaim`: the hall's relay notices it, the region worker's notice hook and the
+controller's replacement follow). Each `sco` command is its own process, as an operator runs it.
 
 Every --interval seconds the VmRSS of every process the box recorded (summed over its
 process tree: a server started through a wrapper counts whole) and of the agent is read

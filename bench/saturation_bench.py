@@ -12,8 +12,9 @@ step, open-loop (on a schedule, whatever completes):
 - acquisitions/min: one-instance AcquisitionWorkflow runs on the worker's queue, timed
   from start to result;
 - notices/min (half the acquisition rate): what the control plane does for a reclaim
-  notice, i.e. the NOTICE write in fleet state and the notice relay's exclusion hook
-  (signal-with-start of the pool's PoolExclusionWorkflow, served by the worker), timed
+  notice, i.e. the NOTICE write in fleet state and the exclusion hook (signal-with-start
+  of the pool's PoolExclusionWorkflow, served by the worker; made by the region worker's
+  notice hooks since decision 0030, here by the bench's own client), timed
   write + signal; at the step's end every touched pool's exclusion workflow is queried
   (served by the worker) for the notices it holds, so a notice counts as achieved only
   once the worker has applied it.

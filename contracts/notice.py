@@ -47,12 +47,22 @@ def hall_notice_subjects(region: str, hall: str) -> str:
     return f"sco.{_token(region, 'region')}.notice.{_token(hall, 'hall')}.>"
 
 
+def region_notice_subjects(region: str) -> str:
+    """Every hall's notices of the region: the notice stream's subjects."""
+    return f"sco.{_token(region, 'region')}.notice.>"
+
+
 def reclaim_subject(region: str, hall: str) -> str:
     return f"sco.{_token(region, 'region')}.reclaim.{_token(hall, 'hall')}"
 
 
 def notice_stream(region: str) -> str:
     return f"SCO_NOTICES_{_token(region, 'region').upper()}"
+
+
+#: The region worker's durable consumer of the notice stream: it tells Temporal of each
+#: notice (workers/notice_hooks.py, decision 0030); the relay reads its backlog.
+NOTICE_HOOKS_CONSUMER = "exclusion-hooks"
 
 
 class NoticeStage(StrEnum):
@@ -223,7 +233,8 @@ class ReclaimReply(BaseModel):
     warned_early: list[str] = []  # nodes warned ahead of a planned reclaim
     reclaim_at: datetime | None = None  # the planned reclaim's deadline (early warnings)
     lead_seconds: float = 0.0  # how long before the deadline the hard notice goes out
-    hooks_pending: int = 0  # notices still queued to tell the pool's exclusion cycle
+    # Notices the region worker has still to tell Temporal of (exclusion cycle, controllers).
+    hooks_pending: int = 0
     # Committed instances (a floor's, a paid fallback's) left alone: the request had no force.
     refused_committed: list[str] = []
     error: str | None = None
@@ -254,7 +265,7 @@ class ReclaimReply(BaseModel):
                 f"{', '.join(self.refused_committed)}"
             )
         if self.hooks_pending:
-            line += f" (exclusion cycle: {self.hooks_pending} notices queued to tell it)"
+            line += f" (exclusion cycle: {self.hooks_pending} notices still to tell it)"
         return line
 
 

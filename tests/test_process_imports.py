@@ -18,6 +18,7 @@ pydantic's plugin loader are answered without it (contracts/lean_imports.py, dec
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
@@ -25,6 +26,7 @@ import sys
 import pytest
 
 from tests.support.paths import REPO
+from tests.test_layering import imported_modules
 
 #: Never in a long-running process at start: loaded when configured or first used.
 NOWHERE = frozenset(
@@ -43,8 +45,8 @@ NOWHERE = frozenset(
 
 #: process -> (the CLI module its `sco` command lives in, what else it must not import)
 SERVICES: dict[str, tuple[str, frozenset[str]]] = {
-    # Temporal only with the first notice to tell (exclusion hooks, controller wakes). It
-    # signs notices without the bundle's contract models (contracts/canonical.py).
+    # Temporal never (the region worker tells it of notices: decision 0030). It signs
+    # notices without the bundle's contract models (contracts/canonical.py).
     "notice-relay": (
         "workers.cli.notices",
         frozenset(
@@ -89,6 +91,9 @@ AGENT_FORBIDDEN = frozenset(
         "clickhouse_connect",
         "confluent_kafka",
         "typer",
+        # Its TOML and environment are read by agent/config.py, not by a settings library.
+        "pydantic_settings",
+        "dotenv",
     }
 )
 
@@ -198,3 +203,63 @@ def test_versions_read_without_importlib_metadata_are_the_installed_ones() -> No
     assert got["plugins"] == []
     assert got["got"] == got["want"]
     assert got["impl"] == "binary" and got["ok"] == 1
+
+
+#: Lazy imports of Temporal that the relay's modules hold but its path never calls: a
+#: provider error becomes a Temporal ApplicationError only inside an activity (worker).
+RELAY_NEVER_CALLS = frozenset({"activities.provider.errors"})
+
+
+def _reachable(start: str, skip: frozenset[str] = frozenset()) -> dict[str, str]:
+    """Every module `start` can ever import, at its top or inside a function (statically,
+    through this repository's modules; `if TYPE_CHECKING:` blocks aside): module -> the
+    repository module importing it."""
+    importer: dict[str, str] = {}
+    todo, seen = [start], {start}
+    while todo:
+        module = todo.pop()
+        path = REPO / (module.replace(".", "/") + ".py")
+        if not path.exists():
+            path = REPO / module.replace(".", "/") / "__init__.py"
+        if not path.exists() or module in skip:
+            continue  # a library's module, or one whose lazy imports are vouched for
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):  # what only the type checker reads is never loaded
+            if isinstance(node, ast.If) and ast.unparse(node.test).endswith("TYPE_CHECKING"):
+                node.body = []
+        for _, name in imported_modules(tree):
+            parts = name.split(".")
+            for sub in (".".join(parts[: i + 1]) for i in range(len(parts))):
+                if sub not in seen:
+                    seen.add(sub)
+                    importer[sub] = module
+                    todo.append(sub)
+    return importer
+
+
+def test_the_notice_relay_never_loads_temporal_not_even_for_a_notice() -> None:
+    """Decision 0030: the region worker tells Temporal of notices from the notice stream,
+    so no code path of the relay (lazy imports included) reaches temporalio or a
+    workflow; a relay that has noticed stays at its start footprint (~30 MB less)."""
+    reached = _reachable("services.notice_relay.service", RELAY_NEVER_CALLS)
+    heavy = {"temporalio", "workflows", "scipy", "numpy"}
+    found = {m: by for m, by in reached.items() if m.split(".")[0] in heavy}
+    assert found == {}, f"the relay reaches them (module: imported by): {found}"
+
+
+def test_the_reachability_probe_sees_a_lazy_temporal_import() -> None:
+    """The region worker's notice hooks import Temporal: the check above can fail."""
+    assert "temporalio" in _reachable("workers.notice_hooks")
+    assert "temporalio" in _reachable("activities.provider.errors")  # inside a function
+    assert "contracts.bundle" not in _reachable("contracts.notice_signing")  # type only
+
+
+def test_a_nats_connect_loads_no_contract_models() -> None:
+    """Every process's `nats_options` reads its identity's inbox prefix: not through the
+    rendered users' module, which loads the bundle's and the contract models (~2 MB the
+    relay held once connected)."""
+    reached = _reachable("workers.client_security")
+    assert (
+        sorted({"contracts.bundle", "contracts.model", "workers.nats_permissions"} & set(reached))
+        == []
+    )

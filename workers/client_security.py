@@ -136,7 +136,7 @@ def nats_options(s: Settings) -> dict[str, Any]:
     the identity's own inbox prefix (its permissions let it read replies there only, never
     `_INBOX.>`, so no identity reads another's replies: workers/nats_permissions.py). The
     user is `nats_auth.user`, or the user a `nats_url` names."""
-    from workers.nats_permissions import identity_inbox
+    from workers.nats_inboxes import identity_inbox
 
     out: dict[str, Any] = {}
     a = s.nats_auth

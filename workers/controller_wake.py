@@ -2,8 +2,9 @@
 
 The controllers count instances with a planned reclaim as leaving at their next tick
 (activities/control: snapshot); this signal only makes that tick come now rather than
-within `tick_seconds`, so the replacement starts as soon as the warning is out. Sent from
-the notice relay's hook queue: never waited on by the notice path.
+within `tick_seconds`, so the replacement starts as soon as the warning is out. Sent by
+the region worker's notice hooks (workers/notice_hooks.py), from the notice stream: never
+waited on by the notice path.
 """
 
 from __future__ import annotations

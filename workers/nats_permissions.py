@@ -29,7 +29,13 @@ from typing import Any
 
 from contracts.distribution import bucket_for
 from contracts.holders import holder_subject
-from contracts.notice import notice_stream, notice_subject, reclaim_subject
+from contracts.notice import (
+    NOTICE_HOOKS_CONSUMER,
+    notice_stream,
+    notice_subject,
+    reclaim_subject,
+)
+from workers.nats_inboxes import IDENTITY_INBOX_ROOT, agent_inbox, identity_inbox
 
 
 @dataclass(frozen=True)
@@ -55,23 +61,6 @@ class User:
         """The user a client certificate maps to (nats-server `verify_and_map`): named by
         the certificate's identity (a SPIFFE ID), with this role's permissions, no password."""
         return {"user": identity, "permissions": self.permissions()}
-
-
-#: Every identity but an agent gets replies under `_INBOX_SCO.<user>` (nats_options adds
-#: it for a `nats_url` that names a user): no agent's `_INBOX_<node>` can start with it, and
-#: no identity may subscribe to another's or to `_INBOX.>`.
-IDENTITY_INBOX_ROOT = "_INBOX_SCO"
-
-
-def identity_inbox(user: str) -> str:
-    """The inbox prefix of a control-plane identity (a process or the CLI)."""
-    return f"{IDENTITY_INBOX_ROOT}.{user}"
-
-
-def agent_inbox(node: str) -> str:
-    """The agent's inbox prefix (agent/natslink.py uses the same): replies and JetStream
-    deliveries to one node land where no other node may subscribe."""
-    return f"_INBOX_{node}"
 
 
 def agent_user(region: str, hall: str, node: str) -> User:
@@ -112,6 +101,8 @@ def relay_user(region: str, hall: str) -> User:
             f"sco.{region}.notice.{hall}.>",
             f"$JS.API.STREAM.INFO.{stream}",
             f"$JS.API.STREAM.CREATE.{stream}",
+            # The region worker's backlog of notices to tell Temporal of (its answer).
+            f"$JS.API.CONSUMER.INFO.{stream}.{NOTICE_HOOKS_CONSUMER}",
             f"sco.{region}.sim.>",  # the simulated cloud's API (the region in a box)
         ],
         subscribe=[reclaim_subject(region, hall), f"{identity_inbox(name)}.>"],

@@ -233,7 +233,8 @@ class NoticeRelaySettings(BaseModel):
     # A relay that lost a dependency (fleet state, NATS) retries at most this far apart.
     max_backoff_seconds: float = Field(default=10.0, gt=0)
     # Each call that tells a pool's exclusion cycle about a notice gives up after this;
-    # it is retried in the background and never holds up a notice.
+    # it is retried in the background and never holds up a notice (the region worker
+    # makes these calls from the notice stream: workers/notice_hooks.py).
     hook_timeout_seconds: float = Field(default=5.0, gt=0)
     # GET /healthz, /readyz (503 while a dependency is away) and Prometheus metrics
     # (sco_notice_relay_degraded); 0 turns each off. One relay per hall: give each its own.

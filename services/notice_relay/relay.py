@@ -15,8 +15,9 @@ Reclaims known ahead (`sco reclaim --at`, a provider decision with a later `at`)
 planned: a `planned_reclaims` row, then a signed early warning (stage "early", deadline the
 reclaim time), and the sweep sends the hard notice at reclaim time - lead. The plan lives
 in fleet state beside the notices, not in a Temporal timer: the relay already depends on
-PostgreSQL alone, so a control-plane outage delays neither stage. The controller is told
-through `on_planned` (queued, never waited on) and also reads the rows every tick.
+PostgreSQL alone, so a control-plane outage delays neither stage. The region worker reads
+the published warning from the notice stream and wakes the controllers
+(workers/notice_hooks.py); they also read the rows every tick.
 """
 
 from __future__ import annotations
@@ -39,7 +40,13 @@ from activities.fleet.repository import (
 )
 from activities.provider.errors import ProviderError
 from activities.provider.interface import CloudProvider
-from contracts.notice import NoticeStage, ReclaimNotice, ReclaimRequest, notice_stream
+from contracts.notice import (
+    NoticeStage,
+    ReclaimNotice,
+    ReclaimRequest,
+    notice_stream,
+    region_notice_subjects,
+)
 from contracts.notice_signing import sign
 from services.notice_relay.keyfile import KeyFileSigner
 
@@ -118,7 +125,7 @@ class NoticeRelay:
         except NotFoundError:
             await self._js.add_stream(
                 name=name,
-                subjects=[f"sco.{self.region}.notice.>"],
+                subjects=[region_notice_subjects(self.region)],
                 max_age=86400,
                 duplicate_window=self.duplicate_window,
             )

@@ -10,19 +10,26 @@ import logging
 import signal
 from collections.abc import Awaitable, Callable, Iterator
 from datetime import timedelta
-from typing import TYPE_CHECKING
 
 import nats
 import psycopg
 from nacl.signing import SigningKey
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
+from nats.js.client import JetStreamContext
+from nats.js.errors import NotFoundError
 from prometheus_client import Counter, Gauge
 
 from activities.backoff import CappedBackoff
 from activities.fleet.db import open_pool
 from activities.fleet.repository import FleetRepository
-from contracts.notice import ReclaimNotice, ReclaimReply, ReclaimRequest, reclaim_subject
+from contracts.notice import (
+    NOTICE_HOOKS_CONSUMER,
+    ReclaimReply,
+    ReclaimRequest,
+    notice_stream,
+    reclaim_subject,
+)
 from contracts.region import Region
 from services.notice_relay.keyfile import KeyFileSigner
 from services.notice_relay.relay import (
@@ -34,14 +41,10 @@ from services.notice_relay.relay import (
 from workers import cert_renewal
 from workers.client_security import postgres_conninfo
 from workers.endpoints import serve_health, start_metrics
-from workers.exclusion_hooks import ExclusionHookQueue
 from workers.nats_connect import connect_until_up
 from workers.provider_factory import open_provider
 from workers.settings import Settings
 from workers.shutdown import async_stop_event
-
-if TYPE_CHECKING:
-    from temporalio.client import Client
 
 log = logging.getLogger(__name__)
 
@@ -90,40 +93,6 @@ async def run(
                 max_lifetime=cert_renewal.pool_max_lifetime(settings),
             )
             opened.callback(pool.close)
-            hooks = ExclusionHookQueue(
-                lambda: _temporal(settings, region.id),
-                region.id,
-                settings.temporal.task_queue(region.id),
-                call_timeout=settings.notice_relay.hook_timeout_seconds,
-            )
-            hooks.start()
-            opened.push_async_callback(hooks.close)
-            partitions = settings.control.partitions
-
-            async def wake(client: Client, notice: ReclaimNotice) -> None:
-                # Here, not at the top: temporalio loads with the first notice to tell.
-                from workers.controller_wake import wake_controllers
-
-                await wake_controllers(client, region.id, partitions, notice)
-
-            wakes = ExclusionHookQueue(
-                lambda: _temporal(settings, region.id),
-                region.id,
-                settings.temporal.task_queue(region.id),
-                call_timeout=settings.notice_relay.hook_timeout_seconds,
-                tell=wake,
-                name="controller wakes",
-            )
-            wakes.start()
-            opened.push_async_callback(wakes.close)
-            if (renewer := cert_renewal.current()) is not None:
-                # Temporal's TLS is fixed at connect: after a renewal the next notice
-                # connects anew, with the renewed certificate.
-                def reconnect_temporal(_bundle: object) -> None:
-                    hooks.forget_client()
-                    wakes.forget_client()
-
-                renewer.add_hook(reconnect_temporal)
             relay = NoticeRelay(
                 region=region.id,
                 hall=hall,
@@ -132,10 +101,11 @@ async def run(
                 provider=await opened.enter_async_context(open_provider(settings, region.id)),
                 js=nc.jetstream(),
                 signing_key=signing_key,
-                on_notice=hooks.submit,
-                on_planned=wakes.submit,
             )
-            await nc.subscribe(reclaim_subject(region.id, hall), cb=request_handler(relay, hooks))
+            await nc.subscribe(
+                reclaim_subject(region.id, hall),
+                cb=request_handler(relay, hooks_pending(nc.jetstream(), region.id)),
+            )
             if isinstance(signing_key, KeyFileSigner):
                 log.info(
                     "notice relay %s/%s signs with key %s from %s (re-read on change or SIGHUP)",
@@ -221,10 +191,22 @@ def _reload_on_hangup(signing_key: SigningKey | KeyFileSigner) -> Iterator[None]
         loop.remove_signal_handler(signal.SIGHUP)
 
 
-async def _temporal(settings: Settings, region: str) -> Client:
-    from workers.temporal_connect import connect
+def hooks_pending(js: JetStreamContext, region: str) -> Callable[[], Awaitable[int]]:
+    """How many of the region's notices the region worker has still to tell Temporal of:
+    its durable consumer's backlog, or, before any worker made it, every notice the stream
+    holds (the consumer starts at the oldest); 0 when NATS does not say."""
 
-    return await connect(settings, region, process="notice-relay")
+    async def pending() -> int:
+        try:
+            try:
+                info = await js.consumer_info(notice_stream(region), NOTICE_HOOKS_CONSUMER)
+            except NotFoundError:
+                return int((await js.stream_info(notice_stream(region))).state.messages)
+        except (nats.errors.Error, OSError, TimeoutError):
+            return 0
+        return int(info.num_pending or 0) + int(info.num_ack_pending or 0)
+
+    return pending
 
 
 async def _connect_nats(settings: Settings, stop: asyncio.Event) -> NATS | None:
@@ -235,11 +217,11 @@ async def _connect_nats(settings: Settings, stop: asyncio.Event) -> NATS | None:
 
 
 def request_handler(
-    relay: NoticeRelay, hooks: ExclusionHookQueue
+    relay: NoticeRelay, hooks_pending: Callable[[], Awaitable[int]]
 ) -> Callable[[Msg], Awaitable[None]]:
     """Answers `sco reclaim` at once: which instances were noticed, or why none could be.
-    Telling the exclusion cycle is queued (never waited on); the answer says how many
-    such hooks are still to go."""
+    The region worker tells the exclusion cycle from the notice stream (never waited on
+    here); the answer says how many such notices it has still to tell."""
 
     async def answer(msg: Msg) -> None:
         try:
@@ -251,7 +233,7 @@ def request_handler(
                 warned_early=[n.node for n in early],
                 reclaim_at=early[0].deadline if early else None,
                 lead_seconds=relay.lead.total_seconds(),
-                hooks_pending=hooks.pending,
+                hooks_pending=await hooks_pending(),
                 refused_committed=refused,
             )
             if refused and not notices:

@@ -55,6 +55,7 @@ from workers.client_security import (
 from workers.demand_sources import sources_for
 from workers.endpoints import serve_health, start_metrics
 from workers.logs import prepare_temporal_logging, temporal_core_logging
+from workers.notice_hooks import NoticeHookConsumer, tell_notices
 from workers.provider_factory import open_provider
 from workers.settings import Settings
 from workers.shutdown import async_stop_event
@@ -417,6 +418,15 @@ async def run(settings: Settings, region: str) -> None:
                     ids += await ensure_reconciler(client, settings, region)
                     ids += await ensure_lifecycle(client, settings, region)
                     log.info("running: %s", ", ".join(ids))
+                # The relays' notices, told to the exclusion cycles and controllers.
+                hooks = NoticeHookConsumer(
+                    client,
+                    region,
+                    settings.temporal.task_queue(region),
+                    settings.control.partitions,
+                    call_timeout=settings.notice_relay.hook_timeout_seconds,
+                )
+                hooking = asyncio.create_task(tell_notices(settings, hooks, stop))
                 collecting = None
                 collector = None
                 if settings.worker.state_metrics_port:
@@ -426,12 +436,17 @@ async def run(settings: Settings, region: str) -> None:
                 if renewer is not None and settings.temporal.tls.client_cert_file:
                     renewer.add_hook(
                         temporal_reconnect(
-                            settings, region, runtime, worker, [*activities, collector]
+                            settings, region, runtime, worker, [*activities, collector, hooks]
                         )
                     )
                 await stop.wait()
                 if collecting is not None:
                     await collecting
+                # Not waited for: a notice being told when cancelled is not acknowledged,
+                # so the stream hands it to a worker again (signals are idempotent).
+                hooking.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await hooking
                 await warming
                 running = False
                 log.info(

@@ -27,8 +27,9 @@ from contracts.cache import BundleCache
 from contracts.distribution import OBJECT_NAME, NatsBundleSource, bucket_for
 from contracts.holders import Holding, HoldingReporter, ensure_bucket, holder_key, holders_bucket
 from contracts.keys import TrustStore
-from contracts.notice import notice_stream
+from contracts.notice import NOTICE_HOOKS_CONSUMER, notice_stream
 from contracts.notice_signing import sign
+from services.notice_relay.service import hooks_pending
 from tests.agent.test_agent_notice_refusals import notice, wait_for
 from tests.support import tools
 from tests.support.agent_fakes import RecordingScheduler, agent_config, notice_key, signed_bundle
@@ -41,7 +42,8 @@ from tests.support.private_nats import (
     running_nats_server,
 )
 from tests.support.services import free_port
-from workers.nats_permissions import agent_inbox, identity_inbox, region_users, write_users
+from workers.nats_inboxes import agent_inbox, identity_inbox
+from workers.nats_permissions import region_users, write_users
 
 pytestmark = pytest.mark.timeout(60)
 NODES = [("A", "node-a1"), ("A", "node-a2"), ("B", "node-b1")]
@@ -219,6 +221,26 @@ async def test_a_relay_cannot_publish_for_another_hall(conns: dict[str, Conn]) -
     await settle(relay, control)
     assert [m.subject for m in got] == ["sco.r1.notice.A.node-a1"]
     assert len(relay.violations()) == 1 and "sco.r1.notice.b.node-b1" in relay.violations()[0]
+
+
+async def test_a_relay_reads_the_workers_notice_backlog_but_cannot_consume_it(
+    conns: dict[str, Conn],
+) -> None:
+    """Decision 0030: the region worker (control) consumes the notice stream; a relay's
+    answer to `sco reclaim` reads that consumer's backlog, and nothing more of it."""
+    relay, control = conns["relay-A"], conns["control"]
+    stream = notice_stream("r1")
+    sub = await control.nc.jetstream().pull_subscribe(
+        "sco.r1.notice.>", durable=NOTICE_HOOKS_CONSUMER, stream=stream
+    )
+    await relay.nc.jetstream().publish("sco.r1.notice.A.node-a1", b"a notice", timeout=5)
+    assert await hooks_pending(relay.nc.jetstream(), "r1")() >= 1
+    assert relay.violations() == []
+    await relay.nc.publish(f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{NOTICE_HOOKS_CONSUMER}", b"1")
+    await wait_for(lambda: bool(relay.violations()), "the fetch's violation")
+    await settle(relay, control)
+    assert len(relay.violations()) == 1 and "consumer.msg.next" in relay.violations()[0]
+    await sub.unsubscribe()
 
 
 def a1_config(server: Server, tmp_path: Path) -> AgentConfig:

@@ -22,7 +22,7 @@ def test_summary_of_hard_notices_early_warnings_and_errors() -> None:
     early = ReclaimReply(warned_early=["a1"], reclaim_at=AT, lead_seconds=120, hooks_pending=3)
     assert early.summary() == (
         "1 warned early (reclaim at 2026-12-04T21:00:00+00:00, hard notice 120 s before): a1"
-        " (exclusion cycle: 3 notices queued to tell it)"
+        " (exclusion cycle: 3 notices still to tell it)"
     )
     failed = ReclaimReply(error="no such pool")
     assert not failed.ok and failed.summary() == "no such pool"
@@ -74,9 +74,10 @@ class FakeRelay:
 
 
 async def ask(outcome: list[Any] | Exception, pending: int = 0) -> ReclaimReply:
-    handler = request_handler(
-        cast(Any, FakeRelay(outcome)), cast(Any, SimpleNamespace(pending=pending))
-    )
+    async def backlog() -> int:
+        return pending
+
+    handler = request_handler(cast(Any, FakeRelay(outcome)), backlog)
     msg = FakeMsg(
         ReclaimRequest(pool_id="r1.A.gp.l", reason="t", requested_by="u").model_dump_json().encode()
     )

@@ -24,8 +24,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any, cast
+from typing import Any
 
 import nats
 import psycopg
@@ -77,8 +76,9 @@ from tests.support.services import free_port
 from tests.support.wait import checked, eventually, eventually_async
 from workers.cli.main import app
 from workers.client_security import nats_options
+from workers.nats_inboxes import agent_inbox, identity_inbox
 from workers.nats_limits import BUNDLE_MAX_CONSUMERS
-from workers.nats_permissions import agent_inbox, identity_inbox, region_users, write_users
+from workers.nats_permissions import region_users, write_users
 from workers.settings import Settings
 
 pytestmark = pytest.mark.timeout(120)
@@ -254,6 +254,10 @@ async def intake(private_nats: PrivateNats, ledger_dsn: str, pg_dsn: str) -> Asy
     """r1's drain intake, running for the test."""
     async with drain_intake(private_nats, ledger_dsn, pg_dsn) as running:
         yield running
+
+
+async def _no_backlog() -> int:
+    return 0  # no region worker here tells the exclusion cycle
 
 
 def notice_id() -> str:
@@ -511,8 +515,9 @@ async def relay_answering(
             signing_key=SigningKey.generate(),
         )
         await relay.ensure_stream()  # as the relay process makes it, on its own identity
-        hooks = cast(Any, SimpleNamespace(pending=0))  # the exclusion cycle's queue: not used
-        await relay_c.nc.subscribe(reclaim_subject(REGION, "A"), cb=request_handler(relay, hooks))
+        await relay_c.nc.subscribe(
+            reclaim_subject(REGION, "A"), cb=request_handler(relay, _no_backlog)
+        )
         await server_has_seen(relay_c.nc)
         yield relay
 
@@ -710,7 +715,7 @@ async def test_a_flood_of_10000_malformed_and_oversized_messages_stalls_no_servi
         "SCO_POSTGRES_DSN": process_db,
         "SCO_LEDGER_DSN": f"chdb://{tmp_path / 'ledger'}",
         "SCO_NOTICES__SIGNING_KEY_FILE": str(secret),
-        "SCO_TEMPORAL__ADDRESS": f"127.0.0.1:{free_port()}",  # none: the hooks wait
+        "SCO_TEMPORAL__ADDRESS": f"127.0.0.1:{free_port()}",  # none: no worker tells it
         "SCO_DRAIN_INTAKE_HEALTH_PORT": str(ports["intake"]),
         "SCO_NOTICE_RELAY__HEALTH_PORT": str(ports["relay"]),
         "SCO_PROVIDER__SIMULATOR_HEALTH_PORT": str(ports["sim"]),
