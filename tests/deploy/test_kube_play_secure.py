@@ -12,10 +12,10 @@ issuing that kind's identity (`spiffe://sco/r1/<kind>`, a hall's relay
 which the box's server certificates name (verify-full).
 
 Shown: the migration and bootstrap Jobs complete over TLS PostgreSQL and mutual-TLS
-Temporal, each with its own kind's certificate; the box's server certificates verify for
-the pods' address. Not yet: the Deployments (their health, the worker's acquisition over
-mutual-TLS Temporal, a relay's notice over mTLS NATS as its hall's identity):
-tests/deploy/README.md says how far they got.
+Temporal, each with its own kind's certificate; every Deployment's health endpoint answers;
+the pods' worker runs an acquisition over mutual-TLS Temporal; hall A's relay pod signs a
+reclaim notice with hall A's key over mTLS NATS as its hall's identity; the box's server
+certificates verify for the pods' address.
 """
 
 from __future__ import annotations

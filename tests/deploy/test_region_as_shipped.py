@@ -8,18 +8,20 @@
   command lines as its User, each enrolled with `sco dev certs node` (its own certificate,
   `spiffe://sco/r1/node/<instance>`, and the agent's NATS permissions), each running a
   workload as its own unprivileged user, registered on the agent's checkpoint socket;
+- `sco checkpoints provision --openbao-region r1`: llm-train's RGW user and bucket on a
+  real Ceph RGW, its keys kept in OpenBao; tenant1 gets a token with that contract's policy
+  only, and job 1 reads its keys from OpenBao and checkpoints to RGW;
 - `sco reclaim` of node 1's instance with the operator's certificate: hall A's relay signs
   the notice, node 1's agent hears it over mutual-TLS NATS and drains: the workload
-  checkpoints and exits; the job resumes on node 2 from that checkpoint at the same step;
+  checkpoints to RGW and exits (`sco checkpoints list` shows the step); the job resumes on
+  node 2 from that checkpoint at the same step;
 - `sco dev certs revoke` of node 1's identity: the box's NATS reloads and refuses node 1's
   certificate, while node 2's still subscribes.
 
-What is not here yet (see the report of issue 30): overlay r1's Deployments under `podman
-kube play` with TLS (its Jobs run against the secure box in test_kube_play_secure.py), the
-DCP job's checkpoint on Ceph RGW (a host directory mounted in both nodes stands in for the
-shared store here; DCP on RGW is tests/agent/test_agent_dcp_rgw.py),
-and the replacement instance (through operator demand and the controller it was too slow
-and not yet reliable for CI's budget: tests/deploy/README.md).
+What is not here yet (see the report of issue 30): the replacement instance (through
+operator demand and the controller it was too slow and not yet reliable for CI's budget:
+tests/deploy/README.md). Overlay r1's Deployments under `podman kube play` with TLS run
+against the secure box in test_kube_play_secure.py.
 """
 
 from __future__ import annotations
@@ -51,12 +53,14 @@ from agent.report import drain_subject
 from contracts.distribution import publish
 from tests.support.deb_node import as_the_unit_runs_it, podman
 from tests.support.paths import REPO
+from tests.support.rgw import RgwCluster
 from tests.support.secure_box_env import secure_box_env
 from tests.support.wait import WaitTimeout, eventually
 from workers.client_security import nats_options, postgres_conninfo
-from workers.devbox import tls_servers
+from workers.devbox import openbao, tls_servers
 from workers.devbox.box import Box
 from workers.devbox.secure import BOX_KIND, SecureProfile
+from workers.openbao import checkpoint_secrets
 from workers.settings import Settings
 from workers.temporal_connect import connect
 from workflows.acquisition.models import AcquisitionInput, AcquisitionState, LaunchItem
@@ -223,22 +227,71 @@ def _agent_ready(node: Node) -> None:
         raise WaitTimeout(f"{exc}\n{node.logs()}") from exc
 
 
-def _run_job(node: Node, job: str, tenant: str) -> Path:
+@dataclass(frozen=True)
+class RgwStore:
+    """Where a job's checkpoints go on RGW: its contract's secret in OpenBao, read with the
+    tenant's token (host paths, copied into the node's files at the job's start)."""
+
+    address: str  # OpenBao's, reached from the node (host network)
+    ca: Path
+    tokens: dict[str, str]  # tenant -> a token with the contract's policy only
+    path: str  # sco/data/r1/checkpoints/<contract>
+
+
+def _run_job(node: Node, job: str, tenant: str, rgw: RgwStore | None = None) -> Path:
     """The job as `tenant` on the node: its checkpoint directory made as the scheduler-less
-    agent's README says (the tenant's, group sco-agent, 0770), then the workload. Returns
-    the host path of its status file."""
+    agent's README says (the tenant's, group sco-agent, 0770), then the workload (its
+    checkpoints on RGW with `rgw`, else in the shared directory). Returns the host path of
+    its status file."""
     sock_dir = f"/run/sco-agent/checkpoint/{job}"
     made = node.sh(f"install -d -o {tenant} -g sco-agent -m 0770 {sock_dir}")
     assert made.returncode == 0, made.stderr
+    store = f"--store /ckpt/{job}"
+    if rgw is not None:  # the tenant's token, readable by the tenant only
+        (node.files / f"{tenant}.token").write_text(rgw.tokens[tenant])
+        shutil.copy(rgw.ca, node.files / "bao-ca.pem")
+        secret = f"/run/sco-tenant/{tenant}.token"
+        made = node.sh(
+            f"install -d -m 0755 /run/sco-tenant && "
+            f"install -o {tenant} -g {tenant} -m 0400 /node/{tenant}.token {secret}"
+        )
+        assert made.returncode == 0, made.stderr
+        store = (
+            f"--store {job} --bao {rgw.address} --bao-ca /node/bao-ca.pem "
+            f"--bao-token-file {secret} --bao-path {rgw.path}"
+        )
     run = (
         f"cd / && exec setpriv --reuid={tenant} --regid={tenant} --init-groups "
         f"env PYTHONPATH=/usr/lib/sco-agent python3 /node/workload.py --socket {sock_dir}/sock "
-        f"--store /ckpt/{job} --status /ckpt/{job}.{node.name}.json "
+        f"{store} --status /ckpt/{job}.{node.name}.json "
         f">/ckpt/{job}.{node.name}.log 2>&1"
     )
     started = node.sh(run, detach=True)
     assert started.returncode == 0, started.stderr
     return Path(f"{job}.{node.name}.json")
+
+
+def _rgw_store(r: Region, rgw: RgwCluster, root: Path) -> RgwStore:
+    """`sco checkpoints provision --openbao-region r1` over the box's bundle, as the
+    operator runs it: llm-train's RGW user, bucket and keys, the keys kept in OpenBao; then
+    tenant1's token with that contract's policy (what the site's login would give it)."""
+    bundle = r.control.data_dir / "contracts" / "compiled" / "bundle.json"
+    out = _sco(
+        r.env, "checkpoints", "provision", str(bundle), "--trust", str(r.control.trust_dir),
+        "--endpoint", rgw.endpoint, "--ceph-conf", str(rgw.ceph_conf),
+        "--credentials", str(root / "checkpoint-keys"), "--openbao-region", "r1", "--json",
+    )  # fmt: skip
+    (row,) = [x for x in json.loads(out) if x["contract"] == "llm-train"]
+    box = _settings_from(r.env)
+    admin = openbao.client(box)
+    policy = checkpoint_secrets.policy_name("r1", "llm-train")
+    assert row["openbao"].endswith(f"(policy {policy})"), row
+    return RgwStore(
+        box.openbao.address,
+        openbao.BoxFiles(box.data_dir).ca,
+        {"tenant1": admin.create_token([policy])},
+        checkpoint_secrets.data_path("r1", "llm-train"),
+    )
 
 
 def _status(store: Path, name: Path) -> dict[str, Any]:
@@ -336,7 +389,7 @@ async def _reclaim_and_report(r: Region, node: Node) -> dict[str, Any]:
 
 
 def test_the_region_as_shipped_drains_resumes_and_revokes(
-    region: Region, node_image: str, deb: Path, tmp_path: Path
+    region: Region, node_image: str, deb: Path, rgw: RgwCluster, tmp_path: Path
 ) -> None:
     r = region
     t0 = time.monotonic()
@@ -350,7 +403,10 @@ def test_the_region_as_shipped_drains_resumes_and_revokes(
     first, second = asyncio.run(_two_instances(r))[:2]
     phase("two instances active")
 
-    store = Path(tempfile.mkdtemp(prefix="sco-region-ckpt-"))  # the shared checkpoint store
+    on_rgw = _rgw_store(r, rgw, tmp_path)
+    phase("llm-train's checkpoint keys on RGW, kept in OpenBao")
+    # Job 1 checkpoints to RGW; job 2 to a shared directory. Both write their status here.
+    store = Path(tempfile.mkdtemp(prefix="sco-region-ckpt-"))
     os.chmod(store, 0o777)  # both tenants write their job's directory in it
     nodes: list[Node] = []
     try:
@@ -360,7 +416,7 @@ def test_the_region_as_shipped_drains_resumes_and_revokes(
             _agent_ready(n)
         phase("both agents ready")
         # Each node's own job, each as its own tenant (neither is the agent's user).
-        job1 = _run_job(node1, "job-1", "tenant1")
+        job1 = _run_job(node1, "job-1", "tenant1", on_rgw)
         job2 = _run_job(node2, "job-2", "tenant2")
 
         def training() -> bool:
@@ -378,10 +434,17 @@ def test_the_region_as_shipped_drains_resumes_and_revokes(
         [outcome] = report["workloads"]
         assert outcome["workload"] == "job-1" and outcome["result"] == "requeued", report
         saved = int(_status(store, job1)["saved"])
-        assert outcome["path"] == f"/ckpt/job-1/step-{saved}.json", report
+        assert outcome["path"] == f"s3://checkpoints/llm-train/job-1/step-{saved}", report
+        listed = json.loads(
+            _sco(r.env, "checkpoints", "list", "llm-train", "--json",
+                 "--credentials", str(tmp_path / "checkpoint-keys"))
+        )  # fmt: skip
+        assert {(x["run"], x["step"], x["state"]) for x in listed} == {
+            ("job-1", saved, "complete")
+        }, listed
 
-        # The job resumes on node 2 from node 1's checkpoint, at the step it saved.
-        resumed = _run_job(node2, "job-1", "tenant1")
+        # The job resumes on node 2 from node 1's checkpoint on RGW, at the step it saved.
+        resumed = _run_job(node2, "job-1", "tenant1", on_rgw)
         eventually(
             lambda: _status(store, resumed).get("listening") is True,
             timeout=60, what="job-1 running on node 2", every=0.2, retrying=(),

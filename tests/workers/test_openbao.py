@@ -22,6 +22,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 from nacl.signing import SigningKey
 from typer.testing import CliRunner
 
+from activities.checkpoints.rgw import Credentials
 from contracts.region import load_region
 from services import registry
 from tests.support import services, tools
@@ -37,6 +38,7 @@ from workers.devbox.openbao import (
     unseal,
 )
 from workers.devbox.process import ProcessRecord
+from workers.openbao import checkpoint_secrets
 from workers.openbao.client import BaoClient, BaoRequestError, is_permission_denied
 from workers.openbao.plan import PROCESS_KINDS, PlanError, desired
 from workers.openbao.provision import issue, provision
@@ -311,3 +313,35 @@ def test_the_shipped_policies_are_the_generated_ones() -> None:
     for policy in plan.policies:
         shipped = POLICIES / f"{policy.name}.hcl"
         assert shipped.read_text() == policy.hcl, shipped
+
+
+def test_a_contracts_checkpoint_keys_are_read_with_its_own_policy_only(
+    openbao_server: BaoBox,
+) -> None:
+    """`sco checkpoints provision --openbao-region` (workers/openbao/checkpoint_secrets.py):
+    the keys written once, an equal second write changes nothing, and a token with the
+    contract's policy reads its keys and nothing else."""
+    root = client(openbao_server.settings)
+    creds = Credentials(
+        "llm-train", "sco-ckpt-llm-train", "AK", "SK", "checkpoints", "llm-train", "http://rgw"
+    )
+    first = checkpoint_secrets.store(root, "r1", creds)
+    assert first.changed and first.policy == "sco-r1-checkpoints-llm-train"
+    assert not checkpoint_secrets.store(root, "r1", creds).changed
+    other = Credentials("ci", "sco-ckpt-ci", "AK2", "SK2", "ci-ckpt", "", "http://rgw")
+    checkpoint_secrets.store(root, "r1", other)
+    tenant = BaoClient(
+        openbao_server.settings.openbao.address,
+        token=root.create_token([first.policy]),
+        ca_file=BoxFiles(openbao_server.settings.data_dir).ca,
+    )
+    held = tenant.read(first.path)
+    assert held is not None and held["data"]["secret_key"] == "SK"
+    for forbidden in (
+        "sco/data/r1/checkpoints/ci",
+        "sco/data/r2/checkpoints/llm-train",
+        "sco/data/r1/fleet-db",
+    ):
+        with pytest.raises(BaoRequestError) as refused:
+            tenant.read(forbidden)
+        assert is_permission_denied(refused.value), forbidden

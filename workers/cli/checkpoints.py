@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from activities.checkpoints.rgw import (
+    Credentials,
     ProvisionError,
     Rgw,
     provision_all,
@@ -15,7 +16,7 @@ from activities.checkpoints.rgw import (
     write_credentials,
 )
 from workers.cli.bounds import path_value
-from workers.cli.common import console, fail, print_json, table
+from workers.cli.common import console, fail, print_json, settings, table
 from workers.cli.contracts import _verified
 
 app = typer.Typer(help="Checkpoint storage per contract on Ceph RGW (S3).", no_args_is_help=True)
@@ -39,6 +40,12 @@ def provision_cmd(
     ),
     keep_days: int = typer.Option(7, min=1, help="Lifecycle: expire checkpoints after N days."),
     credentials: Path = _CREDS,
+    openbao_region: str | None = typer.Option(
+        None,
+        help="Also keep each contract's keys in OpenBao (openbao.* settings), at "
+        "sco/<region>/checkpoints/<contract>, readable with the policy "
+        "sco-<region>-checkpoints-<contract> only.",
+    ),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Per contract checkpointing to s3://: an RGW user, bucket, lifecycle rule (idempotent)."""
@@ -52,6 +59,8 @@ def provision_cmd(
     bounds.in_file("--ceph-conf", ceph_conf)
     bounds.whole("--keep-days", keep_days, low=1, high=3650)
     bounds.out_dir("--credentials", credentials)
+    if openbao_region is not None:
+        bounds.identifier("--openbao-region", openbao_region)
     bundle = _verified(bundle_path, trust, "24h")
     try:
         done = provision_all(Rgw(endpoint, ceph_conf), bundle.content.contracts, keep_days)
@@ -59,20 +68,38 @@ def provision_cmd(
         fail(str(exc))
     for creds in done:
         write_credentials(credentials, creds)
+    in_bao = _to_openbao(openbao_region, done) if openbao_region is not None else {}
+    columns = ("contract", "user", "bucket", "prefix", "credentials", "openbao")
     rows = [
-        (c.contract, c.user, c.bucket, c.prefix, str(credentials / f"{c.contract}.json"))
+        (
+            c.contract,
+            c.user,
+            c.bucket,
+            c.prefix,
+            str(credentials / f"{c.contract}.json"),
+            in_bao.get(c.contract, ""),
+        )
         for c in done
     ]
     if as_json:
-        print_json(
-            [
-                dict(zip(("contract", "user", "bucket", "prefix", "credentials"), r, strict=True))
-                for r in rows
-            ]
-        )
+        print_json([dict(zip(columns, r, strict=True)) for r in rows])
         return
-    table("checkpoint storage", ("contract", "user", "bucket", "prefix", "credentials"), rows)
+    table("checkpoint storage", columns, rows)
     console.print(f"{len(done)} contracts provisioned, expiry after {keep_days} days")
+
+
+def _to_openbao(region: str, done: list[Credentials]) -> dict[str, str]:
+    """Each contract's keys into OpenBao; contract -> "<path> (policy <name>)"."""
+    from workers.devbox import openbao
+    from workers.openbao import checkpoint_secrets
+    from workers.openbao.client import BaoError
+
+    try:
+        client = openbao.client(settings())
+        stored = [checkpoint_secrets.store(client, region, c) for c in done]
+    except (BaoError, OSError) as exc:
+        fail(f"--openbao-region {region}: OpenBao: {exc}")
+    return {s.contract: f"{s.path} (policy {s.policy})" for s in stored}
 
 
 _JSON_KEYS = ("run", "step", "state", "objects", "bytes", "last_modified")
