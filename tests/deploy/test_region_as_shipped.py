@@ -4,6 +4,8 @@
   PostgreSQL, NATS mapping each certificate's SPIFFE ID to its role's user, Temporal behind
   nginx's mutual TLS; the worker, the simulated cloud and each hall's notice relay with a
   certificate of their own;
+- `sco pools sync` and `sco demand set ci-runners 8` as the operator: the controller
+  acquires the instances the nodes are;
 - two fresh Debian 12 node containers that install the agent's `.deb` and run the unit's
   command lines as its User, each enrolled with `sco dev certs node` (its own certificate,
   `spiffe://sco/r1/node/<instance>`, and the agent's NATS permissions), each running a
@@ -11,17 +13,17 @@
 - `sco checkpoints provision --openbao-region r1`: llm-train's RGW user and bucket on a
   real Ceph RGW, its keys kept in OpenBao; tenant1 gets a token with that contract's policy
   only, and job 1 reads its keys from OpenBao and checkpoints to RGW;
-- `sco reclaim` of node 1's instance with the operator's certificate: hall A's relay signs
+- `sco reclaim` of node 1's instance with the operator's certificate: its hall's relay signs
   the notice, node 1's agent hears it over mutual-TLS NATS and drains: the workload
   checkpoints to RGW and exits (`sco checkpoints list` shows the step); the job resumes on
   node 2 from that checkpoint at the same step;
 - `sco dev certs revoke` of node 1's identity: the box's NATS reloads and refuses node 1's
   certificate, while node 2's still subscribes.
 
-What is not here yet (see the report of issue 30): the replacement instance (through
-operator demand and the controller it was too slow and not yet reliable for CI's budget:
-tests/deploy/README.md). Overlay r1's Deployments under `podman kube play` with TLS run
-against the secure box in test_kube_play_secure.py.
+The instances are the controller's: the operator syncs the pools and sets ci-runners'
+demand, and the reclaimed one is replaced (demand unchanged) while the job moves. Overlay
+r1's Deployments under `podman kube play` with TLS run against the secure box in
+test_kube_play_secure.py.
 """
 
 from __future__ import annotations
@@ -62,9 +64,6 @@ from workers.devbox.box import Box
 from workers.devbox.secure import BOX_KIND, SecureProfile
 from workers.openbao import checkpoint_secrets
 from workers.settings import Settings
-from workers.temporal_connect import connect
-from workflows.acquisition.models import AcquisitionInput, AcquisitionState, LaunchItem
-from workflows.acquisition.workflow import AcquisitionWorkflow
 
 pytestmark = [
     pytest.mark.devbox,
@@ -72,7 +71,8 @@ pytestmark = [
     pytest.mark.timeout(900),
 ]
 WORKLOAD = REPO / "tests" / "support" / "node_workload.py"
-HALL = "A"
+#: The contract whose demand the controller serves (the box's bundle: contracts/examples).
+DEMAND_CONTRACT = "ci-runners"
 #: Tenants of the nodes (the same uids on every node, as a directory service would give).
 TENANTS = {"tenant1": 20001, "tenant2": 20002}
 
@@ -148,6 +148,7 @@ def _operator_env(r: Region) -> dict[str, str]:
 @dataclass
 class Node:
     name: str  # the instance id: the agent's node_id, the notice's node
+    hall: str
     container: str
     files: Path
     cert: dict[str, str]  # `sco dev certs node --json`
@@ -180,9 +181,11 @@ def _node_script(pub: str) -> str:
     )
 
 
-def _start_node(r: Region, name: str, deb: Path, image: str, root: Path, store: Path) -> Node:
+def _start_node(
+    r: Region, name: str, hall: str, deb: Path, image: str, root: Path, store: Path
+) -> Node:
     cert = json.loads(
-        _sco(r.env, "dev", "certs", "node", name, "--hall", HALL, "--region", "r1", "--json")
+        _sco(r.env, "dev", "certs", "node", name, "--hall", hall, "--region", "r1", "--json")
     )
     files = root / name
     (files / "tls").mkdir(parents=True)
@@ -195,7 +198,7 @@ def _start_node(r: Region, name: str, deb: Path, image: str, root: Path, store: 
     pub = next(r.control.trust_dir.glob("*.pub"))
     shutil.copy(pub, files / pub.name)
     (files / "agent.toml").write_text(
-        f'node_id = "{name}"\nregion = "r1"\nhall = "{HALL}"\nscheduler = "none"\n'
+        f'node_id = "{name}"\nregion = "r1"\nhall = "{hall}"\nscheduler = "none"\n'
         f'nats_urls = ["{cert["nats_url"]}"]\n'
         'nats_tls_ca = "/etc/sco-agent/tls/ca.crt"\n'
         'nats_tls_cert = "/etc/sco-agent/tls/node.crt"\n'
@@ -209,7 +212,7 @@ def _start_node(r: Region, name: str, deb: Path, image: str, root: Path, store: 
         image, "sh", "/node/start.sh",
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
-    return Node(name, container, files, cert)
+    return Node(name, hall, container, files, cert)
 
 
 def _agent_ready(node: Node) -> None:
@@ -329,7 +332,7 @@ async def _subscribes(r: Region, node: Node) -> None:
         inbox_prefix=f"_INBOX_{node.name}",
     )
     try:
-        await nc.subscribe(f"sco.r1.notice.{HALL}.{node.name}")
+        await nc.subscribe(f"sco.r1.notice.{node.hall}.{node.name}")
         await nc.flush(timeout=5)
         # The server answers the SUB's -ERR before the PONG; its error callback is a task
         # the client schedules when it parses the -ERR: one more round trip lets it run.
@@ -343,24 +346,32 @@ async def _subscribes(r: Region, node: Node) -> None:
 # -- the test -----------------------------------------------------------------------------
 
 
-async def _two_instances(r: Region) -> list[str]:
-    client = await connect(r.operator, "r1")
-    contract = f"reg-{uuid.uuid4().hex[:6]}"
-    item = LaunchItem(pool_id=f"r1.{HALL}.gp.l", hall=HALL, flavor="gp.l", instances=2, units=2)
-    handle = await client.start_workflow(
-        AcquisitionWorkflow.run,
-        AcquisitionInput(region="r1", contract=contract, tier=2, items=[item]),
-        id=f"acq-{contract}",
-        task_queue=r.operator.temporal.task_queue("r1"),
-    )
-    result = await asyncio.wait_for(handle.result(), 120)
-    assert result.progress.state is AcquisitionState.COMPLETED, result.progress
+def _ci_runners(r: Region) -> dict[str, str]:
+    """ci-runners' active instances, instance id -> hall."""
     pool = open_pool(postgres_conninfo(r.operator), max_size=1)
     try:
-        rows = FleetRepository(pool).list_instances("r1", [InstanceState.ACTIVE], hall=HALL)
+        rows = FleetRepository(pool).list_instances("r1", [InstanceState.ACTIVE])
     finally:
         pool.close()
-    return sorted(row.instance_id for row in rows if row.workload == contract)
+    return {row.instance_id: row.hall for row in rows if row.workload == DEMAND_CONTRACT}
+
+
+def _demand(r: Region) -> dict[str, str]:
+    """As an operator: `sco pools sync`, `sco demand set`; the controller acquires. Returns
+    the contract's first active instances (id -> hall), at least two."""
+    env = _operator_env(r)
+    _sco(env, "pools", "sync", "--region", "r1")
+    _sco(env, "demand", "set", DEMAND_CONTRACT, "8", "--region", "r1", "--by", "test")
+
+    def served() -> bool:  # nothing in flight any more (a later instance is a replacement)
+        in_flight = json.loads(
+            _sco(env, "acquisitions", "list", "--region", "r1", "--contract", DEMAND_CONTRACT,
+                 "--json")
+        )  # fmt: skip
+        return not in_flight and len(_ci_runners(r)) >= 2
+
+    eventually(served, timeout=240, what="the demand served", every=2, retrying=())
+    return _ci_runners(r)
 
 
 async def _reclaim_and_report(r: Region, node: Node) -> dict[str, Any]:
@@ -375,7 +386,7 @@ async def _reclaim_and_report(r: Region, node: Node) -> dict[str, Any]:
             if event.get("event") == "drain_finished" and not got.done():
                 got.set_result(event)
 
-        await nc.subscribe(drain_subject("r1", HALL, node.name), cb=on_report)
+        await nc.subscribe(drain_subject("r1", node.hall, node.name), cb=on_report)
         await nc.flush()
         out = await asyncio.to_thread(
             _sco, _operator_env(r), "reclaim", node.name, "--region", "r1", "--by", "test"
@@ -400,8 +411,9 @@ def test_the_region_as_shipped_drains_resumes_and_revokes(
     # The contract bundle the box compiled and signed, published where agents fetch it.
     raw = (r.control.data_dir / "contracts" / "compiled" / "bundle.json").read_bytes()
     asyncio.run(publish(r.control.nats_url, "r1", raw, nats_options(r.control)))
-    first, second = asyncio.run(_two_instances(r))[:2]
-    phase("two instances active")
+    instances = _demand(r)
+    first, second = sorted(instances)[:2]
+    phase(f"{len(instances)} {DEMAND_CONTRACT} instances active (the controller, on demand)")
 
     on_rgw = _rgw_store(r, rgw, tmp_path)
     phase("llm-train's checkpoint keys on RGW, kept in OpenBao")
@@ -410,7 +422,10 @@ def test_the_region_as_shipped_drains_resumes_and_revokes(
     os.chmod(store, 0o777)  # both tenants write their job's directory in it
     nodes: list[Node] = []
     try:
-        nodes = [_start_node(r, name, deb, node_image, tmp_path, store) for name in (first, second)]
+        nodes = [
+            _start_node(r, name, instances[name], deb, node_image, tmp_path, store)
+            for name in (first, second)
+        ]
         node1, node2 = nodes
         for n in nodes:
             _agent_ready(n)
@@ -453,6 +468,13 @@ def test_the_region_as_shipped_drains_resumes_and_revokes(
         assert int(_status(store, resumed)["step"]) >= saved
 
         phase("job resumed on node 2")
+
+        # The controller replaces the reclaimed instance: demand is unchanged.
+        eventually(
+            lambda: set(_ci_runners(r)) - set(instances),
+            timeout=240, what="the replacement instance active", every=1, retrying=(),
+        )  # fmt: skip
+        phase("replacement active")
 
         # Node 1's identity revoked: the box's NATS refuses its certificate from the reload
         # on, node 2's still subscribes to its notices.
