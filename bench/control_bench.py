@@ -57,6 +57,7 @@ from contracts.region import load_region
 from tests.support import services
 from tests.support.control_harness import install_example_bundle, region_worker
 from tests.support.paths import BASE_DSN
+from workers.exit_now import run_and_exit
 from workers.temporal_bootstrap import bootstrap_namespace, ensure_search_attributes
 from workflows.acquisition.models import AcquisitionInput, LaunchItem
 from workflows.acquisition.workflow import AcquisitionWorkflow
@@ -462,4 +463,4 @@ async def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(asyncio.run(main()))
+    run_and_exit(lambda: asyncio.run(main()))  # no teardown: Temporal's threads abort it

@@ -63,6 +63,7 @@ from bench.acquisition_stand_in import AcquisitionStandIn
 from bench.planner_bench import headline_instance
 from bench.report import Report
 from planning.planner import Plan, PlanInput, plan
+from workers.exit_now import run_and_exit
 from workers.temporal_bootstrap import ensure_search_attributes
 from workflows.controller.models import ControllerConfig, ControllerInput, DemandChanged
 from workflows.controller.workflow import PLAN_OFF_THREAD_PATCH, RegionControllerWorkflow
@@ -315,4 +316,4 @@ async def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(asyncio.run(main()))
+    run_and_exit(lambda: asyncio.run(main()))  # no teardown: Temporal's threads abort it

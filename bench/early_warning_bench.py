@@ -82,6 +82,7 @@ from tests.support import services
 from tests.support.agent_fakes import RecordingScheduler, agent_config, notice_key
 from tests.support.control_harness import region_worker
 from tests.support.paths import BASE_DSN, EXAMPLES
+from workers.exit_now import run_and_exit
 from workers.notice_hooks import NoticeHookConsumer
 from workers.temporal_bootstrap import ensure_search_attributes
 from workflows.controller.models import (
@@ -572,4 +573,4 @@ def summarise(report: Report, trials: list[Trial], warning_s: float, k: float) -
 
 
 if __name__ == "__main__":
-    raise SystemExit(asyncio.run(main()))
+    run_and_exit(lambda: asyncio.run(main()))  # no teardown: Temporal's threads abort it

@@ -78,6 +78,7 @@ from contracts.compiler import compile_and_sign
 from contracts.region import load_region
 from tests.support import services
 from tests.support.paths import BASE_DSN, REGIONS_DIR
+from workers.exit_now import run_and_exit
 from workers.temporal_bootstrap import ensure_search_attributes
 from workflows.acquisition.workflow import AcquisitionWorkflow
 from workflows.budget.workflow import TokenBudgetWorkflow
@@ -382,4 +383,4 @@ async def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(asyncio.run(main()))
+    run_and_exit(lambda: asyncio.run(main()))  # no teardown: Temporal's threads abort it

@@ -58,6 +58,7 @@ from tests.support.testcloud import (
     sco_leases,
     sco_servers,
 )
+from workers.exit_now import run_and_exit
 from workers.temporal_bootstrap import ensure_search_attributes
 from workflows.floor.models import FloorConfig, FloorInput, FloorState, HallEvent
 from workflows.floor.workflow import FloorKeeperWorkflow
@@ -238,4 +239,4 @@ async def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(asyncio.run(main()))
+    run_and_exit(lambda: asyncio.run(main()))  # no teardown: Temporal's threads abort it

@@ -53,6 +53,7 @@ from tests.support import services
 from tests.support.control_harness import install_example_bundle
 from tests.support.paths import BASE_DSN
 from tests.support.sco_process import Process
+from workers.exit_now import run_and_exit
 from workers.temporal_bootstrap import bootstrap_namespace, ensure_search_attributes
 from workflows.controller.models import STATUS_QUERY, controller_workflow_id
 
@@ -344,4 +345,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_and_exit(main)  # no teardown: Temporal's threads abort it

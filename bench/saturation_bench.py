@@ -67,6 +67,7 @@ from contracts.region import Region, load_region
 from tests.support import services
 from tests.support.paths import BASE_DSN
 from tests.support.sco_process import Process
+from workers.exit_now import run_and_exit
 from workers.temporal_bootstrap import bootstrap_namespace, ensure_search_attributes
 from workflows.acquisition.models import AcquisitionInput, LaunchItem
 from workflows.acquisition.workflow import AcquisitionWorkflow
@@ -629,4 +630,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_and_exit(main)  # no teardown: Temporal's threads abort it

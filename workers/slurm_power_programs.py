@@ -28,7 +28,6 @@ import json
 import os
 import sys
 import time
-import traceback
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -51,6 +50,7 @@ from activities.fleet.repository import InstanceRow
 from contracts.cache import installed_bundle
 from contracts.region import RegionFileError, load_region
 from workers.client_security import postgres_conninfo
+from workers.exit_now import run_and_exit
 from workers.settings import Settings, SettingsError, load_settings
 from workers.temporal_connect import connect_temporal
 from workflows.acquisition.models import (
@@ -383,22 +383,6 @@ def _log(entry: dict[str, Any], s: Settings | None) -> None:
             fh.write(line + "\n")
 
 
-def _exit_without_teardown() -> None:
-    """Run `main` and leave without interpreter teardown, whatever happens: the Temporal
-    client's runtime threads can abort it (SIGABRT in PyGILState_Release, a core file under
-    slurmctld), and Slurm would log a failed program. An unexpected exception is printed
-    and exits 1 the same way (it used to fall through to the teardown)."""
-    try:
-        code = main()
-    except SystemExit as exc:  # argparse's usage errors
-        code = exc.code if isinstance(exc.code, int) else 2
-    except BaseException:
-        traceback.print_exc()
-        code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
 if __name__ == "__main__":
-    _exit_without_teardown()
+    # Slurm logs a program that dumps core as failed: no teardown (workers/exit_now.py).
+    run_and_exit(main)

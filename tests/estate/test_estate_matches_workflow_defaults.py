@@ -5,6 +5,7 @@ decisions are one state machine for both: planning.exclusion_cycle.)"""
 from __future__ import annotations
 
 from estate.config import EstateConfig
+from planning.models import LoadRisk
 from workflows.controller.models import ControllerConfig
 from workflows.exclusion.models import ExclusionConfig
 
@@ -24,4 +25,7 @@ def test_the_simulated_cycle_uses_the_workflow_defaults() -> None:
 
 
 def test_the_simulated_planner_prices_load_as_the_controller_does() -> None:
-    assert EstateConfig().load_risk() == ControllerConfig().load_risk()
+    wf = ControllerConfig()
+    assert EstateConfig().load_risk() == LoadRisk(
+        full_rate=wf.load_risk_rate, free_share=wf.load_risk_free_share
+    )

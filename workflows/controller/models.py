@@ -6,8 +6,6 @@ from datetime import datetime
 
 from pydantic import BaseModel
 
-from planning.models import LoadRisk
-
 #: Handler names, used by the workflow's decorators and by every client. Running
 #: workflows answer to these strings: never rename one.
 DEMAND_CHANGED_SIGNAL = "demand_changed"
@@ -27,7 +25,8 @@ class ControllerConfig(BaseModel):
     spread_max_pool_fraction: float = 0.25
     max_instances_per_acquisition: int = 200
     reclaim_window_hours: float = 168.0
-    # The planner's owner-load risk (planning.models.LoadRisk): reclaims per instance-hour
+    # The planner's owner-load risk (planning.models.LoadRisk, made by the workflow: the
+    # operator's CLI imports these models and never the planner): reclaims per instance-hour
     # expected of a pool with nothing free, none at or above the free share.
     load_risk_rate: float = 2.0
     load_risk_free_share: float = 0.25
@@ -43,9 +42,6 @@ class ControllerConfig(BaseModel):
     # Cloud-init for instances of contracts with Kubernetes selectors; `{kubelet_args}`
     # becomes the node's labels and taints. None: no user-data.
     kubernetes_user_data: str | None = None
-
-    def load_risk(self) -> LoadRisk:
-        return LoadRisk(full_rate=self.load_risk_rate, free_share=self.load_risk_free_share)
 
 
 class ControllerInput(BaseModel):

@@ -32,6 +32,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from activities.fleet.control_state import AcquisitionRecord
     from planning.choice import ChoiceExplainer, ChoiceRecord
+    from planning.models import LoadRisk
     from planning.planner import Plan, PlanInput, plan
     from workflows import search_attributes as sa
     from workflows.acquisition.models import AcquisitionInput, AcquisitionState
@@ -152,7 +153,9 @@ class RegionControllerWorkflow:
                 partition=inp.partition,
                 partitions=cfg.partitions,
                 reclaim_window_hours=cfg.reclaim_window_hours,
-                load_risk=cfg.load_risk(),
+                load_risk=LoadRisk(
+                    full_rate=cfg.load_risk_rate, free_share=cfg.load_risk_free_share
+                ),
             ),
             start_to_close_timeout=timedelta(seconds=120),
             heartbeat_timeout=timedelta(seconds=60),
