@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import nats
 import pytest
@@ -46,6 +46,9 @@ from tests.support.paths import BASE_DSN, REGIONS_DIR, REPO
 from tests.support.wait import WaitTimeout, eventually, eventually_async
 from workers.devbox.services import KafkaService
 from workers.settings import Settings, WorkerSettings
+
+if TYPE_CHECKING:
+    from temporalio.client import Client
 
 pytestmark = pytest.mark.tools("podman", "runc", "debootstrap", "slirp4netns")
 
@@ -585,19 +588,9 @@ async def test_overlay_r1_runs_under_podman_kube_play(
         )
 
 
-async def _acquisition_notice_and_ledger(
-    box: Box, root: Path, trust: Path, deployments: list[Doc]
-) -> None:
+async def make_build_current(client: Client, deployments: list[Doc]) -> None:
+    """deploy/README.md step 6: the first build becomes current (versioning is on)."""
     from temporalio.api.workflowservice.v1 import SetWorkerDeploymentCurrentVersionRequest
-    from temporalio.client import Client
-
-    (box.root / "operator.toml").write_text("")
-    cache = root / "operator-cache"
-    env = box.host_env(cache, trust)
-    code, out = await sco(env, "contracts", "pull", "--name", "operator")
-    assert code == 0, out
-    # deploy/README.md step 6: the first build becomes current (versioning is on).
-    client = await Client.connect(f"127.0.0.1:{box.temporal_port}", namespace="r1")
 
     async def made_current() -> bool:
         await client.workflow_service.set_worker_deployment_current_version(
@@ -613,6 +606,20 @@ async def _acquisition_notice_and_ledger(
         )
     except WaitTimeout as exc:
         raise WaitTimeout(f"{exc}\n{logs(deployments)}") from exc
+
+
+async def _acquisition_notice_and_ledger(
+    box: Box, root: Path, trust: Path, deployments: list[Doc]
+) -> None:
+    from temporalio.client import Client
+
+    (box.root / "operator.toml").write_text("")
+    cache = root / "operator-cache"
+    env = box.host_env(cache, trust)
+    code, out = await sco(env, "contracts", "pull", "--name", "operator")
+    assert code == 0, out
+    client = await Client.connect(f"127.0.0.1:{box.temporal_port}", namespace="r1")
+    await make_build_current(client, deployments)
 
     code, out = await sco(env, "pools", "sync", "--region", "r1")
     assert code == 0, out + logs(deployments)

@@ -36,7 +36,6 @@ import nats
 import psycopg
 import pytest
 from nats.aio.msg import Msg
-from temporalio.api.workflowservice.v1 import SetWorkerDeploymentCurrentVersionRequest
 
 from activities.events import InstanceState
 from activities.fleet.db import open_pool
@@ -47,12 +46,12 @@ from contracts.distribution import publish
 from contracts.region import Region
 from tests.deploy.test_k8s_manifests import TLS_KINDS, render
 from tests.deploy.test_kube_play import (
-    BUILD,
     LEDGER_MOUNT,
     SignedBundle,
     _host_address,
     image,  # noqa: F401 -- the fixture: the session's image, plus the ledger layer
     logs,
+    make_build_current,
     notice_key_secrets,
     play_region,
     pod_names,
@@ -63,7 +62,6 @@ from tests.deploy.test_kube_play import (
 from tests.support import services
 from tests.support.kube_play import Doc, PlayInputs, for_podman
 from tests.support.paths import REGIONS_DIR, REPO
-from tests.support.wait import WaitTimeout, eventually_async
 from workers.client_security import nats_options, postgres_conninfo
 from workers.devbox import tls_servers
 from workers.devbox.box import Box
@@ -255,18 +253,7 @@ async def _acquisition_and_hall_notice(
     control = box.control
     client = await connect(control, "r1")
 
-    async def made_current() -> bool:  # deploy/README.md step 6, as the box's identity
-        await client.workflow_service.set_worker_deployment_current_version(
-            SetWorkerDeploymentCurrentVersionRequest(
-                namespace="r1", deployment_name="sco-r1", build_id=BUILD, identity="test"
-            )
-        )
-        return True
-
-    try:  # the version registers with the worker's first poll; until then the call fails
-        await eventually_async(made_current, timeout=180, what=f"build {BUILD} current", every=2)
-    except WaitTimeout as exc:
-        raise WaitTimeout(f"{exc}\n{logs(deployments)}") from exc
+    await make_build_current(client, deployments)  # as the box's own identity
     pool = open_pool(postgres_conninfo(control), max_size=1)
     try:
         fleet = FleetRepository(pool)
