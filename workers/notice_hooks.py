@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from dataclasses import dataclass
 
@@ -25,6 +24,7 @@ from nats.js.errors import NotFoundError
 from temporalio.client import Client
 
 from activities.backoff import CappedBackoff
+from contracts.bounded import MAX_NOTICE_BYTES, InputRejected, loads
 from contracts.notice import (
     NOTICE_HOOKS_CONSUMER,
     NoticeStage,
@@ -50,9 +50,9 @@ class HookCounts:
 def notice_of(data: bytes) -> ReclaimNotice:
     """The notice inside a relay's signed envelope (the stream is the control plane's
     own: the signature is for the nodes). ValueError: not a notice."""
-    try:
-        body = json.loads(data)["notice"]
-    except (ValueError, KeyError, TypeError) as exc:
+    try:  # bounded first: size and depth, as every parse of what arrives on NATS
+        body = loads(data, what="notice", max_bytes=MAX_NOTICE_BYTES)["notice"]
+    except (InputRejected, KeyError, TypeError) as exc:
         raise ValueError(f"not a signed notice: {exc}") from exc
     return ReclaimNotice.model_validate(body)
 
