@@ -6,6 +6,7 @@ servers and leases of another's acquisition."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import services
 from tests.support.paths import REPO
 
 pytestmark = pytest.mark.timeout(120)
@@ -61,3 +63,21 @@ def test_one_group_runs_on_one_worker(tmp_path: Path) -> None:
     workers = {json.loads(p.read_text()) for p in out.glob("*.json")}
     assert len(list(out.glob("*.json"))) == 8
     assert len(workers) == 1, f"one xdist_group ran on {sorted(workers)}"
+
+
+def test_each_xdist_worker_draws_port_runs_from_a_share_of_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Two workers' boxes once picked overlapping runs: one bound the other's Prometheus
+    # port between its check and its bind.
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "4")
+    shares = []
+    for i in range(4):
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", f"gw{i}")
+        shares.append(services.worker_ranges())
+        first = services.free_port_range(8)
+        assert shares[-1][0] <= first and first + 8 <= shares[-1][1]
+    assert all(a[1] <= b[0] for a, b in itertools.pairwise(shares))
+    assert shares[0][0] == services.RANGES_FROM and shares[-1][1] <= services.RANGES_TO
+    monkeypatch.delenv("PYTEST_XDIST_WORKER")
+    assert services.worker_ranges() == (services.RANGES_FROM, services.RANGES_TO)

@@ -47,13 +47,30 @@ def free_port() -> int:
 RANGES_FROM, RANGES_TO = 26000, 32768
 
 
+def worker_ranges() -> tuple[int, int]:
+    """This pytest-xdist worker's share of the ranges: the workers' shares do not overlap,
+    so a run one worker found free cannot be bound first by a box another worker starts
+    between the check and the bind (CI: a three-region box's Prometheus port "taken" by
+    the region test's secure box). A worker runs its tests one at a time, so within a share
+    only a test's own earlier pick can meet it. Outside xdist: all of it."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    if not worker.startswith("gw") or count <= 1:
+        return RANGES_FROM, RANGES_TO
+    share = (RANGES_TO - RANGES_FROM) // count
+    first = RANGES_FROM + (int(worker[2:]) % count) * share
+    return first, first + share
+
+
 def free_port_range(n: int) -> int:
-    """The first of `n` consecutive free ports (the box hands them to its processes)."""
+    """The first of `n` consecutive free ports (the box hands them to its processes), in
+    this worker's share of the ranges."""
+    low, high = worker_ranges()
     for _ in range(200):
-        first = random.randrange(RANGES_FROM, RANGES_TO - n)
+        first = random.randrange(low, high - n)
         if all(_bindable(first + i) for i in range(n)):
             return first
-    raise RuntimeError(f"no {n} consecutive free ports between {RANGES_FROM} and {RANGES_TO}")
+    raise RuntimeError(f"no {n} consecutive free ports between {low} and {high}")
 
 
 def _bindable(port: int) -> bool:
