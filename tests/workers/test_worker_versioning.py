@@ -173,6 +173,7 @@ async def versioned_worker(
         yield worker
 
 
+@pytest.mark.timeout(420)  # the routing's propagation alone may take minutes under load
 async def test_rollout_auto_upgrades_entities_and_keeps_pinned_runs_on_their_build(
     namespace_client: Client,
     region_r1: Region,
@@ -299,7 +300,9 @@ async def test_rollout_auto_upgrades_entities_and_keeps_pinned_runs_on_their_bui
                         RoutingConfigUpdateState.ROUTING_CONFIG_UPDATE_STATE_COMPLETED,
                     )
 
-                await poll_until(routing_propagated, within=60, what="routing propagated")
+                # Minutes under load: the dev server's deployment workflow propagates the
+                # routing to every task-queue partition (ResourceExhausted retries seen).
+                await poll_until(routing_propagated, within=180, what="routing propagated")
 
                 # The auto-upgrade entity moves to B at its next workflow task. A signal
                 # gives it one; another signal while its last task still ran on A (a
