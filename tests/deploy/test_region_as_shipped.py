@@ -40,7 +40,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -239,6 +239,12 @@ class RgwStore:
     ca: Path
     tokens: dict[str, str]  # tenant -> a token with the contract's policy only
     path: str  # sco/data/r1/checkpoints/<contract>
+    # This run's jobs under the contract's prefix: the session's RGW is shared with other
+    # tests of llm-train's bucket (tests/workers/test_cli_checkpoints.py has a job-1 too).
+    run: str = field(default_factory=lambda: f"region-{uuid.uuid4().hex[:8]}")
+
+    def job_dir(self, job: str) -> str:
+        return f"{self.run}-{job}"
 
 
 def _run_job(node: Node, job: str, tenant: str, rgw: RgwStore | None = None) -> Path:
@@ -260,7 +266,7 @@ def _run_job(node: Node, job: str, tenant: str, rgw: RgwStore | None = None) -> 
         )
         assert made.returncode == 0, made.stderr
         store = (
-            f"--store {job} --bao {rgw.address} --bao-ca /node/bao-ca.pem "
+            f"--store {rgw.job_dir(job)} --bao {rgw.address} --bao-ca /node/bao-ca.pem "
             f"--bao-token-file {secret} --bao-path {rgw.path}"
         )
     run = (
@@ -449,13 +455,14 @@ def test_the_region_as_shipped_drains_resumes_and_revokes(
         [outcome] = report["workloads"]
         assert outcome["workload"] == "job-1" and outcome["result"] == "requeued", report
         saved = int(_status(store, job1)["saved"])
-        assert outcome["path"] == f"s3://checkpoints/llm-train/job-1/step-{saved}", report
+        run = on_rgw.job_dir("job-1")
+        assert outcome["path"] == f"s3://checkpoints/llm-train/{run}/step-{saved}", report
         listed = json.loads(
             _sco(r.env, "checkpoints", "list", "llm-train", "--json",
                  "--credentials", str(tmp_path / "checkpoint-keys"))
         )  # fmt: skip
-        assert {(x["run"], x["step"], x["state"]) for x in listed} == {
-            ("job-1", saved, "complete")
+        assert {(x["step"], x["state"]) for x in listed if x["run"] == run} == {
+            (saved, "complete")
         }, listed
 
         # The job resumes on node 2 from node 1's checkpoint on RGW, at the step it saved.
