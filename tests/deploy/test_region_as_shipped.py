@@ -1,11 +1,16 @@
-"""The region as shipped, in one test (issue 30), as far as it runs here today:
+"""The region as shipped, in one test (issue 30):
 
-- the secure region in a box (`sco dev up --profile secure` with its processes): TLS-only
-  PostgreSQL, NATS mapping each certificate's SPIFFE ID to its role's user, Temporal behind
-  nginx's mutual TLS; the worker, the simulated cloud and each hall's notice relay with a
-  certificate of their own;
-- `sco pools sync` and `sco demand set ci-runners 8` as the operator: the controller
-  acquires the instances the nodes are;
+- the secure region in a box (`sco dev up --profile secure`, without its own processes):
+  TLS-only PostgreSQL, NATS mapping each certificate's SPIFFE ID to its role's user,
+  Temporal behind nginx's mutual TLS, OpenBao;
+- overlay r1 rendered as shipped with TLS on, under `podman kube play` against it: the
+  migration and bootstrap Jobs, then every Deployment (worker x3, each hall's notice relay,
+  the outbox relay, the ledger consumer with the drain intake), each with its own kind's
+  certificate (`spiffe://sco/r1/<kind>`, a hall's relay `spiffe://sco/r1/notice-relay/<H>`)
+  and each hall's relay with its own notice key, until every pod's health endpoint answers;
+- `sco pools sync` and `sco demand set ci-runners 8` as the operator: the pods' controller
+  acquires the instances the nodes are (the simulated cloud, served by the test over mTLS
+  NATS, stands in for the region's OpenStack);
 - two fresh Debian 12 node containers that install the agent's `.deb` and run the unit's
   command lines as its User, each enrolled with `sco dev certs node` (its own certificate,
   `spiffe://sco/r1/node/<instance>`, and the agent's NATS permissions), each running a
@@ -13,17 +18,13 @@
 - `sco checkpoints provision --openbao-region r1`: llm-train's RGW user and bucket on a
   real Ceph RGW, its keys kept in OpenBao; tenant1 gets a token with that contract's policy
   only, and job 1 reads its keys from OpenBao and checkpoints to RGW;
-- `sco reclaim` of node 1's instance with the operator's certificate: its hall's relay signs
-  the notice, node 1's agent hears it over mutual-TLS NATS and drains: the workload
-  checkpoints to RGW and exits (`sco checkpoints list` shows the step); the job resumes on
-  node 2 from that checkpoint at the same step;
+- `sco reclaim` of node 1's instance with the operator's certificate: its hall's relay pod
+  signs the notice with its hall's key, node 1's agent hears it over mutual-TLS NATS and
+  drains: the workload checkpoints to RGW and exits (`sco checkpoints list` shows the
+  step); the job resumes on node 2 from that checkpoint at the same step; the pods'
+  controller replaces the reclaimed instance (demand unchanged);
 - `sco dev certs revoke` of node 1's identity: the box's NATS reloads and refuses node 1's
   certificate, while node 2's still subscribes.
-
-The instances are the controller's: the operator syncs the pools and sets ci-runners'
-demand, and the reclaimed one is replaced (demand unchanged) while the job moves. Overlay
-r1's Deployments under `podman kube play` with TLS run against the secure box in
-test_kube_play_secure.py.
 """
 
 from __future__ import annotations
@@ -37,23 +38,46 @@ import ssl
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import nats
+import psycopg
 import pytest
+from nats.aio.client import Client as NATSClient
 from nats.aio.msg import Msg
 
 from activities.events import InstanceState
 from activities.fleet.db import open_pool
 from activities.fleet.repository import FleetRepository
+from activities.provider.sim_service import serve
+from activities.provider.simulator import SimulatedCloud
 from agent.report import drain_subject
 from contracts.distribution import publish
+from contracts.region import Region as RegionCatalogue
+from tests.deploy.test_k8s_manifests import TLS_KINDS, render
+from tests.deploy.test_kube_play import (
+    LEDGER_MOUNT,
+    SignedBundle,
+    _host_address,
+    image,  # noqa: F401 -- the fixture: the session's image, plus the ledger layer
+    logs,
+    make_build_current,
+    notice_key_secrets,
+    play_region,
+    pod_names,
+    signed_bundle,
+    teardown,
+    write_secret_files,
+)
+from tests.support import services
 from tests.support.deb_node import as_the_unit_runs_it, podman
+from tests.support.kube_play import Doc, PlayInputs, for_podman
 from tests.support.paths import REPO
 from tests.support.rgw import RgwCluster
 from tests.support.secure_box_env import secure_box_env
@@ -61,13 +85,14 @@ from tests.support.wait import WaitTimeout, eventually
 from workers.client_security import nats_options, postgres_conninfo
 from workers.devbox import openbao, tls_servers
 from workers.devbox.box import Box
-from workers.devbox.secure import BOX_KIND, SecureProfile
+from workers.devbox.secure import BOX_KIND, POD_HOST, SecureProfile
 from workers.openbao import checkpoint_secrets
 from workers.settings import Settings
+from workers.temporal_connect import connect
 
 pytestmark = [
     pytest.mark.devbox,
-    pytest.mark.tools("podman", "runc", "debootstrap", "prometheus", "nginx"),
+    pytest.mark.tools("podman", "runc", "slirp4netns", "debootstrap", "nginx", "kubectl"),
     pytest.mark.timeout(900),
 ]
 WORKLOAD = REPO / "tests" / "support" / "node_workload.py"
@@ -84,6 +109,8 @@ class Region:
     operator: Settings
     operator_file: Path
     control: Settings  # the box's own identity (control-r1's permissions)
+    database: str  # the fleet database's name on the box's TLS PostgreSQL
+    kafka: str  # host address:port (plaintext): pods and host reach it alike
 
 
 def _need_servers() -> None:
@@ -108,18 +135,23 @@ def _plain_env() -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def region() -> Iterator[Region]:
+    """The secure box without its own processes: the overlay's pods are the region."""
     _need_servers()
-    tmp, env = secure_box_env("region")
+    kafka = f"{_host_address()}:{services.free_port()}"  # the pods reach it through slirp
+    tmp, env = secure_box_env("region", SCO_KAFKA__BOOTSTRAP_SERVERS=kafka)
     before = dict(os.environ)
     os.environ.update(env)
     try:
-        box = Box(Settings(), with_workers=True, profile="secure")
+        box = Box(Settings(), profile="secure")
         box.up()
         assert box.secure is not None
         operator_file = Path(box.operator_settings_files()["r1"])
         operator = _settings_from({**_plain_env(), "SCO_CONFIG": str(operator_file)})
         control = box.secure.settings_for(BOX_KIND, "r1")
-        yield Region({**_plain_env(), **env}, box.secure, operator, operator_file, control)
+        database = env["SCO_POSTGRES_DSN"].rsplit("/", 1)[1]
+        yield Region(
+            {**_plain_env(), **env}, box.secure, operator, operator_file, control, database, kafka
+        )
     finally:
         try:
             Box(Settings()).down()
@@ -127,6 +159,141 @@ def region() -> Iterator[Region]:
             os.environ.clear()
             os.environ.update(before)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+# -- the overlay's pods -------------------------------------------------------------------
+
+
+def spiffe_kind(secret_kind: str) -> str:
+    """The identity kind a `sco-tls-<kind>` Secret holds: a hall's relay `notice-relay/<H>`."""
+    if secret_kind.startswith("notice-relay-"):
+        return f"notice-relay/{secret_kind.rsplit('-', 1)[1].upper()}"
+    return secret_kind
+
+
+def secure_inputs(root: Path, r: Region, tag: str, bundle: SignedBundle) -> PlayInputs:
+    """The documented Secrets with the secure box's values: each kind's certificate from the
+    box's CA, PostgreSQL's password, the bundle's trust key and each hall's notice key; NATS
+    users come from the certificates (the password files are mounted but the box's
+    `verify_and_map` ignores them)."""
+    p = r.profile
+    ca = p.issuer.ca_file.read_text()
+    tls = {}
+    for kind in TLS_KINDS:
+        issued = p.issuer.issue(spiffe_kind(kind), "r1")
+        tls[f"sco-tls-{kind}"] = {
+            "tls.crt": issued.cert_path.read_text(),
+            "tls.key": issued.key_path.read_text(),
+            "ca.crt": ca,
+        }
+    ledger = root / "ledger"
+    ledger.mkdir(mode=0o777)
+    os.chmod(ledger, 0o777)  # the pods run as 10001
+    return PlayInputs(
+        image=tag,
+        secrets={
+            "sco-credentials": {
+                "postgres.password": p.postgres_password_file.read_text(),
+                "ledger.password": "unused-the-ledger-is-embedded",
+                "kafka.password": "unused-the-box-kafka-is-plaintext",
+            },
+            **tls,
+            "sco-nats-control": {"password": "unused-the-user-is-the-certificate"},
+            **{f"sco-nats-relay-{h}": {"password": "unused"} for h in "abcd"},
+            "sco-clouds": {"clouds.yaml": "clouds: {}\n"},  # unused: the simulated cloud
+            "sco-slurmrestd": {"token": "unused-slurm-intake-is-off"},
+            "sco-workload-kubeconfig": {"kubeconfig": "apiVersion: v1\nkind: Config\n"},
+            "sco-contract-trust": {bundle.pub.name: bundle.pub.read_text()},
+            **notice_key_secrets(bundle),
+        },
+        secret_dir=root / "secrets",
+        env={
+            "SCO_NATS_URL": f"tls://{POD_HOST}:{p.nats_port}",
+            "SCO_TEMPORAL__ADDRESS": f"{POD_HOST}:{p.temporal_port}",
+            "SCO_POSTGRES_DSN": f"postgresql://postgres@{POD_HOST}:{p.postgres_port}/{r.database}",
+            "SCO_KAFKA__BOOTSTRAP_SERVERS": r.kafka,
+            "SCO_KAFKA__REPLICATION_FACTOR": "1",
+            "SCO_LEDGER_DSN": f"chdb://{LEDGER_MOUNT}/ledger",
+            # The simulated cloud stands in for the region's OpenStack.
+            "SCO_PROVIDER__KIND": "simulator",
+        },
+        shared={LEDGER_MOUNT: ledger},
+        # The box's NATS user is the certificate's: no password is sent (it would refuse it).
+        plaintext_services=frozenset({"kafka", "ledger", "nats_password"}),
+    )
+
+
+class SimulatedCloudThread:
+    """The region's cloud for the pods: the simulated cloud served over mTLS NATS as the
+    box's own identity, on an event loop of its own while the test's steps block."""
+
+    def __init__(self, catalogue: RegionCatalogue, control: Settings) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._catalogue, self._control = catalogue, control
+        self._task: asyncio.Task[None] | None = None
+        self._nc: NATSClient | None = None
+
+    def _call(self, coro: Coroutine[Any, Any, None]) -> None:
+        asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=60)
+
+    async def _start(self) -> None:
+        cloud = SimulatedCloud(self._catalogue, clock=self._loop.time)
+        c = self._control
+        self._nc = await nats.connect(c.nats_url, connect_timeout=5, **nats_options(c))
+        self._task = asyncio.create_task(serve(cloud, self._nc))
+
+    async def _stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+        if self._nc is not None:
+            await self._nc.close()
+
+    def __enter__(self) -> SimulatedCloudThread:
+        self._thread.start()
+        self._call(self._start())
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        try:
+            self._call(self._stop())
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=30)
+
+
+async def _make_current(r: Region, deployments: list[Doc]) -> None:
+    client = await connect(r.control, "r1")  # the box's own identity
+    await make_build_current(client, deployments)
+
+
+@contextlib.contextmanager
+def played_region(r: Region, tag: str, bundle: SignedBundle, root: Path) -> Iterator[list[Doc]]:
+    """Overlay r1 rendered as shipped, TLS on, played: the Jobs to exit 0, every Deployment
+    until its health endpoint answers, the build made current. Yields the Deployments (for
+    their logs); takes every pod down after."""
+    played = for_podman(list(render("r1")), secure_inputs(root, r, tag, bundle))
+    write_secret_files(played)
+    configmaps = [d for d in played.docs if d["kind"] == "ConfigMap"]
+    jobs = [d for d in played.docs if d["kind"] == "Pod"]
+    deployments = [d for d in played.docs if d["kind"] == "Deployment"]
+    assert {d["metadata"]["name"].rsplit("-", 1)[0] for d in jobs} == {
+        "sco-db-migrate",
+        "sco-temporal-bootstrap",
+    }
+    played_files: list[Path] = []
+    try:
+        asyncio.run(play_region(jobs, deployments, configmaps, root, played_files))
+        asyncio.run(_make_current(r, deployments))
+        yield deployments
+    finally:
+        teardown(
+            list(reversed(played_files)),
+            [pod for d in [*jobs, *deployments] for pod in pod_names(d)],
+            [d["metadata"]["name"] for d in configmaps] + played.volumes,
+        )
 
 
 def _sco(env: dict[str, str], *args: str) -> str:
@@ -182,8 +349,10 @@ def _node_script(pub: str) -> str:
 
 
 def _start_node(
-    r: Region, name: str, hall: str, deb: Path, image: str, root: Path, store: Path
+    r: Region, name: str, hall: str, deb: Path, node_image: str, root: Path, store: Path, pub: Path
 ) -> Node:
+    """A node container for the instance `name`: the `.deb`, its certificate, the bundle's
+    trust key `pub`, the agent as the unit runs it."""
     cert = json.loads(
         _sco(r.env, "dev", "certs", "node", name, "--hall", hall, "--region", "r1", "--json")
     )
@@ -195,7 +364,6 @@ def _start_node(
     shutil.copy(cert["nats_tls_key"], files / "tls" / "node.key")
     os.chmod(files / "tls" / "node.key", 0o644)  # installed 0640 root:sco-agent on the node
     shutil.copy(WORKLOAD, files / "workload.py")
-    pub = next(r.control.trust_dir.glob("*.pub"))
     shutil.copy(pub, files / pub.name)
     (files / "agent.toml").write_text(
         f'node_id = "{name}"\nregion = "r1"\nhall = "{hall}"\nscheduler = "none"\n'
@@ -209,7 +377,7 @@ def _start_node(
     run = podman(
         "run", "-d", "--name", container, "--network", "host",
         "-v", f"{files}:/node:ro", "-v", f"{store}:/ckpt",
-        image, "sh", "/node/start.sh",
+        node_image, "sh", "/node/start.sh",
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
     return Node(name, hall, container, files, cert)
@@ -362,9 +530,9 @@ def _ci_runners(r: Region) -> dict[str, str]:
     return {row.instance_id: row.hall for row in rows if row.workload == DEMAND_CONTRACT}
 
 
-def _demand(r: Region) -> dict[str, str]:
-    """As an operator: `sco pools sync`, `sco demand set`; the controller acquires. Returns
-    the contract's first active instances (id -> hall), at least two."""
+def _demand(r: Region, deployments: list[Doc]) -> dict[str, str]:
+    """As an operator: `sco pools sync`, `sco demand set`; the pods' controller acquires.
+    Returns the contract's first active instances (id -> hall), at least two."""
     env = _operator_env(r)
     _sco(env, "pools", "sync", "--region", "r1")
     _sco(env, "demand", "set", DEMAND_CONTRACT, "8", "--region", "r1", "--by", "test")
@@ -376,37 +544,64 @@ def _demand(r: Region) -> dict[str, str]:
         )  # fmt: skip
         return not in_flight and len(_ci_runners(r)) >= 2
 
-    eventually(served, timeout=240, what="the demand served", every=2, retrying=())
+    try:
+        eventually(served, timeout=240, what="the demand served", every=2, retrying=())
+    except WaitTimeout as exc:
+        raise WaitTimeout(f"{exc}\n{logs(deployments)}") from exc
     return _ci_runners(r)
 
 
-async def _reclaim_and_report(r: Region, node: Node) -> dict[str, Any]:
-    """`sco reclaim` of the node's instance (the operator's certificate); the drain report
-    its agent publishes, heard with the box's own identity."""
+@dataclass(frozen=True)
+class Reclaimed:
+    notice: dict[str, Any]  # the signed envelope the hall's relay published
+    report: dict[str, Any]  # the node's drain report
+
+
+async def _reclaim_and_report(r: Region, node: Node, deployments: list[Doc]) -> Reclaimed:
+    """`sco reclaim` of the node's instance (the operator's certificate); the notice its
+    hall's relay pod signs and the drain report its agent publishes, both heard with the
+    box's own identity."""
     nc = await nats.connect(r.control.nats_url, connect_timeout=5, **nats_options(r.control))
     try:
-        got: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        report: asyncio.Future[dict[str, Any]] = loop.create_future()
+        notice: asyncio.Future[dict[str, Any]] = loop.create_future()
 
         async def on_report(msg: Msg) -> None:
             event = json.loads(msg.data)
-            if event.get("event") == "drain_finished" and not got.done():
-                got.set_result(event)
+            if event.get("event") == "drain_finished" and not report.done():
+                report.set_result(event)
+
+        async def on_notice(msg: Msg) -> None:
+            if not notice.done():
+                notice.set_result(json.loads(msg.data))
 
         await nc.subscribe(drain_subject("r1", node.hall, node.name), cb=on_report)
+        await nc.subscribe(f"sco.r1.notice.{node.hall}.{node.name}", cb=on_notice)
         await nc.flush()
         out = await asyncio.to_thread(
             _sco, _operator_env(r), "reclaim", node.name, "--region", "r1", "--by", "test"
         )
         try:
-            return await asyncio.wait_for(got, 120)
+            return Reclaimed(
+                await asyncio.wait_for(notice, 60), await asyncio.wait_for(report, 120)
+            )
         except TimeoutError:
-            raise AssertionError(f"no drain report\n{out}\n{node.logs()}") from None
+            raise AssertionError(
+                f"no notice or drain report\n{out}\n{node.logs()}\n{logs(deployments)}"
+            ) from None
     finally:
         await nc.close()
 
 
 def test_the_region_as_shipped_drains_resumes_and_revokes(
-    region: Region, node_image: str, deb: Path, rgw: RgwCluster, tmp_path: Path
+    region: Region,
+    image: str,  # noqa: F811 -- the fixture imported above
+    node_image: str,
+    deb: Path,
+    rgw: RgwCluster,
+    region_r1: RegionCatalogue,
+    tmp_path: Path,
 ) -> None:
     r = region
     t0 = time.monotonic()
@@ -414,12 +609,31 @@ def test_the_region_as_shipped_drains_resumes_and_revokes(
     def phase(name: str) -> None:  # shown with -s, and with a failure's captured output
         print(f"{time.monotonic() - t0:6.1f} s  {name}", flush=True)
 
-    # The contract bundle the box compiled and signed, published where agents fetch it.
-    raw = (r.control.data_dir / "contracts" / "compiled" / "bundle.json").read_bytes()
-    asyncio.run(publish(r.control.nats_url, "r1", raw, nats_options(r.control)))
-    instances = _demand(r)
+    # The example contracts signed with a key of the test's, each hall's relay its own notice
+    # key; published where the worker's init container and the agents fetch it.
+    bundle = signed_bundle(tmp_path)
+    asyncio.run(publish(r.control.nats_url, "r1", bundle.raw, nats_options(r.control)))
+    with (
+        SimulatedCloudThread(region_r1, r.control),
+        played_region(r, image, bundle, tmp_path) as deployments,
+    ):
+        phase("overlay r1's Jobs done and every pod healthy, over TLS")
+        _the_region_at_work(r, deployments, bundle, node_image, deb, rgw, tmp_path, phase)
+
+
+def _the_region_at_work(
+    r: Region,
+    deployments: list[Doc],
+    bundle: SignedBundle,
+    node_image: str,
+    deb: Path,
+    rgw: RgwCluster,
+    tmp_path: Path,
+    phase: Callable[[str], None],
+) -> None:
+    instances = _demand(r, deployments)
     first, second = sorted(instances)[:2]
-    phase(f"{len(instances)} {DEMAND_CONTRACT} instances active (the controller, on demand)")
+    phase(f"{len(instances)} {DEMAND_CONTRACT} instances active (the pods' controller, on demand)")
 
     on_rgw = _rgw_store(r, rgw, tmp_path)
     phase("llm-train's checkpoint keys on RGW, kept in OpenBao")
@@ -429,7 +643,7 @@ def test_the_region_as_shipped_drains_resumes_and_revokes(
     nodes: list[Node] = []
     try:
         nodes = [
-            _start_node(r, name, instances[name], deb, node_image, tmp_path, store)
+            _start_node(r, name, instances[name], deb, node_image, tmp_path, store, bundle.pub)
             for name in (first, second)
         ]
         node1, node2 = nodes
@@ -447,8 +661,11 @@ def test_the_region_as_shipped_drains_resumes_and_revokes(
         assert _status(store, job1)["uid"] == TENANTS["tenant1"]
         assert _status(store, job2)["uid"] == TENANTS["tenant2"]
 
-        report = asyncio.run(_reclaim_and_report(r, node1))
+        reclaimed = asyncio.run(_reclaim_and_report(r, node1, deployments))
         phase("node 1 drained")
+        # Signed by node 1's hall's relay pod with that hall's own key.
+        assert reclaimed.notice["key_id"] == bundle.notice_keys[node1.hall][0], reclaimed.notice
+        report = reclaimed.report
         assert not report["conservative"] and not report["error"], report
         # Scheduler-less nodes match no contract (no Slurm comment, no pod label): the
         # default action, requeue, asks the job to checkpoint first, and it answered.
@@ -477,10 +694,13 @@ def test_the_region_as_shipped_drains_resumes_and_revokes(
         phase("job resumed on node 2")
 
         # The controller replaces the reclaimed instance: demand is unchanged.
-        eventually(
-            lambda: set(_ci_runners(r)) - set(instances),
-            timeout=240, what="the replacement instance active", every=1, retrying=(),
-        )  # fmt: skip
+        try:
+            eventually(
+                lambda: set(_ci_runners(r)) - set(instances),
+                timeout=240, what="the replacement instance active", every=1, retrying=(),
+            )  # fmt: skip
+        except WaitTimeout as exc:
+            raise WaitTimeout(f"{exc}\n{logs(deployments)}") from exc
         phase("replacement active")
 
         # Node 1's identity revoked: the box's NATS refuses its certificate from the reload
@@ -507,3 +727,12 @@ def test_the_region_as_shipped_drains_resumes_and_revokes(
             with contextlib.suppress(subprocess.TimeoutExpired):
                 podman("rm", "-f", "-t", "3", n.container, timeout=60)
         shutil.rmtree(store, ignore_errors=True)
+
+
+def test_the_box_server_certificate_names_the_pods_address(region: Region) -> None:
+    """verify-full as a pod does it: libpq checks the box's PostgreSQL certificate against
+    10.0.2.2 (hostaddr reaches the box's loopback; host is the name verified)."""
+    info = psycopg.conninfo.conninfo_to_dict(postgres_conninfo(region.control))
+    info.update(host=POD_HOST, hostaddr="127.0.0.1")
+    with psycopg.connect(**info) as conn:  # type: ignore[arg-type]
+        assert conn.execute("SELECT 1").fetchone() == (1,)

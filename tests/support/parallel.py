@@ -23,7 +23,6 @@ PODMAN_MODULES = (
     "tests/deploy/test_agent_deb_container.py",
     "tests/deploy/test_image.py",
     "tests/deploy/test_kube_play.py",
-    "tests/deploy/test_kube_play_secure.py",
     "tests/deploy/test_region_as_shipped.py",
 )
 
