@@ -15,9 +15,10 @@ Four policies, each SCO's planner, arbiter, exclusion cycle and floor keepers (e
   10 %).
 - `karpenter-consolidation`: today's plus the same code with Karpenter's consolidation
   settings: WhenEmptyOrUnderutilized with consolidateAfter 0 (no minimum age, no
-  hysteresis, any saving) and no disruption budgets. It runs on the same rounds as SCO's
-  (the controller's tick): Karpenter evaluates continuously, so this is the baseline's
-  lower bound on churn.
+  hysteresis, any saving), no disruption budgets, and a replacement of at most one
+  instance (Karpenter never replaces one node with several). It runs on the same rounds
+  as SCO's (the controller's tick): Karpenter evaluates continuously, so this is the
+  baseline's lower bound on churn.
 
 Every replacement is make-before-break as in the workflow: the replacement launches (each
 of its instances, when a fallback returns as several smaller ones), the
@@ -61,8 +62,15 @@ from planning.models import PoolInput
 EPOCH = datetime(2026, 1, 5, tzinfo=UTC)
 #: Karpenter's consolidation without budgets: every instance may go at once.
 NO_BUDGETS = Disruption(budgets=[Budget(max_percent=100)])
+#: Karpenter replaces a node with "existing capacity plus a single new cheaper node"
+#: (kubernetes-sigs/karpenter designs/consolidation.md, "Node Replacement"): it never
+#: splits one node into several, so its return from fallback is one-for-one.
 KARPENTER_ANTI_CHURN = AntiChurn(
-    min_age_seconds=0, stable_rounds=1, min_saving_per_hour=0, consolidation_margin=0
+    min_age_seconds=0,
+    stable_rounds=1,
+    min_saving_per_hour=0,
+    consolidation_margin=0,
+    max_return_parts=1,
 )
 
 
