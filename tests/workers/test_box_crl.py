@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,7 @@ from workers.devbox.box import Box
 from workers.devbox.crl import box_ca_crl, issuer_cn, read_certificate, serial_text
 from workers.devbox.pki import BoxCA, Issued
 from workers.devbox.secure import SecureProfile
+from workers.openbao.client import BaoClient, BaoRequestError
 from workers.settings import Settings
 
 pytestmark = [pytest.mark.devbox, pytest.mark.timeout(240)]
@@ -129,11 +131,15 @@ def test_a_revoked_certificate_is_refused_by_postgres_and_nginx_another_is_not(
     cert = read_certificate(revoked.cert_path)
     assert cert is not None and "intermediate" in issuer_cn(cert)
     _pg(box, revoked).close()  # let in before
+    token_file = p.overrides("contract-sync", "r1")["openbao"]["token_file"]
+    token = Path(token_file).read_text().strip()
 
     async def scenario() -> None:
         live_other = await _temporal(box, other)
         with _pg(box, other) as live_pg:
+            t0 = time.monotonic()
             out = _sco(box, "dev", "certs", "revoke", REVOKED, "--reason", "test")
+            print(f"sco dev certs revoke (NATS, PostgreSQL, nginx): {time.monotonic() - t0:.2f} s")
             assert "PostgreSQL (pid" in out and "nginx (pid" in out, out
             # New connections with the revoked certificate: refused by both.
             with pytest.raises(psycopg.OperationalError, match="revoked"):
@@ -147,6 +153,12 @@ def test_a_revoked_certificate_is_refused_by_postgres_and_nginx_another_is_not(
             await _temporal(box, other)
 
     asyncio.run(scenario())
+
+    # Its token is revoked too: its process can renew no more.
+    assert not Path(token_file).exists()
+    bao = BaoClient(box.operator.openbao.address, token=token, ca_file=p.issuer.bao_ca_file)  # type: ignore[attr-defined]
+    with pytest.raises(BaoRequestError, match="HTTP 403"):
+        bao.write("pki_r1/issue/contract-sync", {"uri_sans": REVOKED})
 
     listed = json.loads(_sco(box, "dev", "certs", "list", "--json"))
     row = next(r for r in listed["revoked"] if r["identity"] == REVOKED)
@@ -176,6 +188,10 @@ def test_the_crl_outlives_a_restart(box: CrlBox) -> None:
     other = box.profile.issuer.issue(OTHER, "r1")
     Box(Settings()).down()
     Box(Settings(), profile="secure").up()
+    # Never issued anew: its settings name the revoked certificate and no OpenBao token.
+    settings = box.profile.overrides("contract-sync", "r1")
+    assert "identity" not in settings and "openbao" not in settings
+    assert settings["postgres"]["sslcert_file"] == str(revoked.cert_path)
     with pytest.raises(psycopg.OperationalError, match="revoked"):
         _pg(box, revoked).close()
     _refused_by_temporal(box, revoked)
