@@ -181,6 +181,11 @@ def test_a_revoked_certificate_is_refused_by_postgres_and_nginx_another_is_not(
     _refused_by_temporal(box, node)
     status = {s["name"]: s for s in json.loads(_sco(box, "dev", "status", "--json"))}
     assert "2 revoked" in status["postgres"]["detail"], status["postgres"]
+    # Refreshing the CRL with nothing new reloads nothing; a CRL for each CA of the bundle.
+    refreshed = _sco(box, "dev", "certs", "crl")
+    cas = p.issuer.ca_file.read_text().count("BEGIN CERTIFICATE")
+    assert f"{cas} CAs, 2 revoked" in refreshed, refreshed
+    assert "PostgreSQL has this CRL" in refreshed and "nginx has this CRL" in refreshed
 
 
 def test_the_crl_outlives_a_restart(box: CrlBox) -> None:

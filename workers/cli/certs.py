@@ -1,4 +1,5 @@
-"""`sco dev certs node | revoke | list`: the secure box's identities (decision 0024).
+"""`sco dev certs node | revoke | crl | list`: the secure box's identities (decisions 0024,
+0038).
 
 A node's agent gets a certificate of the box's issuer whose URI SAN is its SPIFFE ID and a
 NATS user mapped from it; a revoked identity maps to no user, so the box's NATS refuses it
@@ -86,6 +87,17 @@ def revoke(
     with errors_as_exit(DevboxError):
         crl = box.reload_crl()
     console.print(f"revoked {identity}; {nats}; {'; '.join(crl)}")
+
+
+@app.command()
+def crl() -> None:
+    """Write the box's CRL file again (each CA's CRL, renewed when near its next update)
+    and reload the box's PostgreSQL and nginx if it changed (decision 0038)."""
+    box = _secure_box()
+    assert box.secure is not None
+    with errors_as_exit(DevboxError):
+        lines = box.reload_crl()
+    console.print(f"{box.secure.crl_detail()}; {'; '.join(lines)}")
 
 
 @app.command("list")
