@@ -367,7 +367,7 @@ class SecureProfile:
             raise DevboxError(
                 f"{identity}: no identity of this box (`sco dev certs list` shows them)"
             )
-        self.identities.revoke(identity, reason)  # first: no renewal is let through now
+        self.identities.revoke(identity, reason)  # first: the box issues it nothing from now on
         certs = self._certificate_on_disk(identity)
         if isinstance(self.issuer, RevokingIssuer):  # OpenBao: its CRL says so too
             certs += self.issuer.revoke_identity(identity) or []
