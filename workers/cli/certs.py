@@ -1,4 +1,5 @@
-"""`sco dev certs node | revoke | list`: the secure box's identities (decision 0024).
+"""`sco dev certs node | revoke | crl | list`: the secure box's identities (decisions 0024,
+0038).
 
 A node's agent gets a certificate of the box's issuer whose URI SAN is its SPIFFE ID and a
 NATS user mapped from it; a revoked identity maps to no user, so the box's NATS refuses it
@@ -75,17 +76,33 @@ def revoke(
     reason: str = typer.Option("", "--reason", help="Recorded with the revocation."),
 ) -> None:
     """Revoke an identity: the box's NATS maps no user to it any more and reloads, which
-    refuses its certificate and closes its live connections."""
+    refuses its certificate and closes its live connections; its certificates' serials go
+    into the issuing CA's CRL, which the box's PostgreSQL and nginx (Temporal) reload, so
+    they refuse it too. Idempotent."""
     box = _secure_box()
     assert box.secure is not None
     with errors_as_exit(DevboxError):
         box.secure.revoke(identity, reason)
-    console.print(f"revoked {identity}; {_reloaded(box)}")
+    nats = _reloaded(box)
+    with errors_as_exit(DevboxError):
+        crl = box.reload_crl()
+    console.print(f"revoked {identity}; {nats}; {'; '.join(crl)}")
+
+
+@app.command()
+def crl() -> None:
+    """Write the box's CRL file again (each CA's CRL, renewed when near its next update)
+    and reload the box's PostgreSQL and nginx if it changed (decision 0038)."""
+    box = _secure_box()
+    assert box.secure is not None
+    with errors_as_exit(DevboxError):
+        lines = box.reload_crl()
+    console.print(f"{box.secure.crl_detail()}; {'; '.join(lines)}")
 
 
 @app.command("list")
 def list_(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
-    """Enrolled nodes and revoked identities."""
+    """Enrolled nodes, revoked identities with their certificates' serials, and the CRL."""
     box = _secure_box()
     assert box.secure is not None
     with errors_as_exit(DevboxError):
@@ -116,6 +133,15 @@ def list_(as_json: bool = typer.Option(False, "--json", help="Machine-readable o
     )
     table(
         "revoked identities",
-        ["identity", "revoked at", "reason"],
-        [[r.identity, r.revoked_at.isoformat(), r.reason] for r in revoked],
+        ["identity", "revoked at", "reason", "serials in a CRL (issuer)"],
+        [
+            [
+                r.identity,
+                r.revoked_at.isoformat(),
+                r.reason,
+                ", ".join(f"{c.serial} ({c.issuer})" for c in r.certificates) or "-",
+            ]
+            for r in revoked
+        ],
     )
+    console.print(box.secure.crl_detail())

@@ -253,6 +253,78 @@ class Box:
             time.sleep(0.1)
         return rec.pid
 
+    def reload_crl(self, timeout: float = 15.0) -> list[str]:
+        """The secure box's CRL file written again (decision 0038) and the box's PostgreSQL
+        and nginx told to reload it (SIGHUP; live connections stay) when their copy changed;
+        returns one line per server. PostgreSQL has reloaded once `ssl_crl_file` names the
+        new copy, nginx once its old worker shuts down gracefully (it accepts no more)."""
+        if self.secure is None:
+            raise DevboxError("the box runs the default profile: no TLS listeners")
+        from workers.devbox.secure import SecurePostgresService, SecureTemporalService
+
+        state = self.state_file.read()
+        out: list[str] = []
+        copy = SecurePostgresService(self.s, self.secure).install_crl()
+        rec = state.processes.get("postgres")
+        if rec is None or not process.alive(rec):
+            out.append("PostgreSQL not running: reads the CRL at its next start")
+        elif self._pg_crl_file() != str(copy):
+            os.kill(rec.pid, signal.SIGHUP)
+            deadline = time.monotonic() + timeout
+            while self._pg_crl_file() != str(copy):
+                if time.monotonic() > deadline:
+                    raise DevboxError(
+                        f"postgres (pid {rec.pid}) did not take {copy} in {timeout:g} s; "
+                        f"see {rec.log}"
+                    )
+                time.sleep(0.1)
+            out.append(f"PostgreSQL (pid {rec.pid}) reloaded")
+        else:
+            out.append("PostgreSQL has this CRL")
+        nginx = SecureTemporalService(self.s, self.secure)
+        copy = self.secure.root / "nginx" / "crl.pem"
+        before = copy.read_bytes() if copy.is_file() else b""
+        nginx.install_crl()
+        rec = state.processes.get("temporal")
+        if rec is None or not process.alive(rec):
+            out.append("nginx not running: reads the CRL at its next start")
+        elif copy.read_bytes() != before:
+            log = self.secure.root / "nginx" / "error.log"
+
+            def retired() -> int:
+                try:
+                    return log.read_text(errors="replace").count("gracefully shutting down")
+                except OSError:
+                    return 0
+
+            seen = retired()
+            os.kill(rec.pid, signal.SIGHUP)
+            deadline = time.monotonic() + timeout
+            while retired() <= seen:
+                if time.monotonic() > deadline:
+                    raise DevboxError(f"nginx (pid {rec.pid}) did not reload; see {log}")
+                time.sleep(0.1)
+            out.append(f"nginx (pid {rec.pid}) reloaded")
+        else:
+            out.append("nginx has this CRL")
+        return out
+
+    def _pg_crl_file(self) -> str:
+        """The box's PostgreSQL's `ssl_crl_file`, asked with the box's own identity."""
+        import psycopg
+
+        from workers.client_security import postgres_conninfo
+
+        info = psycopg.conninfo.make_conninfo(
+            postgres_conninfo(self.s), dbname="postgres", connect_timeout=5
+        )
+        try:
+            with psycopg.connect(info) as conn:
+                row = conn.execute("SHOW ssl_crl_file").fetchone()
+        except psycopg.Error:
+            return ""
+        return str(row[0]) if row else ""
+
 
 class _Interrupts:
     """Ctrl-C or SIGTERM during `up`: raised at once, and remembered, so a step that

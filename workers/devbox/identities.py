@@ -10,10 +10,12 @@ file renamed over the old one):
   refuses its certificate from the next reload on: a new connection fails its handshake's
   authorization and a live one is closed by the reload.
 
-Revocation is by identity, not by certificate serial: the box's issuer hands the same
-identity a new certificate whenever it renews one, and every listener that trusts the CA
-maps the identity, not the serial. A revoked identity is never enrolled again (pick a new
-node name); it stays in the list.
+Revocation is by identity: the box's issuer hands the same identity a new certificate
+whenever it renews one, and NATS maps the identity, not the serial. The serials of the
+identity's certificates found when it is revoked are recorded with it too (`certificates`):
+they go into the issuing CA's CRL, which the box's PostgreSQL and nginx read (decision
+0038). A revoked identity is never enrolled again (pick a new node name); it stays in the
+list.
 """
 
 from __future__ import annotations
@@ -35,10 +37,11 @@ REVOKED_FILE = "revoked.json"
 @runtime_checkable
 class RevokingIssuer(Protocol):
     """An issuer that can also revoke what it issued (OpenBao's PKI: the certificates of an
-    identity, so its CRL lists them). Optional beside `pki.CertificateIssuer`: `revoke`
-    calls it when the box's issuer has it; the NATS map stays the enforcement."""
+    identity, so its CRL lists them, and the identity's token, so it issues no more).
+    Optional beside `pki.CertificateIssuer`: `revoke` calls it when the box's issuer has it;
+    it answers the certificates it revoked (or None)."""
 
-    def revoke_identity(self, identity: str) -> None: ...
+    def revoke_identity(self, identity: str) -> list[RevokedCertificate] | None: ...
 
 
 def node_kind(node: str) -> str:
@@ -54,12 +57,24 @@ class EnrolledNode(BaseModel):
     node: str
 
 
+class RevokedCertificate(BaseModel):
+    """One certificate of a revoked identity: its serial (hex pairs joined by ':', as
+    OpenBao writes them) and its issuer's common name (which CA's CRL lists it)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    serial: str
+    issuer: str
+    not_after: datetime | None = None
+
+
 class Revocation(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     identity: str
     revoked_at: datetime
     reason: str = ""
+    certificates: list[RevokedCertificate] = []
 
 
 def _token(what: str, value: str) -> str:
@@ -126,14 +141,43 @@ class IdentityRegistry:
         self._write(NODES_FILE, [*nodes, node])
         return True
 
-    def revoke(self, identity: str, reason: str, now: datetime | None = None) -> Revocation:
-        """Add `identity` to the list (idempotent: the first revocation is kept)."""
+    def revoke(
+        self,
+        identity: str,
+        reason: str,
+        now: datetime | None = None,
+        certificates: list[RevokedCertificate] | None = None,
+    ) -> Revocation:
+        """Add `identity` to the list (idempotent: the first revocation's time and reason are
+        kept; `certificates` not yet recorded are added to it)."""
         if not identity.startswith("spiffe://"):
             raise DevboxError(f"{identity!r}: not a SPIFFE ID (spiffe://sco/<region>/<kind>)")
         rows = self.revoked()
-        for r in rows:
+        for i, r in enumerate(rows):
             if r.identity == identity:
-                return r
-        row = Revocation(identity=identity, revoked_at=now or datetime.now(UTC), reason=reason)
+                known = {(c.issuer, c.serial) for c in r.certificates}
+                new = _unique([c for c in certificates or [] if (c.issuer, c.serial) not in known])
+                if not new:
+                    return r
+                rows[i] = r.model_copy(update={"certificates": [*r.certificates, *new]})
+                self._write(REVOKED_FILE, list(rows))
+                return rows[i]
+        row = Revocation(
+            identity=identity,
+            revoked_at=now or datetime.now(UTC),
+            reason=reason,
+            certificates=_unique(certificates or []),
+        )
         self._write(REVOKED_FILE, [*rows, row])
         return row
+
+    def revoked_serials(self, issuer: str) -> list[str]:
+        """Every recorded serial `issuer` (a CA's common name) issued to a revoked identity."""
+        return [c.serial for r in self.revoked() for c in r.certificates if c.issuer == issuer]
+
+
+def _unique(certs: list[RevokedCertificate]) -> list[RevokedCertificate]:
+    seen: dict[tuple[str, str], RevokedCertificate] = {}
+    for c in certs:
+        seen.setdefault((c.issuer, c.serial), c)
+    return list(seen.values())

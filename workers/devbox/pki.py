@@ -111,6 +111,10 @@ class BoxCA:
         self._ensure_ca()
         return self.dir / "ca.crt"
 
+    def authority(self) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+        """The CA's certificate and key (made on first use): what signs its CRL too."""
+        return self._ensure_ca()
+
     def _ensure_ca(self) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
         cert_path, key_path = self.dir / "ca.crt", self.dir / "ca.key"
         if cert_path.is_file() and key_path.is_file():

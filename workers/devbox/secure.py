@@ -18,6 +18,7 @@ Kafka clients (tried here with confluent-kafka and `openssl s_client`).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import secrets
@@ -25,10 +26,17 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from cryptography.x509.oid import NameOID
 
 from contracts.region import load_region
-from workers.devbox import process, tls_servers
-from workers.devbox.identities import EnrolledNode, IdentityRegistry, RevokingIssuer, node_kind
+from workers.devbox import crl, process, tls_servers
+from workers.devbox.identities import (
+    EnrolledNode,
+    IdentityRegistry,
+    RevokedCertificate,
+    RevokingIssuer,
+    node_kind,
+)
 from workers.devbox.pki import BoxCA, CertificateIssuer, Issued, spiffe_id
 from workers.devbox.process import DevboxError, ProcessRecord
 from workers.devbox.services import (
@@ -188,7 +196,9 @@ class SecureProfile:
     def overrides(self, kind: str, region: str) -> dict[str, Any]:
         """The settings that make `kind` of `region` a client of the secure box: addresses,
         TLS with its own certificate, its NATS user (named by that certificate)."""
-        cert = self.issuer.issue(kind, region)
+        revoked = spiffe_id(kind, region) in self.identities.revoked_ids()
+        # A revoked identity keeps its revoked certificate: never issued anew (decision 0038).
+        cert = self.certificate_files(kind, region) if revoked else self.issuer.issue(kind, region)
         ca = str(self.issuer.ca_file)
         client_tls = {
             "enabled": True,
@@ -226,7 +236,7 @@ class SecureProfile:
                 "address": f"{SERVER_NAME}:{self.temporal_port}",
                 "tls": client_tls,
             },
-            **self._identity(kind, region, cert.cert_path, cert.key_path),
+            **({} if revoked else self._identity(kind, region, cert.cert_path, cert.key_path)),
         }
 
     def settings_for(self, kind: str, region: str, base: Settings | None = None) -> Settings:
@@ -348,16 +358,82 @@ class SecureProfile:
         return self.issuer.issue(node_kind(node), region)
 
     def revoke(self, identity: str, reason: str) -> None:
-        """Record `identity` as revoked, and revoke it at the issuer when the issuer can
-        (`identities.RevokingIssuer`); the caller reloads NATS."""
+        """Record `identity` as revoked with the serials of its certificates, revoke it at
+        the issuer when the issuer can (`identities.RevokingIssuer`: OpenBao's CRL, its
+        token), and write the CRL file again; the caller reloads NATS, PostgreSQL and nginx.
+        Idempotent: again, it records only certificates not yet recorded."""
         known = self.known_identities()
         if identity not in known:
             raise DevboxError(
                 f"{identity}: no identity of this box (`sco dev certs list` shows them)"
             )
-        self.identities.revoke(identity, reason)
+        self.identities.revoke(identity, reason)  # first: the box issues it nothing from now on
+        certs = self._certificate_on_disk(identity)
         if isinstance(self.issuer, RevokingIssuer):  # OpenBao: its CRL says so too
-            self.issuer.revoke_identity(identity)
+            certs += self.issuer.revoke_identity(identity) or []
+        self.identities.revoke(identity, reason, certificates=certs)
+        self.write_crl(strict=False)  # the servers' reload fetches OpenBao's, strictly
+
+    def certificate_files(self, kind: str, region: str) -> Issued:
+        """Where the box keeps `kind`'s certificate and key (whichever source issued them)."""
+        stem = "client-" + f"{region}-{kind}".replace("/", "-")
+        return Issued(self.root / "pki" / f"{stem}.crt", self.root / "pki" / f"{stem}.key")
+
+    def _certificate_on_disk(self, identity: str) -> list[RevokedCertificate]:
+        """The identity's certificate file of the box's, if it holds that identity."""
+        from workers.devbox.pki import certificate_identity
+
+        region, _, kind = identity.removeprefix("spiffe://sco/").partition("/")
+        path = self.certificate_files(kind, region).cert_path
+        cert = crl.read_certificate(path)
+        if cert is None or certificate_identity(path) != [identity]:
+            return []
+        return [
+            RevokedCertificate(
+                serial=crl.serial_text(cert.serial_number),
+                issuer=crl.issuer_cn(cert),
+                not_after=cert.not_valid_after_utc,
+            )
+        ]
+
+    # -- the CRL of every CA of the trust bundle (decision 0038) -----------------------------
+
+    @property
+    def crl_file(self) -> Path:
+        """Every CA's CRL in one PEM file: what PostgreSQL and nginx read."""
+        return self.root / "crl" / "crl.pem"
+
+    def write_crl(self, *, strict: bool = True) -> bool:
+        """The CRL file written again: the box CA's own CRL of the serials it issued to
+        revoked identities, and OpenBao's CRLs when it issues (the last ones fetched when it
+        does not answer; with `strict`, an error when none ever was: a server reading the
+        file would refuse every client of OpenBao's). True when the file changed."""
+        parts = self.root / "crl" / "parts"
+        box_ca = self.issuer.fallback if hasattr(self.issuer, "fallback") else self.issuer
+        if isinstance(box_ca, BoxCA):
+            ca_cert, _ = box_ca.authority()
+            names = ca_cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+            serials = self.identities.revoked_serials(str(names[0].value))
+            path = parts / f"{crl.BOX_CA_PART}.pem"
+            previous = path.read_bytes() if path.is_file() else None
+            crl.write_if_changed(
+                path, crl.box_ca_crl(box_ca, [crl.serial_int(s) for s in serials], previous)
+            )
+        fetch = getattr(self.issuer, "crls", None)
+        if fetch is not None:
+            try:
+                for mount, pem in fetch().items():
+                    crl.write_if_changed(parts / f"{mount}.pem", pem)
+            except DevboxError:
+                fetched = [p for p in parts.glob("*.pem") if p.name != f"{crl.BOX_CA_PART}.pem"]
+                if strict and not fetched:
+                    raise  # no CRL of OpenBao's at all: its clients would all be refused
+        text = b"".join(p.read_bytes().strip() + b"\n" for p in sorted(parts.glob("*.pem")))
+        return crl.write_if_changed(self.crl_file, text)
+
+    def crl_detail(self) -> str:
+        """`sco dev status`: what the CRL file revokes and how old it is."""
+        return crl.crl_summary(self.crl_file)
 
 
 # --- the secure box's services ---------------------------------------------------------------
@@ -402,18 +478,40 @@ class SecurePostgresService(PostgresService):
         (data / "sco-tls.conf").write_text(
             tls_servers.tls_postgres_conf(HOST, self.p.postgres_port, cert, key, ca, None)
         )
+        self.install_crl()
         conf = data / "postgresql.conf"
-        if "include 'sco-tls.conf'" not in conf.read_text():
-            with conf.open("a") as fh:
-                fh.write("\ninclude 'sco-tls.conf'\n")
+        for include in ("sco-tls.conf", "sco-crl.conf"):
+            if f"include '{include}'" not in conf.read_text():
+                with conf.open("a") as fh:
+                    fh.write(f"\ninclude '{include}'\n")
         tls_servers.give_to(user, data / "pg_hba.conf", data / "sco-tls.conf")
         rec = process.start([str(bin_dir / "postgres"), "-D", str(data)], self._log(), user=user)
         process.wait_until("postgres", lambda: self.probe().ok, timeout=60, record=rec)
         return rec
 
+    def install_crl(self) -> Path:
+        """The box's CRL file (written again) copied where the server user reads it, under a
+        name of its content, and named in `sco-crl.conf`: a reload that took it shows it in
+        `ssl_crl_file` (decision 0038). Returns that copy."""
+        self.p.write_crl()
+        user = tls_servers.postgres_run_as()
+        text = self.p.crl_file.read_bytes()
+        tls = self.p.root / "postgres-tls"
+        name = f"crl-{hashlib.sha256(text).hexdigest()[:12]}.pem"
+        copy = tls_servers.copy_private(self.p.crl_file, tls / name, user)
+        for old in tls.glob("crl-*.pem"):
+            if old.name != name:
+                old.unlink()
+        data = self.p.root / "postgres"
+        (data / "sco-crl.conf").write_text(tls_servers.postgres_crl_conf(copy))
+        tls_servers.give_to(user, data / "sco-crl.conf")
+        return copy
+
     def probe(self) -> Health:
         h = super().probe()
-        return Health(h.ok, f"{h.detail}, TLS" if h.ok else h.detail)
+        if not h.ok:
+            return h
+        return Health(True, f"{h.detail}, TLS; {self.p.crl_detail()}")
 
 
 class SecureNatsService(NatsService):
@@ -481,6 +579,15 @@ class SecureTemporalService(TemporalService):
         h = super().probe()
         return Health(h.ok, "mutual TLS through nginx; UI off" if h.ok else h.detail)
 
+    def install_crl(self) -> Path:
+        """The box's CRL file (written again) copied where nginx's configuration names it;
+        a reload (SIGHUP) reads it (decision 0038)."""
+        self.p.write_crl()
+        path = self.p.root / "nginx" / "crl.pem"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        crl.write_if_changed(path, self.p.crl_file.read_bytes())
+        return path
+
     def start(self) -> ProcessRecord:
         process.require_free_port(self.name, HOST, self.p.temporal_port)
         binary = process.require_binary(
@@ -494,6 +601,7 @@ class SecureTemporalService(TemporalService):
             tls_servers.nginx_grpc_mtls_conf(
                 run, HOST, self.p.temporal_port, server.cert_path, server.key_path,
                 self.p.issuer.ca_file, f"{HOST}:{self.p.temporal_backend_port}",
+                crl=self.install_crl(),
             ),
         )  # fmt: skip
         # nginx's master retitles itself: that title is how `down` knows the pid is ours.

@@ -83,6 +83,12 @@ def tls_postgres_conf(
     )
 
 
+def postgres_crl_conf(crl: Path | None) -> str:
+    """postgresql.conf lines naming the CRL file (every CA of the trust bundle's CRL: with
+    one, PostgreSQL checks every certificate of a client's chain); a reload reads it."""
+    return f"ssl_crl_file = '{crl}'\n" if crl is not None else "ssl_crl_file = ''\n"
+
+
 def tls_only_hba(*, client_cert: bool, local_trust: bool = False) -> str:
     """pg_hba.conf: TLS with a password (and, with `client_cert`, a certificate the CA
     signed); anything over TCP without TLS is rejected."""
@@ -145,10 +151,20 @@ def nats_tls_config(
 
 
 def nginx_grpc_mtls_conf(
-    run_dir: Path, host: str, port: int, cert: Path, key: Path, ca: Path, upstream: str
+    run_dir: Path,
+    host: str,
+    port: int,
+    cert: Path,
+    key: Path,
+    ca: Path,
+    upstream: str,
+    crl: Path | None = None,
 ) -> str:
     """nginx terminating TLS with `ssl_verify_client on` (a client without a certificate the
-    CA signed is refused in the handshake) and passing gRPC to `upstream` (host:port)."""
+    CA signed is refused in the handshake) and passing gRPC to `upstream` (host:port); with
+    `crl`, a client whose certificate (or any CA of its chain) a CRL there revokes is refused
+    too (the file must hold a CRL of every CA in `ca`: nginx then checks the whole chain)."""
+    crl_line = f"\n        ssl_crl {crl};" if crl is not None else ""
     return f"""daemon off;
 pid {run_dir}/nginx.pid;
 error_log {run_dir}/error.log info;
@@ -167,7 +183,7 @@ http {{
         ssl_client_certificate {ca};
         ssl_verify_client on;
         # An OpenBao identity: leaf, region's intermediate, root.
-        ssl_verify_depth 3;
+        ssl_verify_depth 3;{crl_line}
         ssl_protocols TLSv1.2 TLSv1.3;
         client_max_body_size 0;
         location / {{

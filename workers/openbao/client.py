@@ -155,6 +155,10 @@ class BaoClient:
         data = doc.get("data")
         return data if isinstance(data, dict) else {}
 
+    def read_raw(self, path: str) -> bytes:
+        """A path whose answer is not JSON (a CRL's PEM: `<pki>/crl/pem`)."""
+        return self._call_raw("GET", path, None, token=True)
+
     def list_keys(self, path: str) -> list[str]:
         """The keys under a path; [] when there are none."""
         try:
@@ -194,6 +198,18 @@ class BaoClient:
     def _call(
         self, method: str, path: str, body: dict[str, Any] | None, *, token: bool = True
     ) -> dict[str, Any]:
+        raw = self._call_raw(method, path, body, token=token)
+        if not raw:
+            return {}
+        try:
+            doc = json.loads(raw)
+        except json.JSONDecodeError:
+            raise BaoError(f"{method} {path}: the answer is not JSON") from None
+        return doc if isinstance(doc, dict) else {}
+
+    def _call_raw(
+        self, method: str, path: str, body: dict[str, Any] | None, *, token: bool
+    ) -> bytes:
         url = f"{self.address}/v1/{path}"
         headers = {"Content-Type": "application/json"}
         if token and self.token:
@@ -202,7 +218,7 @@ class BaoClient:
         req = urllib.request.Request(url, data=data, method=method, headers=headers)
         try:
             with urllib.request.urlopen(req, timeout=self._timeout, context=self._tls) as resp:
-                raw = resp.read()
+                raw: bytes = resp.read()
         except urllib.error.HTTPError as exc:
             errors = _errors(exc.read())
             if exc.code == 503 and any("sealed" in e for e in errors):
@@ -211,13 +227,7 @@ class BaoClient:
         except (urllib.error.URLError, OSError, TimeoutError) as exc:
             reason = getattr(exc, "reason", exc)
             raise BaoUnavailable(f"{self.address}: no answer ({reason})") from None
-        if not raw:
-            return {}
-        try:
-            doc = json.loads(raw)
-        except json.JSONDecodeError:
-            raise BaoError(f"{method} {path}: the answer is not JSON") from None
-        return doc if isinstance(doc, dict) else {}
+        return raw
 
 
 def _errors(raw: bytes) -> list[str]:
