@@ -24,7 +24,13 @@ disrupted for one reason only):
 Every replacement is make-before-break (the workflow launches it, every part of it, first),
 so a candidate with no allowed pool that has room (within the contract's `max_pool_share`
 of it) and covers at least the old instance's units (alone, or for a return from fallback
-in parts) is held back, never broken. Each reason goes
+in parts) is held back, never broken. Every replacement also keeps to the contract's
+spread groups as the controller's planner keeps its acquisitions to them (decision 0033):
+the members of a group hold at most `planning/costs.spread_cap` units in one pool, the
+replaced instances' units given back first, an instance counted for the units it covers
+(partly used under a cap smaller than it, as the planner does); members share the room
+within a round. A candidate only the spread rules out is held with a `spread: ...` why
+naming the group, the pool, the units and the cap. Each reason goes
 through `allowed_disruptions` (the contract's disruption budget and blackouts).
 Anti-churn for return from fallback: the instance is at least `min_age_seconds` old, the
 target pool has shown free capacity on `stable_rounds` rounds in a row (hysteresis: a
