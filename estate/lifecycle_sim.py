@@ -52,16 +52,20 @@ from planning.lifecycle import (
     LifeInstance,
     LifePool,
     Replacement,
+    SpreadMember,
     next_consolidation_streak,
     next_streak,
     plan_lifecycle,
+    spread_rooms,
 )
-from planning.models import PoolInput
+from planning.models import PlanInput, PoolInput
 
 #: Minute 0 of a simulation, as the planner's clock.
 EPOCH = datetime(2026, 1, 5, tzinfo=UTC)
 #: Karpenter's consolidation without budgets: every instance may go at once.
 NO_BUDGETS = Disruption(budgets=[Budget(max_percent=100)])
+#: The estate's planner plans with PlanInput's default spread fraction (estate.sco).
+SPREAD_MAX_POOL_FRACTION: float = PlanInput.model_fields["spread_max_pool_fraction"].default
 #: Karpenter replaces a node with "existing capacity plus a single new cheaper node"
 #: (kubernetes-sigs/karpenter designs/consolidation.md, "Node Replacement"): it never
 #: splits one node into several, so its return from fallback is one-for-one.
@@ -216,6 +220,23 @@ class ScoLifecycle(ScoToday):
     def _views(self, minute: int, targets: Sequence[int]) -> list[ContractLife]:
         fleet, cfg = self.fleet, self.cfg
         excluded = self.cycles.excluded() if self.excluding else set()
+        # The spread groups as the estate's planner (estate.sco) keeps to them.
+        wanted = [max(0, targets[t] - ten.floor_units) for t, ten in enumerate(fleet.tenants)]
+        groups = spread_rooms(
+            [
+                SpreadMember(
+                    groups=list(ten.demand.spread_groups),
+                    target_units=min(wanted[t], ten.demand.max_units_per_region),
+                    used={
+                        fleet.region.pool_id(fleet.pools[p]): h[t] * ten.upi[p]
+                        for p, h in enumerate(fleet.held)
+                        if h.get(t)
+                    },
+                )
+                for t, ten in enumerate(fleet.tenants)
+            ],
+            SPREAD_MAX_POOL_FRACTION,
+        )
         views = []
         for t, tenant in enumerate(fleet.tenants):
             name = tenant.name
@@ -294,9 +315,10 @@ class ScoLifecycle(ScoToday):
                 ContractLife(
                     contract=self.contracts[t],
                     tier=tenant.contract.tier,
-                    demand_units=max(0, targets[t] - tenant.floor_units),
+                    demand_units=wanted[t],
                     instances=instances,
                     pools=pools,
+                    spread=[groups[g] for g in sorted(set(tenant.demand.spread_groups))],
                 )
             )
         return views

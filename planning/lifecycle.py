@@ -24,7 +24,13 @@ disrupted for one reason only):
 Every replacement is make-before-break (the workflow launches it, every part of it, first),
 so a candidate with no allowed pool that has room (within the contract's `max_pool_share`
 of it) and covers at least the old instance's units (alone, or for a return from fallback
-in parts) is held back, never broken. Each reason goes
+in parts) is held back, never broken. Every replacement also keeps to the contract's
+spread groups as the controller's planner keeps its acquisitions to them (decision 0033):
+the members of a group hold at most `planning/costs.spread_cap` units in one pool, the
+replaced instances' units given back first, an instance counted for the units it covers
+(partly used under a cap smaller than it, as the planner does); members share the room
+within a round. A candidate only the spread rules out is held with a `spread: ...` why
+naming the group, the pool, the units and the cap. Each reason goes
 through `allowed_disruptions` (the contract's disruption budget and blackouts).
 Anti-churn for return from fallback: the instance is at least `min_age_seconds` old, the
 target pool has shown free capacity on `stable_rounds` rounds in a row (hysteresis: a
@@ -45,6 +51,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from contracts.disruption import DisruptionReason
 from contracts.model import Contract
+from planning.costs import spread_cap
 from planning.disruption_budget import BudgetVerdict, allowed_disruptions
 from planning.drift import fleet_drift, is_serving
 from planning.voluntary import expired
@@ -86,6 +93,52 @@ class LifePool(BaseModel):
     share_cap: int | None = Field(default=None, ge=0)
 
 
+class SpreadRoom(BaseModel):
+    """One spread group of a contract, as the controller's planner applies it to
+    acquisitions (planning/planner.py): the group's members together hold at most
+    `cap_units` units in any one pool (planning/costs.spread_cap of `fraction` of the
+    members' `target_units`); `used`: per pool, the units they hold there now (every unit
+    of each live reclaimable instance, as the planner counts the instances held)."""
+
+    group: str
+    cap_units: int = Field(ge=0)
+    fraction: float = Field(gt=0, le=1)  # control.spread_max_pool_fraction
+    target_units: int = Field(ge=0)
+    used: dict[str, int] = {}
+
+
+class SpreadMember(BaseModel):
+    """One contract's part in its spread groups: `target_units` (demand, capped by
+    max_units_per_region) and, per pool, the units its reclaimable instances hold."""
+
+    groups: list[str]
+    target_units: int = Field(ge=0)
+    used: dict[str, int] = {}
+
+
+def spread_rooms(members: Sequence[SpreadMember], fraction: float) -> dict[str, SpreadRoom]:
+    """Each spread group's cap and use per pool, from all of its members in the region:
+    the planner's rule (planning/costs.spread_cap over the members' targets summed)."""
+    totals: dict[str, int] = {}
+    used: dict[str, dict[str, int]] = {}
+    for m in members:
+        for g in sorted(set(m.groups)):
+            totals[g] = totals.get(g, 0) + m.target_units
+            per_pool = used.setdefault(g, {})
+            for pid, units in m.used.items():
+                per_pool[pid] = per_pool.get(pid, 0) + units
+    return {
+        g: SpreadRoom(
+            group=g,
+            cap_units=spread_cap(fraction, total),
+            fraction=fraction,
+            target_units=total,
+            used=dict(sorted(used[g].items())),
+        )
+        for g, total in sorted(totals.items())
+    }
+
+
 class ContractLife(BaseModel):
     contract: Contract
     tier: int = 3
@@ -94,6 +147,9 @@ class ContractLife(BaseModel):
     demand_units: int | None = None
     instances: list[LifeInstance] = []
     pools: list[LifePool] = []
+    # The contract's spread groups (spread_rooms); empty: none, or a snapshot from before
+    # replacements kept to them (its rounds replay as they were planned).
+    spread: list[SpreadRoom] = []
 
 
 class AntiChurn(BaseModel):
@@ -207,6 +263,11 @@ def _usable(
     )
 
 
+def _spread_left(spread: Mapping[str, int] | None, pool_id: str) -> int | None:
+    """Units the contract's spread groups may still add in the pool; None: no group."""
+    return None if spread is None else spread.get(pool_id, 0)
+
+
 def _target(
     pools: Sequence[LifePool],
     room: Mapping[str, int],
@@ -215,13 +276,22 @@ def _target(
     share: Mapping[str, int],
     streak: Mapping[str, int] | None = None,
     stable_rounds: int = 1,
+    spread: Mapping[str, int] | None = None,
+    freed: Mapping[str, int] | None = None,
 ) -> LifePool | None:
-    """The cheapest allowed pool with room, within the contract's pool share, whose
-    instance covers at least `units`."""
+    """The cheapest allowed pool with room, within the contract's pool share and its
+    spread groups' room (`spread`: units they may add per pool, plus `freed` there;
+    None: no group), whose instance covers at least `units`."""
+    need = max(units, 1)
     fits = [
         p
         for p in pools
-        if p.units >= max(units, 1) and _usable(p, room, share, streak, stable_rounds)
+        if p.units >= need
+        and _usable(p, room, share, streak, stable_rounds)
+        and (
+            spread is None
+            or spread.get(p.pool_id, 0) + (freed.get(p.pool_id, 0) if freed else 0) >= need
+        )
     ]
     return min(fits, key=lambda p: (p.price_per_hour, p.pool_id), default=None)
 
@@ -239,35 +309,54 @@ def _return_pools(
     streak: Mapping[str, int] | None,
     stable_rounds: int,
     max_parts: int,
+    spread: Mapping[str, int] | None = None,
 ) -> tuple[LifePool, ...] | None:
     """Where a replacement of `units` starts: one instance as large if a usable pool has
     one (fewer launches, fewer drains to go wrong), else the cheapest two to `max_parts`
-    smaller instances of usable pools that together cover `units` (ties: fewer
-    instances, then pool ids); None: neither.
+    instances of usable pools that together cover `units` (ties: fewer instances, then
+    pool ids); None: neither.
 
-    The smaller ones by a bounded knapsack over the units covered (capped at `units`):
-    each pool gives at most the instances its room and the contract's share allow."""
-    one = _target(pools, room, units, share=share, streak=streak, stable_rounds=stable_rounds)
+    The pieces by a bounded knapsack over the units covered (capped at `units`): each
+    pool gives at most the instances its room and the contract's share allow. With
+    spread groups (`spread`: the units they may still add per pool), a pool's instances
+    cover at most that many units, as the planner counts an instance its spread cap
+    leaves partly used; a pool that may add none gives nothing."""
+    one = _target(
+        pools,
+        room,
+        units,
+        share=share,
+        streak=streak,
+        stable_rounds=stable_rounds,
+        spread=spread,
+    )
     if one is not None:
         return (one,)
     if max_parts < 2 or units < 2:
         return None
+    # Without spread groups only smaller instances are left (one as large would have
+    # been usable above); with them, one as large may still cover part of `units`.
     smaller = sorted(
         (
             p
             for p in pools
-            if 0 < p.units < units and _usable(p, room, share, streak, stable_rounds)
+            if p.units > 0
+            and (spread is not None or p.units < units)
+            and _usable(p, room, share, streak, stable_rounds)
+            and (spread is None or spread.get(p.pool_id, 0) > 0)
         ),
         key=lambda p: (p.price_per_hour, p.pool_id),
     )
     # covered units -> the best set found so far that covers them
     best: dict[int, _PartSet] = {0: (0.0, 0, (), ())}
     for p in smaller:
-        limit = min(room.get(p.pool_id, 0), share.get(p.pool_id, max_parts), -(-units // p.units))
+        left = _spread_left(spread, p.pool_id)
+        reach = units if left is None else min(units, left)
+        limit = min(room.get(p.pool_id, 0), share.get(p.pool_id, max_parts), -(-reach // p.units))
         grown = dict(best)
         for covered, (cost, n, ids, picked) in best.items():
             for k in range(1, min(limit, max_parts - n) + 1):
-                got = min(units, covered + k * p.units)
+                got = min(units, covered + min(k * p.units, reach))
                 cand: _PartSet = (
                     cost + k * p.price_per_hour,
                     n + k,
@@ -279,6 +368,90 @@ def _return_pools(
         best = grown
     found = best.get(units)
     return found[3] if found is not None and found[1] >= 2 else None
+
+
+def _covered(
+    targets: Sequence[LifePool], units: int, spread: Mapping[str, int] | None
+) -> dict[str, int]:
+    """Per pool, the units the instances of `targets` cover of `units`, in order: each
+    at most its own units, what is still uncovered and what the spread groups may still
+    add in its pool (the planner's count: an instance may be partly used)."""
+    out: dict[str, int] = {}
+    left = max(units, 1)
+    for p in targets:
+        got = min(p.units, left)
+        room = _spread_left(spread, p.pool_id)
+        if room is not None:
+            got = min(got, max(0, room - out.get(p.pool_id, 0)))
+        out[p.pool_id] = out.get(p.pool_id, 0) + got
+        left -= got
+    return out
+
+
+class _SpreadBook:
+    """The spread groups of the region's contracts this round: each group's cap and the
+    units its members hold per pool, updated as replacements are planned (members of one
+    group share the room, whichever contract replaces)."""
+
+    def __init__(self, views: Sequence[ContractLife]) -> None:
+        self.rooms: dict[str, SpreadRoom] = {}
+        self.used: dict[str, dict[str, int]] = {}
+        for v in views:
+            for r in v.spread:
+                if r.group not in self.rooms:
+                    self.rooms[r.group] = r
+                    self.used[r.group] = dict(r.used)
+
+    def groups(self, view: ContractLife) -> list[str]:
+        return sorted({r.group for r in view.spread})
+
+    def left(self, view: ContractLife, freed: Mapping[str, int]) -> dict[str, int] | None:
+        """Per allowed pool, the units the contract's groups may still add there once the
+        replaced instances (`freed`: their units per pool) are gone; None: no group."""
+        groups = self.groups(view)
+        if not groups:
+            return None
+        return {
+            p.pool_id: min(self.rooms[g].cap_units - self.used[g].get(p.pool_id, 0) for g in groups)
+            + freed.get(p.pool_id, 0)
+            for p in view.pools
+        }
+
+    def take(self, view: ContractLife, added: Mapping[str, int], freed: Mapping[str, int]) -> None:
+        for g in self.groups(view):
+            used = self.used[g]
+            for pid, units in freed.items():
+                used[pid] = used.get(pid, 0) - units
+            for pid, units in added.items():
+                used[pid] = used.get(pid, 0) + units
+
+    def why(
+        self, view: ContractLife, what: str, added: Mapping[str, int], freed: Mapping[str, int]
+    ) -> str:
+        """Why `added` (units per pool) breaks the contract's spread groups."""
+        for pid, units in added.items():
+            for g in self.groups(view):
+                room = self.rooms[g]
+                now = self.used[g].get(pid, 0) - freed.get(pid, 0)
+                if now + units > room.cap_units:
+                    return (
+                        f"spread: {what} would put {now + units} units of spread group {g} "
+                        f"in pool {pid} ({now} there now), spread allows {room.cap_units} "
+                        f"in one pool (spread_max_pool_fraction {room.fraction:g} of the "
+                        f"group's {room.target_units} units)"
+                    )
+        groups = ", ".join(self.groups(view))
+        return f"spread: spread group(s) {groups} leave no pool room for it"
+
+
+def _freed(instances: Sequence[LifeInstance]) -> dict[str, int]:
+    """Units per pool the replaced instances hold in their spread groups' count (only
+    reclaimable ones are counted there, as the planner counts them)."""
+    out: dict[str, int] = {}
+    for i in instances:
+        if not i.committed:
+            out[i.pool_id] = out.get(i.pool_id, 0) + i.units
+    return out
 
 
 def _share_room(view: ContractLife) -> dict[str, int]:
@@ -356,6 +529,7 @@ def plan_lifecycle(
         for p in view.pools:
             room[p.pool_id] = min(room.get(p.pool_id, p.free), p.free)
     min_age = timedelta(seconds=anti_churn.min_age_seconds)
+    book = _SpreadBook(views)
     for view in sorted(views, key=lambda v: v.contract.name):
         name = view.contract.name
         candidates = _candidates(view, now)
@@ -377,6 +551,8 @@ def plan_lifecycle(
             if inst.hall in undrainable:
                 hold = f"no drain can be told in hall {inst.hall} lately (no relay answered)"
             targets: tuple[LifePool, ...] | None = None
+            freed = _freed([inst])
+            left = book.left(view, freed)
             if hold is None:
                 fallback = c.reason is DisruptionReason.RETURN_FROM_FALLBACK
                 parts = anti_churn.max_return_parts if fallback else 1
@@ -388,6 +564,7 @@ def plan_lifecycle(
                     streak=free_streak if fallback else None,
                     stable_rounds=anti_churn.stable_rounds,
                     max_parts=parts,
+                    spread=left,
                 )
                 if targets is None:
                     near = (
@@ -399,15 +576,32 @@ def plan_lifecycle(
                             streak=None,
                             stable_rounds=1,
                             max_parts=parts,
+                            spread=left,
                         )
                         if fallback
                         else None
                     )
-                    hold = (
-                        _unstable(near, free_streak, anti_churn.stable_rounds)
-                        if near is not None
-                        else f"no allowed reclaimable pool has room for {inst.units} unit(s)"
+                    # Room but for the spread groups: what the replacement would do to them.
+                    loose = (
+                        _return_pools(
+                            view.pools,
+                            room,
+                            inst.units,
+                            share=share,
+                            streak=None,
+                            stable_rounds=1,
+                            max_parts=parts,
+                        )
+                        if near is None and left is not None
+                        else None
                     )
+                    if near is not None:
+                        hold = _unstable(near, free_streak, anti_churn.stable_rounds)
+                    elif loose is not None:
+                        what = "the pieces" if len(loose) > 1 else "the replacement"
+                        hold = book.why(view, what, _covered(loose, inst.units, None), freed)
+                    else:
+                        hold = f"no allowed reclaimable pool has room for {inst.units} unit(s)"
                 else:
                     saving = inst.price_per_hour - sum(p.price_per_hour for p in targets)
                     if fallback and (
@@ -439,6 +633,7 @@ def plan_lifecycle(
                 room[target.pool_id] = room.get(target.pool_id, 0) - 1
                 if target.pool_id in share:  # a capped pool
                     share[target.pool_id] -= 1
+            book.take(view, _covered(targets, inst.units, left), freed)
             plan.replace.append(_replacement(name, inst, c, targets))
         if anti_churn.consolidate:
             taken = {c.instance.instance_id for c in candidates}
@@ -448,6 +643,7 @@ def plan_lifecycle(
                 view,
                 room,
                 share,
+                book,
                 free_streak,
                 taken,
                 now=now,
@@ -531,7 +727,10 @@ def _best_consolidation(
     taken: Collection[str],
     now: datetime,
     anti_churn: AntiChurn,
+    spread: Mapping[str, int] | None = None,
 ) -> _Consolidation | None:
+    """`spread`: the units the contract's spread groups may still add per pool (None: no
+    group); the instances a consolidation replaces give theirs back first."""
     demand = view.demand_units
     if demand is None or demand <= 0:
         return None  # nothing known to cover, or nothing to cover: the controller's call
@@ -565,6 +764,8 @@ def _best_consolidation(
             share=share,
             streak=free_streak,
             stable_rounds=anti_churn.stable_rounds,
+            spread=spread,
+            freed=_freed(group) if spread is not None else None,
         )
         if target is None:
             continue
@@ -589,6 +790,7 @@ def _consolidate(
     view: ContractLife,
     room: dict[str, int],
     share: dict[str, int],
+    book: _SpreadBook,
     free_streak: Mapping[str, int],
     taken: Collection[str],
     *,
@@ -601,11 +803,31 @@ def _consolidate(
 ) -> None:
     """At most one consolidation for the contract this round, if one is found, stable and
     within budget (else held, with why)."""
-    found = _best_consolidation(view, room, share, free_streak, taken, now, anti_churn)
-    if found is None:
-        return
     name = view.contract.name
     reason = DisruptionReason.CONSOLIDATION
+    spread = book.left(view, {})
+    found = _best_consolidation(view, room, share, free_streak, taken, now, anti_churn, spread)
+    if found is None:
+        if spread is not None:
+            # One the spread groups alone rule out: held, and the ledger says so.
+            loose = _best_consolidation(view, room, share, free_streak, taken, now, anti_churn)
+            if loose is not None:
+                ids = ", ".join(i.instance_id for i in loose.group)
+                why = book.why(
+                    view,
+                    f"one {loose.target.flavor} for {ids}",
+                    {loose.target.pool_id: loose.need},
+                    _freed(loose.group),
+                )
+                plan.held.append(
+                    Held(
+                        contract=name,
+                        instance_id=loose.group[0].instance_id,
+                        reason=reason,
+                        why=why,
+                    )
+                )
+        return
     first = found.group[0].instance_id
     plan.consolidable.append(name)
     ids = ", ".join(i.instance_id for i in found.group)
@@ -636,6 +858,7 @@ def _consolidate(
     room[found.target.pool_id] = room.get(found.target.pool_id, 0) - 1
     if found.target.pool_id in share:  # a capped pool
         share[found.target.pool_id] -= 1
+    book.take(view, {found.target.pool_id: found.need}, _freed(found.group))
     plan.replace.append(
         Replacement(
             contract=name,

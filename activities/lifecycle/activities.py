@@ -50,7 +50,13 @@ from contracts.model import Contract
 from contracts.notice import ReclaimRequest, parse_reclaim_reply, reclaim_subject
 from contracts.region import Region
 from planning.costs import pool_share_cap
-from planning.lifecycle import ContractLife, LifeInstance, LifePool
+from planning.lifecycle import (
+    ContractLife,
+    LifeInstance,
+    LifePool,
+    SpreadMember,
+    spread_rooms,
+)
 
 #: Acquisitions whose instances the lifecycle may replace: the controller's and its own.
 _REPLACEABLE = ("acq-", LIFECYCLE_PREFIX)
@@ -70,9 +76,12 @@ class LifecycleActivities:
         nats_connect: Callable[[], Awaitable[NatsClient]] | None = None,
         request_seconds: float = 10.0,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        spread_max_pool_fraction: float = 0.25,
     ) -> None:
         """`nats_connect`: a fresh connection to the region's NATS (closed after each
-        request); None: no NATS here, every drain is refused as unavailable."""
+        request); None: no NATS here, every drain is refused as unavailable.
+        `spread_max_pool_fraction`: the controller's (control.spread_max_pool_fraction),
+        so replacements keep to the spread groups its acquisitions keep to."""
         self._fleet = fleet
         self._control = control
         self._provider = provider
@@ -80,6 +89,7 @@ class LifecycleActivities:
         self._nats_connect = nats_connect
         self._request_seconds = request_seconds
         self._clock = clock
+        self._spread_fraction = spread_max_pool_fraction
 
     @activity.defn(name="lifecycle.snapshot")
     async def snapshot(self, inp: LifecycleSnapshotInput) -> LifecycleSnapshot:
@@ -97,6 +107,13 @@ class LifecycleActivities:
             live_per_pool[r.pool_id] = live_per_pool.get(r.pool_id, 0) + 1
         views: list[ContractLife] = []
         now = self._clock()
+        # Each contract's demand as consolidation keeps it covered: what the controller
+        # plans for (with headroom), before it nets out fallback and open acquisitions.
+        target = {c.name: demand.get(c.name, 0) + headroom_at(c, now)[0] for c in contracts}
+        groups = spread_rooms(
+            [_spread_member(region, c, target[c.name], rows, leaving) for c in contracts],
+            self._spread_fraction,
+        )
         for c in contracts:
             mine = [
                 r
@@ -114,9 +131,10 @@ class LifecycleActivities:
                     tier=c.tier,
                     # The controller holds the headroom beyond demand as cover: consolidation
                     # keeps it too, or the controller would buy back what it removed.
-                    demand_units=demand.get(c.name, 0) + headroom_at(c, now)[0],
+                    demand_units=target[c.name],
                     instances=[_instance(region, c, r) for r in mine],
                     pools=_allowed_pools(region, c, excluded),
+                    spread=[groups[g] for g in sorted(set(c.placement.spread_groups))],
                 )
             )
         wanted = sorted({p.pool_id for v in views for p in v.pools if not p.excluded})
@@ -235,6 +253,32 @@ def _instance(region: Region, contract: Contract, row: InstanceRow) -> LifeInsta
         price_per_hour=row.price_per_hour,
         units=units,
         provider_id=row.provider_id,
+    )
+
+
+def _spread_member(
+    region: Region, contract: Contract, wanted: int, rows: list[InstanceRow], leaving: set[str]
+) -> SpreadMember:
+    """The contract's part in its spread groups as the controller's planner counts it: its
+    target, and the units of its live reclaimable instances per pool (a Slurm node or one
+    with a planned reclaim is not counted: activities/control/activities.py)."""
+    used: dict[str, int] = {}
+    for r in rows:
+        if (
+            r.workload != contract.name
+            or r.hostname is not None
+            or r.instance_id in leaving
+            or r.capacity_type is not CapacityType.RECLAIMABLE
+        ):
+            continue
+        try:
+            units = units_per_instance(contract.unit, region.pool(r.pool_id))
+        except KeyError:
+            continue  # a pool gone from the region file
+        used[r.pool_id] = used.get(r.pool_id, 0) + units
+    cap = contract.placement.max_units_per_region
+    return SpreadMember(
+        groups=list(contract.placement.spread_groups), target_units=min(wanted, cap), used=used
     )
 
 

@@ -245,6 +245,7 @@ def build_activities(
         bundle_cache_dir=settings.bundle_cache_dir,
         trust_dir=settings.trust_dir,
         nats_connect=nats_connector(settings),
+        spread_max_pool_fraction=settings.control.spread_max_pool_fraction,
     )
     budget = BudgetActivities(
         client,

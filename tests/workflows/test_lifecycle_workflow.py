@@ -109,14 +109,17 @@ def install_bundle(
 ) -> None:
     """The example contracts, spark-etl with `disruption` and `placement` overrides (and
     the contracts in `also` with the same `disruption`), compiled, signed and installed (a
-    new serial each time; one key for all)."""
+    new serial each time; one key for all). spark-etl leaves its spread group (batch)
+    unless `placement` names one: at these tests' few units its cap per pool (1 unit) is
+    under one instance, and they test the workflow's steps, not the spread
+    (tests/planning/test_lifecycle_spread.py does)."""
     src = base / "contracts"
     shutil.rmtree(src, ignore_errors=True)
     shutil.copytree(REPO / "contracts" / "examples", src)
     path = src / f"{CONTRACT}.yaml"
     doc = yaml.safe_load(path.read_text())
     doc["disruption"] = disruption
-    doc["placement"].update(placement)
+    doc["placement"].update({"spread_groups": [], **placement})
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     for other in also:
         path = src / f"{other}.yaml"
@@ -552,6 +555,30 @@ async def test_two_half_empty_instances_consolidate_into_one_within_a_budget_of_
     st = await handle.query(LifecycleWorkflow.status)
     assert st.replaced == 2 and st.saved_per_hour == pytest.approx(0.032)
     await histories.record(handle, "lifecycle_consolidation")
+    await handle.terminate()
+
+
+async def test_a_return_the_spread_group_rules_out_is_held_and_explained(
+    env: Env, workflow_env: WorkflowEnvironment
+) -> None:
+    """The snapshot carries spark-etl's spread group as the controller plans with it: a
+    demand of 2 units allows 1 in one pool (0.25 of 2, at least 1), under one gp.xl (2
+    units): one for one, the fallback stays, and the ledger's `held` decision (the line
+    `sco explain contract` shows for the instance) says why."""
+    install_bundle(env.base, BUDGET_OF_ONE, spread_groups=["batch"])
+    ControlRepository(env.pool).set_demand("r1", "cli", {CONTRACT: 2})
+    fb = await seed(env, "r1.A.gp.xl", committed=True)
+    env.cloud.scarce = {p for p in env.cloud.region.pool_ids() if p != "r1.B.gp.xl"}
+    handle = await start(env, max_return_parts=1)
+    await until_held(env, workflow_env, fb, "spread: the replacement would put 2 units")
+    await pause_settled(handle)
+    assert [i for i, *_ in live(env)] == [fb] and env.notices == []
+    (why,) = [r for s, o, r in decisions(env, "disruption") if s == fb and o == "held"]
+    assert why == (
+        "return-from-fallback: spread: the replacement would put 2 units of spread group "
+        "batch in pool r1.B.gp.xl (0 there now), spread allows 1 in one pool "
+        "(spread_max_pool_fraction 0.25 of the group's 2 units)"
+    )
     await handle.terminate()
 
 
