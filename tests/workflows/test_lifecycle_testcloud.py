@@ -1,0 +1,294 @@
+"""LifecycleWorkflow on the real OpenStack test cloud: the box tests' scenarios
+(test_lifecycle_workflow.py, same harness: tests/support/lifecycle.py) with
+`OpenStackProvider` (Nova, Placement, Blazar) in place of the simulator, the halls' notice
+relays answering drain requests over real NATS, on the time-skipping server (a drain's
+notice lead is skipped, a boot on Nova is real):
+
+- a committed fallback instance, booted into a Blazar lease by a real fallback
+  acquisition, replaced by a reclaimable one once the lifecycle has seen free capacity on
+  two rounds: the replacement ACTIVE on the hall's spot host first, then the drain told,
+  then the fallback deleted on Nova;
+- two half-empty mem.xl consolidated into one gp.2xl within a budget of 1: one drain at a
+  time, both deleted on Nova;
+- a contract change (mem no longer allowed) drifting an instance and replacing it.
+
+Each test starts from its own fleet database and leaves the cloud as it found it. Needs
+the test cloud (`make testcloud-up`); skips without it (fails with SCO_REQUIRE_TESTCLOUD=1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+from temporalio.service import RPCError
+from temporalio.testing import WorkflowEnvironment
+
+from activities.events import InstanceState
+from activities.fleet.control_state import ControlRepository
+from activities.lifecycle.models import lifecycle_workflow_id
+from activities.provider.leases import fallback_acquisition
+from activities.provider.openstack import OpenStackProvider
+from contracts.region import Region
+from planning.arbiter import FallbackItem, FallbackPlan
+from tests.support import services
+from tests.support.control_harness import poll_until, provider_worker, scratch_fleet
+from tests.support.lifecycle import (
+    BUDGET_OF_ONE,
+    CONTRACT,
+    Life,
+    assert_one_at_a_time,
+    decisions,
+    install_bundle,
+    lifecycle_activities,
+    live,
+    relays_heard,
+    start,
+    until_replaced,
+)
+from tests.support.testcloud import leave_as_found, provider_or_skip, sco_leases, sco_servers
+from tests.support.wait import eventually_async
+from tests.support.worker_nats import NATS_URL
+from workflows.acquisition.models import AcquisitionInput, AcquisitionState, LaunchItem
+from workflows.acquisition.workflow import AcquisitionWorkflow
+from workflows.lifecycle.workflow import LifecycleWorkflow
+
+pytestmark = [
+    pytest.mark.testcloud,
+    pytest.mark.filterwarnings("ignore::openstack.warnings.RemovedInSDK50Warning"),
+    pytest.mark.filterwarnings("ignore::openstack.warnings.RemovedInSDK60Warning"),
+    pytest.mark.timeout(300),
+]
+
+#: The lifecycle on the cloud: rounds a minute apart in workflow time, no minimum age, and
+#: a build timeout no skip of workflow time outruns while Nova boots for real.
+CONFIG: dict[str, Any] = {"build_timeout_seconds": 3600, "poll_seconds": 1}
+
+
+@dataclass
+class Tc(Life):
+    provider: OpenStackProvider
+
+    @property
+    def conn(self) -> Any:
+        return self.provider.connection
+
+
+@pytest.fixture(scope="module")
+async def workflow_env() -> AsyncIterator[WorkflowEnvironment]:
+    env = await services.start_workflow_env()
+    yield env
+    await env.shutdown()
+
+
+@pytest.fixture
+async def tc(
+    workflow_env: WorkflowEnvironment, region_r1: Region, tmp_path: Path
+) -> AsyncIterator[Tc]:
+    provider = provider_or_skip()
+    conn = provider.connection
+    servers_before = set(await asyncio.to_thread(sco_servers, conn))
+    leases_before = {x["id"] for x in await asyncio.to_thread(sco_leases, conn)}
+    install_bundle(tmp_path, BUDGET_OF_ONE)
+    client = workflow_env.client
+    with scratch_fleet(region_r1) as (_, pool, fleet):
+        nc = await nats.connect(NATS_URL)
+        try:
+            notices, leaving = await relays_heard(nc, fleet, provider)
+            async with provider_worker(
+                client,
+                provider,
+                fleet,
+                ControlRepository(pool),
+                bundle_dir=tmp_path / "cache",
+                trust_dir=tmp_path / "trust",
+                extra_workflows=[LifecycleWorkflow],
+                extra_activities=lifecycle_activities(fleet, pool, provider, tmp_path),
+            ) as queue:
+                try:
+                    yield Tc(
+                        client=client,
+                        queue=queue,
+                        fleet=fleet,
+                        pool=pool,
+                        base=tmp_path,
+                        notices=notices,
+                        leaving_at_notice=leaving,
+                        provider=provider,
+                    )
+                finally:
+                    with contextlib.suppress(RPCError):
+                        await client.get_workflow_handle(lifecycle_workflow_id("r1")).terminate()
+        finally:
+            await nc.close()
+            await leave_as_found(provider, servers_before, leases_before)
+
+
+async def acquire(tc: Tc, inp: AcquisitionInput) -> list[str]:
+    """Spark-etl's instances as the controller acquires them (workflow id `acq-...`, so the
+    lifecycle may replace them): every one ACTIVE on Nova."""
+    handle = await tc.client.start_workflow(
+        AcquisitionWorkflow.run,
+        inp,
+        id=f"acq-r1-{CONTRACT}-{uuid.uuid4().hex[:6]}",
+        task_queue=tc.queue,
+    )
+    result = await handle.result()
+    p = result.progress
+    wanted = sum(i.instances for i in inp.items) or sum(
+        i.instances for i in (inp.fallback.items if inp.fallback else [])
+    )
+    assert (p.state, p.active) == (AcquisitionState.COMPLETED, wanted), p
+    return list(result.instance_ids)
+
+
+def launch(pool_id: str, instances: int, units: int) -> AcquisitionInput:
+    hall, flavor = pool_id.split(".", 2)[1], pool_id.split(".", 2)[2]
+    item = LaunchItem(pool_id=pool_id, hall=hall, flavor=flavor, instances=instances, units=units)
+    return AcquisitionInput(region="r1", contract=CONTRACT, tier=2, items=[item])
+
+
+def server_of(tc: Tc, instance_id: str) -> str:
+    row = tc.fleet.get_instance(instance_id)
+    assert row is not None and row.provider_id is not None, row
+    return row.provider_id
+
+
+async def servers(tc: Tc) -> dict[str, Any]:
+    return await asyncio.to_thread(sco_servers, tc.conn)
+
+
+async def until_gone_on_nova(tc: Tc, provider_ids: list[str]) -> None:
+    """Nova deletes asynchronously: the servers disappear from its list a moment later."""
+
+    async def gone() -> bool:
+        return not set(provider_ids) & set(await servers(tc))
+
+    await eventually_async(gone, timeout=60, what=f"{provider_ids} gone from Nova", every=1)
+
+
+async def until_replaced_on_cloud(tc: Tc, workflow_env: WorkflowEnvironment, n: int) -> None:
+    # 10 s of workflow time a second: the notice lead (120 s) passes in ~12 s, and a boot
+    # (real time) never meets its build timeout.
+    await until_replaced(tc, workflow_env, n, within=200, skip=10, every=1)
+
+
+async def test_a_blazar_fallback_returns_to_reclaimable_capacity_on_nova(
+    tc: Tc, workflow_env: WorkflowEnvironment
+) -> None:
+    plan = FallbackPlan(
+        contract=CONTRACT,
+        shortfall_units=2,
+        items=[
+            FallbackItem(
+                pool_id="r1.A.gp.xl",
+                hall="A",
+                flavor="gp.xl",
+                instances=1,
+                units=2,
+                price_per_hour=0.176,
+            )
+        ],
+        cost_per_hour=0.176,
+        current_spend_per_hour=0.0,
+        authority_per_hour=10.0,
+        needs_approval=False,
+        reason="no reclaimable capacity (test)",
+    )
+    (fb,) = await acquire(
+        tc, AcquisitionInput(region="r1", contract=CONTRACT, tier=2, fallback=plan)
+    )
+    fb_server = server_of(tc, fb)
+    before = (await servers(tc))[fb_server]
+    assert before.status == "ACTIVE" and before.compute_host == "hall-a-committed"  # Blazar's
+    assert before.metadata["sco-capacity"] == "committed"
+    assert [t for _, _, t, _ in live(tc)] == ["committed"]
+
+    handle = await start(tc, **CONFIG)
+    await until_replaced_on_cloud(tc, workflow_env, 1)
+
+    ((new, pool_id, kind, acq),) = live(tc)
+    assert kind == "reclaimable" and acq.startswith(f"life-r1-{CONTRACT}-")
+    on_nova = (await servers(tc))[server_of(tc, new)]
+    hall = pool_id.split(".")[1]
+    assert on_nova.status == "ACTIVE" and on_nova.compute_host == f"hall-{hall.lower()}"
+    assert on_nova.metadata["sco-capacity"] == "reclaimable"
+    await until_gone_on_nova(tc, [fb_server])
+    row = tc.fleet.get_instance(fb)
+    assert row is not None and row.state is InstanceState.DELETED
+    # Make-before-break: the drain was told once, after the replacement was ACTIVE.
+    assert [n.node for n in tc.notices] == [fb] and tc.leaving_at_notice == [1]
+    disruption = decisions(tc, "disruption")
+    assert any("seen on 1 of 2 rounds" in r for _, o, r in disruption if o == "held")
+    outcomes = [(s, o) for s, o, _ in disruption]
+    assert outcomes.index((fb, "replacing")) < outcomes.index((fb, "replaced"))
+    st = await handle.query(LifecycleWorkflow.status)
+    assert st.replaced == 1 and st.saved_per_hour == pytest.approx(0.176 - 0.064)
+    # The fallback's Blazar lease no longer has an instance booted into it.
+    leases = [
+        x
+        for x in await tc.provider.list_reservations("r1")
+        if (fallback_acquisition(x.owner) or "") == row.acquisition_id
+    ]
+    assert leases, "the fallback's lease was never made"
+
+
+async def test_two_half_empty_instances_consolidate_into_one_on_nova(
+    tc: Tc, workflow_env: WorkflowEnvironment
+) -> None:
+    """Demand 3 units held as two mem.xl (2 units each): one gp.2xl (4 units) covers it for
+    less; each mem.xl is drained and deleted in turn, never two at once (budget of 1)."""
+    ControlRepository(tc.pool).set_demand("r1", "cli", {CONTRACT: 3})
+    old = await acquire(tc, launch("r1.A.mem.xl", 2, 4))
+    old_servers = [server_of(tc, o) for o in old]
+    handle = await start(tc, **CONFIG)
+    await until_replaced_on_cloud(tc, workflow_env, 1)
+
+    ((new, pool_id, kind, _),) = live(tc)
+    assert pool_id.split(".")[2:] == ["gp", "2xl"] and kind == "reclaimable"
+    on_nova = (await servers(tc))[server_of(tc, new)]
+    assert on_nova.status == "ACTIVE" and on_nova.flavor.name == "gp.2xl"
+    await until_gone_on_nova(tc, old_servers)
+    for o in old:
+        row = tc.fleet.get_instance(o)
+        assert row is not None and row.state is InstanceState.DELETED
+    assert sorted(n.node for n in tc.notices) == sorted(old)
+    assert tc.leaving_at_notice == [1, 1]
+    assert_one_at_a_time(tc)
+    (replaced,) = [r for _, o, r in decisions(tc, "disruption") if o == "replaced"]
+    assert replaced.startswith("consolidation: ") and "saves 0.032/h" in replaced
+    st = await handle.query(LifecycleWorkflow.status)
+    assert st.replaced == 2
+
+
+async def test_a_contract_change_drifts_an_instance_and_replaces_it_on_nova(
+    tc: Tc, workflow_env: WorkflowEnvironment
+) -> None:
+    (old,) = await acquire(tc, launch("r1.B.mem.xl", 1, 2))
+    old_server = server_of(tc, old)
+    handle = await start(tc, **CONFIG)
+
+    async def first_round() -> bool:
+        st = await handle.query(LifecycleWorkflow.status)
+        return st.rounds >= 1 and not st.pending and not st.in_flight
+
+    await poll_until(first_round, within=60)
+    assert decisions(tc, "disruption") == []  # it conforms: nothing to do
+
+    install_bundle(tc.base, BUDGET_OF_ONE, skus=["gp"])  # mem no longer allowed
+    await until_replaced_on_cloud(tc, workflow_env, 1)
+    ((new, pool_id, _, _),) = live(tc)
+    assert pool_id.split(".")[2] == "gp"
+    on_nova = (await servers(tc))[server_of(tc, new)]
+    assert on_nova.status == "ACTIVE" and on_nova.flavor.name.startswith("gp.")
+    await until_gone_on_nova(tc, [old_server])
+    (replacing,) = [r for s, o, r in decisions(tc, "disruption") if o == "replacing"]
+    assert "drift: sku mem no longer allowed" in replacing
+    assert [n.node for n in tc.notices] == [old]
