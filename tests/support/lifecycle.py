@@ -65,11 +65,16 @@ class Life:
 
 
 def install_bundle(
-    base: Path, disruption: dict[str, Any], *, also: tuple[str, ...] = (), **placement: Any
+    base: Path,
+    disruption: dict[str, Any],
+    *,
+    also: tuple[str, ...] = (),
+    floors: dict[str, int] | None = None,
+    **placement: Any,
 ) -> None:
     """The example contracts, spark-etl with `disruption` and `placement` overrides (and
-    the contracts in `also` with the same `disruption`), compiled, signed and installed (a
-    new serial each time; one key for all)."""
+    the contracts in `also` with the same `disruption`, those in `floors` with that r1
+    floor), compiled, signed and installed (a new serial each time; one key for all)."""
     src = base / "contracts"
     shutil.rmtree(src, ignore_errors=True)
     shutil.copytree(REPO / "contracts" / "examples", src)
@@ -82,6 +87,11 @@ def install_bundle(
         path = src / f"{other}.yaml"
         doc = yaml.safe_load(path.read_text())
         doc["disruption"] = disruption
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    for contract, units in (floors or {}).items():
+        path = src / f"{contract}.yaml"
+        doc = yaml.safe_load(path.read_text())
+        doc["floor"]["r1"] = units
         path.write_text(yaml.safe_dump(doc, sort_keys=False))
     if not (base / "keys").exists():
         _, _, public = keys.generate(base / "keys")
@@ -232,7 +242,10 @@ async def until_held(
     try:
         await eventually_async(check, timeout=within, what=f"{subject} held: {why}", every=every)
     except AssertionError as exc:
-        raise AssertionError(f"{exc}; disruption decisions: {decisions(e, 'disruption')}") from None
+        at = await workflow_env.get_current_time()
+        raise AssertionError(
+            f"{exc}; workflow time {at}; disruption decisions: {decisions(e, 'disruption')}"
+        ) from None
 
 
 async def pause_settled(handle: WorkflowHandle[LifecycleWorkflow, None]) -> None:

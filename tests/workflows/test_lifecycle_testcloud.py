@@ -10,7 +10,9 @@ notice lead is skipped, a boot on Nova is real):
   then the fallback deleted on Nova;
 - two half-empty mem.xl consolidated into one gp.2xl within a budget of 1: one drain at a
   time, both deleted on Nova;
-- a contract change (mem no longer allowed) drifting an instance and replacing it.
+- a contract change (mem no longer allowed) drifting an instance and replacing it;
+- a blackout holding that drift while llm-train's floor keeper, on Blazar, rebuilds a
+  lost hall's share in the other halls (never voluntary, never blocked).
 
 Each test starts from its own fleet database and leaves the cloud as it found it. Needs
 the test cloud (`make testcloud-up`); skips without it (fails with SCO_REQUIRE_TESTCLOUD=1).
@@ -21,25 +23,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import nats
 import pytest
+from temporalio.client import WorkflowHandle
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
 from activities.events import InstanceState
 from activities.fleet.control_state import ControlRepository
+from activities.floor.activities import FloorActivities
+from activities.floor.models import floor_workflow_id
 from activities.lifecycle.models import lifecycle_workflow_id
 from activities.provider.leases import fallback_acquisition
 from activities.provider.openstack import OpenStackProvider
 from contracts.region import Region
 from planning.arbiter import FallbackItem, FallbackPlan
 from tests.support import services
-from tests.support.control_harness import poll_until, provider_worker, scratch_fleet
+from tests.support.control_harness import poll_until, provider_worker, scratch_fleet, skip_time
 from tests.support.lifecycle import (
     BUDGET_OF_ONE,
     CONTRACT,
@@ -51,13 +57,23 @@ from tests.support.lifecycle import (
     live,
     relays_heard,
     start,
+    until_held,
     until_replaced,
 )
-from tests.support.testcloud import leave_as_found, provider_or_skip, sco_leases, sco_servers
+from tests.support.paths import REGIONS_DIR
+from tests.support.testcloud import (
+    floor_on_cloud,
+    leave_as_found,
+    provider_or_skip,
+    sco_leases,
+    sco_servers,
+)
 from tests.support.wait import eventually_async
 from tests.support.worker_nats import NATS_URL
 from workflows.acquisition.models import AcquisitionInput, AcquisitionState, LaunchItem
 from workflows.acquisition.workflow import AcquisitionWorkflow
+from workflows.floor.models import FloorConfig, FloorInput, FloorState, HallEvent
+from workflows.floor.workflow import FloorKeeperWorkflow
 from workflows.lifecycle.workflow import LifecycleWorkflow
 
 pytestmark = [
@@ -70,6 +86,7 @@ pytestmark = [
 #: The lifecycle on the cloud: rounds a minute apart in workflow time, no minimum age, and
 #: a build timeout no skip of workflow time outruns while Nova boots for real.
 CONFIG: dict[str, Any] = {"build_timeout_seconds": 3600, "poll_seconds": 1}
+FLOOR = "llm-train"  # tier 1: gpu-a, halls A-D; a gpu-a.l holds one unit
 
 
 @dataclass
@@ -99,6 +116,13 @@ async def tc(
     install_bundle(tmp_path, BUDGET_OF_ONE)
     client = workflow_env.client
     with scratch_fleet(region_r1) as (_, pool, fleet):
+        floor = FloorActivities(
+            fleet,
+            provider,
+            regions_dir=REGIONS_DIR,
+            bundle_cache_dir=tmp_path / "cache",
+            trust_dir=tmp_path / "trust",
+        )
         nc = await nats.connect(NATS_URL)
         try:
             notices, leaving = await relays_heard(nc, fleet, provider)
@@ -109,8 +133,12 @@ async def tc(
                 ControlRepository(pool),
                 bundle_dir=tmp_path / "cache",
                 trust_dir=tmp_path / "trust",
-                extra_workflows=[LifecycleWorkflow],
-                extra_activities=lifecycle_activities(fleet, pool, provider, tmp_path),
+                extra_workflows=[LifecycleWorkflow, FloorKeeperWorkflow],
+                extra_activities=[
+                    *lifecycle_activities(fleet, pool, provider, tmp_path),
+                    floor.snapshot,
+                    floor.probe_halls,
+                ],
             ) as queue:
                 try:
                     yield Tc(
@@ -292,3 +320,86 @@ async def test_a_contract_change_drifts_an_instance_and_replaces_it_on_nova(
     (replacing,) = [r for s, o, r in decisions(tc, "disruption") if o == "replacing"]
     assert "drift: sku mem no longer allowed" in replacing
     assert [n.node for n in tc.notices] == [old]
+
+
+async def test_a_blackout_holds_the_drift_while_a_lost_hall_is_rebuilt_on_blazar(
+    tc: Tc, workflow_env: WorkflowEnvironment
+) -> None:
+    """An open blackout on spark-etl and llm-train: a drifted spark-etl instance stays,
+    while llm-train's floor (5 units here, a gpu-a.l each, at most 40 % in a hall) loses
+    hall B and is rebuilt in A, C and D on Blazar leases."""
+    (old,) = await acquire(tc, launch("r1.B.mem.xl", 1, 2))
+    old_server = server_of(tc, old)
+    now = datetime.now(UTC)
+    window = {
+        "start": (now - timedelta(days=1)).isoformat(),
+        "end": (now + timedelta(days=1)).isoformat(),
+    }
+    install_bundle(
+        tc.base,
+        {**BUDGET_OF_ONE, "blackouts": [window]},
+        also=(FLOOR,),
+        floors={FLOOR: 5},
+        skus=["gp"],  # mem no longer allowed: drifted
+    )
+    keeper = await tc.client.start_workflow(
+        FloorKeeperWorkflow.run,
+        FloorInput(
+            region="r1",
+            contract=FLOOR,
+            config=FloorConfig(probe_seconds=30, reservation_poll_seconds=1),
+        ),
+        id=floor_workflow_id("r1", FLOOR),
+        task_queue=tc.queue,
+    )
+    try:
+        spread = await floor_holding(keeper, lambda held: sum(held.values()) == 5)
+        await until_floor_on_cloud(tc, spread)
+        handle = await start(tc, stable_rounds=1, **CONFIG)
+        await until_held(tc, workflow_env, old, "blackout 0 is open", skip=10, every=1)
+
+        await keeper.signal(
+            FloorKeeperWorkflow.hall_lost, HallEvent(hall="B", operator="ops", reason="power")
+        )
+        survivors = await floor_holding(
+            keeper, lambda held: "B" not in held and sum(held.values()) == 5
+        )
+        await until_floor_on_cloud(tc, survivors)
+        await skip_time(workflow_env, 180)  # three more lifecycle rounds, still in blackout
+        st = await handle.query(LifecycleWorkflow.status)
+        assert st.rounds >= 4, st
+        assert not any(o == "replacing" for _, o, _ in decisions(tc, "disruption"))
+        assert [i for i, _, _, _ in live(tc)] == [old]
+        assert (await servers(tc))[old_server].status == "ACTIVE"
+        assert tc.notices == []  # no drain told
+        held = [r for s, o, r in decisions(tc, "disruption") if o == "held"]
+        assert len(held) == 1  # recorded once, not every round
+    finally:
+        with contextlib.suppress(RPCError):
+            await keeper.terminate("test over")
+
+
+async def floor_holding(
+    keeper: WorkflowHandle[FloorKeeperWorkflow, None], done: Callable[[dict[str, int]], bool]
+) -> dict[str, int]:
+    """Until the keeper holds its floor with nothing pending, `done` by its halls; those."""
+
+    async def holding() -> dict[str, int] | None:
+        st = await keeper.query(FloorKeeperWorkflow.status)
+        ok = st.state is FloorState.HOLDING and not st.pending and done(st.held_units_by_hall)
+        return st.held_units_by_hall if ok else None
+
+    try:
+        return await eventually_async(holding, timeout=180, what="the floor held", every=1)
+    except AssertionError:
+        raise AssertionError(await keeper.query(FloorKeeperWorkflow.status)) from None
+
+
+async def until_floor_on_cloud(tc: Tc, held: dict[str, int]) -> None:
+    """Until Nova's ACTIVE floor servers on Blazar's hosts are `held` per hall (fleet state
+    leads Nova by a moment)."""
+
+    async def agrees() -> bool:
+        return await asyncio.to_thread(floor_on_cloud, tc.conn, FLOOR) == held
+
+    await eventually_async(agrees, timeout=120, what=f"Nova holding the floor {held}", every=1)
