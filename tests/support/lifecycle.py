@@ -165,7 +165,7 @@ def lifecycle_activities(
         trust_dir=base / "trust",
         nats_connect=lambda: nats.connect(NATS_URL),
     )
-    return [life.snapshot, life.instance, life.tell_drain]
+    return [life.snapshot, life.instance, life.unused_fallback_leases, life.tell_drain]
 
 
 async def start(e: Life, **config: Any) -> WorkflowHandle[LifecycleWorkflow, None]:

@@ -7,7 +7,7 @@ notice lead is skipped, a boot on Nova is real):
 - a committed fallback instance, booted into a Blazar lease by a real fallback
   acquisition, replaced by a reclaimable one once the lifecycle has seen free capacity on
   two rounds: the replacement ACTIVE on the hall's spot host first, then the drain told,
-  then the fallback deleted on Nova;
+  then the fallback deleted on Nova and its Blazar lease deleted;
 - two half-empty mem.xl consolidated into one gp.2xl within a budget of 1: one drain at a
   time, both deleted on Nova;
 - a contract change (mem no longer allowed) drifting an instance and replacing it;
@@ -40,7 +40,7 @@ from activities.fleet.control_state import ControlRepository
 from activities.floor.activities import FloorActivities
 from activities.floor.models import floor_workflow_id
 from activities.lifecycle.models import lifecycle_workflow_id
-from activities.provider.leases import fallback_acquisition
+from activities.provider.leases import fallback_acquisition, parse_lease_name
 from activities.provider.openstack import OpenStackProvider
 from contracts.region import Region
 from planning.arbiter import FallbackItem, FallbackPlan
@@ -234,6 +234,8 @@ async def test_a_blazar_fallback_returns_to_reclaimable_capacity_on_nova(
         tc, AcquisitionInput(region="r1", contract=CONTRACT, tier=2, fallback=plan)
     )
     fb_server = server_of(tc, fb)
+    acq = (tc.fleet.get_instance(fb) or pytest.fail(fb)).acquisition_id or ""
+    fallback_leases = len(await leases_of(tc, acq))
     before = (await servers(tc))[fb_server]
     assert before.status == "ACTIVE" and before.compute_host == "hall-a-committed"  # Blazar's
     assert before.metadata["sco-capacity"] == "committed"
@@ -259,13 +261,23 @@ async def test_a_blazar_fallback_returns_to_reclaimable_capacity_on_nova(
     assert outcomes.index((fb, "replacing")) < outcomes.index((fb, "replaced"))
     st = await handle.query(LifecycleWorkflow.status)
     assert st.replaced == 1 and st.saved_per_hour == pytest.approx(0.176 - 0.064)
-    # The fallback's Blazar lease no longer has an instance booted into it.
-    leases = [
-        x
-        for x in await tc.provider.list_reservations("r1")
-        if (fallback_acquisition(x.owner) or "") == row.acquisition_id
+    # The fallback spend stops: its Blazar lease is deleted with its last instance.
+    assert fallback_leases == 1
+
+    async def lease_gone() -> bool:
+        return not await leases_of(tc, acq)
+
+    await eventually_async(lease_gone, timeout=60, what=f"{acq}'s lease deleted", every=1)
+
+
+async def leases_of(tc: Tc, acquisition: str) -> list[str]:
+    """The names of the fallback leases of `acquisition` on Blazar, read from its API."""
+    return [
+        x["name"]
+        for x in await asyncio.to_thread(sco_leases, tc.conn)
+        if (parsed := parse_lease_name(x["name"], "r1")) is not None
+        and fallback_acquisition(parsed.owner) == acquisition
     ]
-    assert leases, "the fallback's lease was never made"
 
 
 async def test_two_half_empty_instances_consolidate_into_one_on_nova(

@@ -31,7 +31,8 @@ from activities.fleet.repository import FleetRepository, InstanceSpec
 from activities.floor.activities import FloorActivities
 from activities.floor.models import floor_workflow_id
 from activities.provider.errors import InsufficientCapacity
-from activities.provider.interface import CreateRequest, ProviderInstance
+from activities.provider.interface import CreateRequest, ProviderInstance, ReservationRequest
+from activities.provider.leases import fallback_owner, lease_name
 from activities.provider.simulator import Latency, SimulatedCloud
 from contracts.region import Region
 from tests.support import histories, services
@@ -150,12 +151,29 @@ async def env(
         await nc.close()
 
 
-async def seed(e: Env, pool_id: str, *, committed: bool, price: float = 0.176) -> str:
-    """An instance of spark-etl the controller acquired: committed fallback or reclaimable."""
-    name = f"acq-r1-{CONTRACT}-{uuid.uuid4().hex[:8]}-0"
+async def seed(
+    e: Env,
+    pool_id: str,
+    *,
+    committed: bool,
+    price: float = 0.176,
+    acquisition: str | None = None,
+    reservation_id: str | None = None,
+) -> str:
+    """An instance of spark-etl the controller acquired: committed fallback or reclaimable;
+    `acquisition`: whose (default a new one); `reservation_id`: the lease it boots into."""
+    acquisition = acquisition or f"acq-r1-{CONTRACT}-{uuid.uuid4().hex[:8]}"
+    name = f"{acquisition}-{uuid.uuid4().hex[:4]}"
     pool = e.cloud.region.pool(pool_id)
     inst = await e.cloud.create(
-        CreateRequest(name=name, region="r1", pool_id=pool_id, hall=pool.hall, flavor=pool.flavor)
+        CreateRequest(
+            name=name,
+            region="r1",
+            pool_id=pool_id,
+            hall=pool.hall,
+            flavor=pool.flavor,
+            reservation_id=reservation_id,
+        )
     )
     e.fleet.record_acquire(
         InstanceSpec(
@@ -165,12 +183,61 @@ async def seed(e: Env, pool_id: str, *, committed: bool, price: float = 0.176) -
             capacity_type=CapacityType.COMMITTED if committed else CapacityType.RECLAIMABLE,
             workload=CONTRACT,
             tier=2,
-            acquisition_id=name.rsplit("-", 1)[0],
+            acquisition_id=acquisition,
             price_per_hour=price if committed else None,
         )
     )
     e.fleet.record_event(name, EventKind.READY, provider_id=inst.provider_id)
     return name
+
+
+async def test_a_returned_fallback_s_lease_goes_with_the_last_instance_booted_into_it(
+    env: Env, workflow_env: WorkflowEnvironment
+) -> None:
+    """Two fallback instances of one acquisition in one Blazar lease of 2: the lease stays
+    while one of them still boots into it, and is deleted with the second (the fallback
+    spend stops with the instances, not when the reconciler finds an orphan lease)."""
+    acq = f"acq-r1-{CONTRACT}-{uuid.uuid4().hex[:8]}"
+    lease = await env.cloud.create_reservation(
+        ReservationRequest(
+            name=lease_name("r1", "A", "gp.xl", fallback_owner(acq)),
+            region="r1",
+            hall="A",
+            flavor="gp.xl",
+            amount=2,
+            end=datetime.now(UTC) + timedelta(days=1),
+        )
+    )
+    fallbacks = [
+        await seed(
+            env, "r1.A.gp.xl", committed=True, acquisition=acq, reservation_id=lease.reservation_id
+        )
+        for _ in range(2)
+    ]
+    # A lease of another acquisition in the same hall and flavor is not this one's.
+    other = await env.cloud.create_reservation(
+        ReservationRequest(
+            name=lease_name("r1", "A", "gp.xl", fallback_owner(f"acq-r1-{CONTRACT}-other")),
+            region="r1",
+            hall="A",
+            flavor="gp.xl",
+            amount=1,
+            end=datetime.now(UTC) + timedelta(days=1),
+        )
+    )
+    handle = await start(env)
+    await until_replaced(env, workflow_env, 1)
+    await pause_settled(handle)
+    leases = {x.lease_id for x in await env.cloud.list_reservations("r1")}
+    assert leases == {lease.lease_id, other.lease_id}  # one instance still boots into it
+    await handle.signal(LifecycleWorkflow.resume, PauseInput(operator="test"))
+    await until_replaced(env, workflow_env, 2)
+    await pause_settled(handle)
+    for fb in fallbacks:
+        row = env.fleet.get_instance(fb)
+        assert row is not None and row.state is InstanceState.DELETED
+    assert {x.lease_id for x in await env.cloud.list_reservations("r1")} == {other.lease_id}
+    await handle.terminate()
 
 
 async def test_fallback_returns_to_reclaimable_capacity_within_a_budget_of_one(
