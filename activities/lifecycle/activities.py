@@ -8,7 +8,10 @@ reclaim is leaving anyway) and, for contracts that hold instances, their allowed
 reclaimable pools with the free capacity the provider reports (never more than the pool
 lends minus what runs there). Deciding is the workflow's pure code (planning/lifecycle.py).
 
-`instance` reads one instance's row (a replacement to release). `tell_drain` asks the
+`instance` reads one instance's row (a replacement to release). `unused_fallback_leases`
+names the Blazar leases a replaced fallback instance leaves with nothing booted into them
+(the workflow deletes them, budgeted: the fallback spend stops with the instance, not
+when the reconciler finds the orphan a quarter of an hour later). `tell_drain` asks the
 hall's notice relay, over NATS, to notice one instance (the request `sco reclaim --force`
 sends): the relay records the NOTICE, signs and publishes the notice, and the node's agent
 drains by the contract's drain action before the deadline. The agent hears it with the
@@ -35,6 +38,8 @@ from activities.lifecycle.models import (
     REQUESTED_BY,
     DrainInput,
     DrainTold,
+    FallbackLeaseInput,
+    FallbackLeases,
     InstanceLookup,
     InstanceRef,
     LifecycleSnapshot,
@@ -43,6 +48,7 @@ from activities.lifecycle.models import (
 from activities.plan_sources import PlanSources
 from activities.provider.free_capacity import free_capacity
 from activities.provider.interface import CloudProvider
+from activities.provider.leases import fallback_acquisition
 from contracts.bounded import InputRejected
 from contracts.feasibility import units_per_instance
 from contracts.headroom import headroom_at
@@ -172,6 +178,35 @@ class LifecycleActivities:
             pool_id=row.pool_id,
             provider_id=row.provider_id,
             price_per_hour=row.price_per_hour,
+        )
+
+    @activity.defn(name="lifecycle.unused_fallback_leases")
+    async def unused_fallback_leases(self, inp: FallbackLeaseInput) -> FallbackLeases:
+        """The leases of the instance's fallback acquisition in its hall and flavor, when
+        no live instance of that acquisition is left there (a lease of 2 with one instance
+        still booted into it stays)."""
+        row = await asyncio.to_thread(self._fleet.get_instance, inp.instance_id)
+        if row is None or row.capacity_type is not CapacityType.COMMITTED:
+            return FallbackLeases()
+        acq = row.acquisition_id or ""
+        flavor = f"{row.sku}.{row.size}"
+
+        def users() -> int:
+            rows = self._fleet.list_instances(inp.region, _LIVE, pool_id=row.pool_id)
+            return sum(1 for r in rows if r.acquisition_id == acq)
+
+        if not acq or await asyncio.to_thread(users) > 0:
+            return FallbackLeases()
+        leases = await self._provider.list_reservations(inp.region)
+        return FallbackLeases(
+            lease_ids=sorted(
+                x.lease_id
+                for x in leases
+                if fallback_acquisition(x.owner) == acq
+                and x.hall == row.hall
+                and x.flavor == flavor
+                and x.status not in ("TERMINATED", "DELETED")
+            )
         )
 
     @activity.defn(name="lifecycle.tell_drain")

@@ -68,3 +68,17 @@ class InstanceRef(BaseModel):
     pool_id: str = ""
     provider_id: str | None = None
     price_per_hour: float = 0.0
+
+
+class FallbackLeaseInput(BaseModel):
+    """A fallback instance the lifecycle has just deleted (its row is DELETED)."""
+
+    region: str
+    instance_id: str
+
+
+class FallbackLeases(BaseModel):
+    """Its acquisition's Blazar leases in its hall and flavor that no live instance of that
+    acquisition boots into any more: committed spend nothing uses."""
+
+    lease_ids: list[str] = []

@@ -272,6 +272,7 @@ def build_activities(
         intake.collect,
         lifecycle.snapshot,
         lifecycle.instance,
+        lifecycle.unused_fallback_leases,
         lifecycle.tell_drain,
     ]
 

@@ -104,6 +104,18 @@ def sco_servers(conn: Any, region: str = "r1") -> dict[str, Any]:
     }
 
 
+def floor_on_cloud(conn: Any, contract: str) -> dict[str, int]:
+    """`contract`'s ACTIVE floor servers per hall, on Blazar's hosts, read from Nova itself
+    (a floor server on a spot host fails the assertion)."""
+    out: dict[str, int] = {}
+    for s in sco_servers(conn).values():
+        meta = s.metadata or {}
+        if meta.get("sco-workload") == contract and s.status == "ACTIVE":
+            assert s.compute_host == f"hall-{s.availability_zone.lower()}-committed"
+            out[s.availability_zone] = out.get(s.availability_zone, 0) + 1
+    return dict(sorted(out.items()))
+
+
 def sco_leases(conn: Any, region: str = "r1") -> list[dict[str, Any]]:
     """SCO's Blazar leases (by name), straight from Blazar's API."""
     resp = conn.reservation.get("/leases")

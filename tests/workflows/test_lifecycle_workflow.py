@@ -7,23 +7,15 @@ decision recorded; a blackout that holds everything; pause and resume."""
 from __future__ import annotations
 
 import asyncio
-import json
-import shutil
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import nats
 import pytest
-import yaml
-from nacl.signing import SigningKey
-from nats.aio.client import Client as NatsClient
-from nats.aio.msg import Msg
 from psycopg_pool import ConnectionPool
-from temporalio.client import Client, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer
@@ -38,33 +30,35 @@ from activities.fleet.migrate import migrate
 from activities.fleet.repository import FleetRepository, InstanceSpec
 from activities.floor.activities import FloorActivities
 from activities.floor.models import floor_workflow_id
-from activities.lifecycle.activities import LifecycleActivities
-from activities.lifecycle.models import lifecycle_workflow_id
 from activities.provider.errors import InsufficientCapacity
-from activities.provider.interface import CreateRequest, ProviderInstance
+from activities.provider.interface import CreateRequest, ProviderInstance, ReservationRequest
+from activities.provider.leases import fallback_owner, lease_name
 from activities.provider.simulator import Latency, SimulatedCloud
-from contracts import keys
-from contracts.cache import BundleCache
-from contracts.compiler import compile_and_sign
-from contracts.notice import ReclaimNotice, reclaim_subject
 from contracts.region import Region
-from services.notice_relay.relay import NoticeRelay
-from services.notice_relay.service import request_handler
 from tests.support import histories, services
 from tests.support.control_harness import poll_until, region_worker, skip_time
-from tests.support.paths import BASE_DSN, REGIONS_DIR, REPO
+from tests.support.lifecycle import (
+    BUDGET_OF_ONE,
+    CONTRACT,
+    Life,
+    assert_one_at_a_time,
+    decisions,
+    install_bundle,
+    lifecycle_activities,
+    live,
+    pause_settled,
+    relays_heard,
+    start,
+    until_held,
+    until_replaced,
+)
+from tests.support.paths import BASE_DSN, REGIONS_DIR
 from tests.support.worker_nats import NATS_URL
 from workflows.acquisition.workflow import AcquisitionWorkflow
 from workflows.floor.models import FloorInput, FloorState, HallEvent
 from workflows.floor.workflow import FloorKeeperWorkflow
-from workflows.lifecycle.models import LifecycleConfig, LifecycleInput, LifecycleState, PauseInput
+from workflows.lifecycle.models import LifecycleState, PauseInput
 from workflows.lifecycle.workflow import LifecycleWorkflow
-
-CONTRACT = "spark-etl"  # tier 2: gp/mem, xl/2xl, halls A-D, 4 vCPU / 16 GiB a unit
-LEAD = timedelta(seconds=120)  # r1's notice lead
-BUDGET_OF_ONE: dict[str, Any] = {"budgets": [{"max_instances": 1}]}
-#: Halls whose notice relay runs in these tests: hall D has none (a drain there is not told).
-RELAY_HALLS = ("A", "B", "C")
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -92,57 +86,8 @@ class ScarceCloud(SimulatedCloud):
 
 
 @dataclass
-class Env:
-    client: Client
-    queue: str
+class Env(Life):
     cloud: ScarceCloud
-    fleet: FleetRepository
-    pool: ConnectionPool
-    base: Path
-    notices: list[ReclaimNotice]
-    # At each notice: spark-etl's instances then noticed or draining (the one told included).
-    leaving_at_notice: list[int]
-
-
-def install_bundle(
-    base: Path, disruption: dict[str, Any], *, also: tuple[str, ...] = (), **placement: Any
-) -> None:
-    """The example contracts, spark-etl with `disruption` and `placement` overrides (and
-    the contracts in `also` with the same `disruption`), compiled, signed and installed (a
-    new serial each time; one key for all). spark-etl leaves its spread group (batch)
-    unless `placement` names one: at these tests' few units its cap per pool (1 unit) is
-    under one instance, and they test the workflow's steps, not the spread
-    (tests/planning/test_lifecycle_spread.py does)."""
-    src = base / "contracts"
-    shutil.rmtree(src, ignore_errors=True)
-    shutil.copytree(REPO / "contracts" / "examples", src)
-    path = src / f"{CONTRACT}.yaml"
-    doc = yaml.safe_load(path.read_text())
-    doc["disruption"] = disruption
-    doc["placement"].update({"spread_groups": [], **placement})
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    for other in also:
-        path = src / f"{other}.yaml"
-        doc = yaml.safe_load(path.read_text())
-        doc["disruption"] = disruption
-        path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    if not (base / "keys").exists():
-        _, _, public = keys.generate(base / "keys")
-        (base / "trust").mkdir(parents=True, exist_ok=True)
-        (base / "trust" / public.name).write_bytes(public.read_bytes())
-    private = next((base / "keys").glob("*.key"))
-    out = base / "compiled.json"
-    result, serial = compile_and_sign(
-        src,
-        REGIONS_DIR,
-        keys.load_signing_key(private),
-        out,
-        serial=None,
-        created_at=datetime.now(UTC),
-    )
-    assert serial is not None, result
-    trust = keys.TrustStore.load(base / "trust")
-    assert BundleCache(base / "cache", trust).offer(out.read_bytes()).accepted
 
 
 @pytest.fixture
@@ -157,27 +102,6 @@ def fresh_db(region_r1: Region) -> Iterator[tuple[FleetRepository, ConnectionPoo
     services.drop_database(dsn)
 
 
-async def _no_backlog() -> int:
-    return 0  # the test runs no region worker to tell the exclusion cycle
-
-
-async def relay_answering(
-    nc: NatsClient, fleet: FleetRepository, cloud: SimulatedCloud, hall: str
-) -> None:
-    """Hall `hall`'s notice relay answering reclaim requests, as `sco notice-relay` does."""
-    relay = NoticeRelay(
-        region="r1",
-        hall=hall,
-        lead=LEAD,
-        repo=fleet,
-        provider=cloud,
-        js=nc.jetstream(),
-        signing_key=SigningKey.generate(),
-    )
-    await relay.ensure_stream()
-    await nc.subscribe(reclaim_subject("r1", hall), cb=request_handler(relay, _no_backlog))
-
-
 @pytest.fixture
 async def env(
     workflow_env: WorkflowEnvironment,
@@ -190,26 +114,7 @@ async def env(
     loop = asyncio.get_running_loop()
     cloud = ScarceCloud(region_r1, latency=Latency(boot_s=0.0), clock=loop.time)
     nc = await nats.connect(NATS_URL)
-    notices: list[ReclaimNotice] = []
-    leaving: list[int] = []
-
-    async def heard(msg: Msg) -> None:
-        notices.append(ReclaimNotice.model_validate(json.loads(msg.data)["notice"]))
-        rows = fleet.list_instances("r1", [InstanceState.NOTICED, InstanceState.DRAINING])
-        leaving.append(sum(1 for r in rows if r.workload == CONTRACT))
-
-    for hall in RELAY_HALLS:
-        await relay_answering(nc, fleet, cloud, hall)
-    await nc.subscribe("sco.r1.notice.>", cb=heard)
-    life = LifecycleActivities(
-        fleet,
-        ControlRepository(pool),
-        cloud,
-        regions_dir=REGIONS_DIR,
-        bundle_cache_dir=tmp_path / "cache",
-        trust_dir=tmp_path / "trust",
-        nats_connect=lambda: nats.connect(NATS_URL),
-    )
+    notices, leaving = await relays_heard(nc, fleet, cloud)
     floor = FloorActivities(
         fleet,
         cloud,
@@ -227,24 +132,48 @@ async def env(
             trust_dir=tmp_path / "trust",
             extra_workflows=[LifecycleWorkflow, FloorKeeperWorkflow],
             extra_activities=[
-                life.snapshot,
-                life.instance,
-                life.tell_drain,
+                *lifecycle_activities(fleet, pool, cloud, tmp_path),
                 floor.snapshot,
                 floor.probe_halls,
             ],
         ) as h:
-            yield Env(workflow_env.client, h.queue, cloud, fleet, pool, tmp_path, notices, leaving)
+            yield Env(
+                client=workflow_env.client,
+                queue=h.queue,
+                fleet=fleet,
+                pool=pool,
+                base=tmp_path,
+                notices=notices,
+                leaving_at_notice=leaving,
+                cloud=cloud,
+            )
     finally:
         await nc.close()
 
 
-async def seed(e: Env, pool_id: str, *, committed: bool, price: float = 0.176) -> str:
-    """An instance of spark-etl the controller acquired: committed fallback or reclaimable."""
-    name = f"acq-r1-{CONTRACT}-{uuid.uuid4().hex[:8]}-0"
+async def seed(
+    e: Env,
+    pool_id: str,
+    *,
+    committed: bool,
+    price: float = 0.176,
+    acquisition: str | None = None,
+    reservation_id: str | None = None,
+) -> str:
+    """An instance of spark-etl the controller acquired: committed fallback or reclaimable;
+    `acquisition`: whose (default a new one); `reservation_id`: the lease it boots into."""
+    acquisition = acquisition or f"acq-r1-{CONTRACT}-{uuid.uuid4().hex[:8]}"
+    name = f"{acquisition}-{uuid.uuid4().hex[:4]}"
     pool = e.cloud.region.pool(pool_id)
     inst = await e.cloud.create(
-        CreateRequest(name=name, region="r1", pool_id=pool_id, hall=pool.hall, flavor=pool.flavor)
+        CreateRequest(
+            name=name,
+            region="r1",
+            pool_id=pool_id,
+            hall=pool.hall,
+            flavor=pool.flavor,
+            reservation_id=reservation_id,
+        )
     )
     e.fleet.record_acquire(
         InstanceSpec(
@@ -254,7 +183,7 @@ async def seed(e: Env, pool_id: str, *, committed: bool, price: float = 0.176) -
             capacity_type=CapacityType.COMMITTED if committed else CapacityType.RECLAIMABLE,
             workload=CONTRACT,
             tier=2,
-            acquisition_id=name.rsplit("-", 1)[0],
+            acquisition_id=acquisition,
             price_per_hour=price if committed else None,
         )
     )
@@ -262,80 +191,53 @@ async def seed(e: Env, pool_id: str, *, committed: bool, price: float = 0.176) -
     return name
 
 
-async def start(e: Env, **config: Any) -> WorkflowHandle[LifecycleWorkflow, None]:
-    cfg = LifecycleConfig.model_validate({"interval_seconds": 60, "min_age_seconds": 0, **config})
-    return await e.client.start_workflow(
-        LifecycleWorkflow.run,
-        LifecycleInput(region="r1", config=cfg),
-        id=lifecycle_workflow_id("r1"),
-        task_queue=e.queue,
-    )
-
-
-def decisions(e: Env, kind: str) -> list[tuple[str, str, str]]:
-    """(subject, outcome, reason) of `kind` decisions, in order."""
-    with e.pool.connection() as conn:
-        rows = conn.execute(
-            "SELECT payload FROM outbox WHERE topic = 'sco.r1.decisions' ORDER BY id"
-        ).fetchall()
-    return [
-        (r[0]["subject"], r[0]["outcome"], r[0]["reason"]) for r in rows if r[0]["kind"] == kind
-    ]
-
-
-def live(e: Env) -> list[tuple[str, str, str, str]]:
-    """(instance, pool, capacity type, acquisition) of spark-etl's ACTIVE instances."""
-    return sorted(
-        (r.instance_id, r.pool_id, r.capacity_type.value, r.acquisition_id or "")
-        for r in e.fleet.list_instances("r1", [InstanceState.ACTIVE])
-        if r.workload == CONTRACT
-    )
-
-
-async def until_replaced(
-    e: Env, workflow_env: WorkflowEnvironment, n: int, within: float = 120
+async def test_a_returned_fallback_s_lease_goes_with_the_last_instance_booted_into_it(
+    env: Env, workflow_env: WorkflowEnvironment
 ) -> None:
-    async def check() -> bool:
-        await skip_time(workflow_env, 30)
-        return sum(1 for _, o, _ in decisions(e, "disruption") if o == "replaced") >= n
-
-    await poll_until(check, within=within, what=f"{n} replacement(s)")
-
-
-async def until_held(
-    e: Env, workflow_env: WorkflowEnvironment, subject: str, why: str, within: float = 60
-) -> None:
-    """Until a `held` decision about `subject` whose reason contains `why`."""
-
-    async def check() -> bool:
-        await skip_time(workflow_env, 30)
-        return any(
-            s == subject and o == "held" and why in r for s, o, r in decisions(e, "disruption")
+    """Two fallback instances of one acquisition in one Blazar lease of 2: the lease stays
+    while one of them still boots into it, and is deleted with the second (the fallback
+    spend stops with the instances, not when the reconciler finds an orphan lease)."""
+    acq = f"acq-r1-{CONTRACT}-{uuid.uuid4().hex[:8]}"
+    lease = await env.cloud.create_reservation(
+        ReservationRequest(
+            name=lease_name("r1", "A", "gp.xl", fallback_owner(acq)),
+            region="r1",
+            hall="A",
+            flavor="gp.xl",
+            amount=2,
+            end=datetime.now(UTC) + timedelta(days=1),
         )
-
-    await poll_until(check, within=within, what=f"{subject} held: {why}")
-
-
-async def pause_settled(handle: WorkflowHandle[LifecycleWorkflow, None]) -> None:
-    """Pause the workflow and wait until any round under way has finished."""
-    await handle.signal(LifecycleWorkflow.pause, PauseInput(operator="test"))
-
-    async def paused() -> bool:
-        st = await handle.query(LifecycleWorkflow.status)
-        return st.state is LifecycleState.PAUSED and not st.pending and not st.in_flight
-
-    await poll_until(paused, within=30)
-
-
-def assert_one_at_a_time(e: Env) -> None:
-    """Budget of 1: every `replacing` comes after the previous replacement's `replaced`."""
-    started = 0
-    for _, outcome, _ in decisions(e, "disruption"):
-        if outcome == "replacing":
-            started += 1
-            assert started == 1, decisions(e, "disruption")
-        elif outcome == "replaced":
-            started -= 1
+    )
+    fallbacks = [
+        await seed(
+            env, "r1.A.gp.xl", committed=True, acquisition=acq, reservation_id=lease.reservation_id
+        )
+        for _ in range(2)
+    ]
+    # A lease of another acquisition in the same hall and flavor is not this one's.
+    other = await env.cloud.create_reservation(
+        ReservationRequest(
+            name=lease_name("r1", "A", "gp.xl", fallback_owner(f"acq-r1-{CONTRACT}-other")),
+            region="r1",
+            hall="A",
+            flavor="gp.xl",
+            amount=1,
+            end=datetime.now(UTC) + timedelta(days=1),
+        )
+    )
+    handle = await start(env)
+    await until_replaced(env, workflow_env, 1)
+    await pause_settled(handle)
+    leases = {x.lease_id for x in await env.cloud.list_reservations("r1")}
+    assert leases == {lease.lease_id, other.lease_id}  # one instance still boots into it
+    await handle.signal(LifecycleWorkflow.resume, PauseInput(operator="test"))
+    await until_replaced(env, workflow_env, 2)
+    await pause_settled(handle)
+    for fb in fallbacks:
+        row = env.fleet.get_instance(fb)
+        assert row is not None and row.state is InstanceState.DELETED
+    assert {x.lease_id for x in await env.cloud.list_reservations("r1")} == {other.lease_id}
+    await handle.terminate()
 
 
 async def test_fallback_returns_to_reclaimable_capacity_within_a_budget_of_one(

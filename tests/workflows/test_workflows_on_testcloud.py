@@ -51,6 +51,7 @@ from tests.support import services
 from tests.support.control_harness import poll_until, provider_worker
 from tests.support.paths import BASE_DSN, REGIONS_DIR, REPO
 from tests.support.testcloud import (
+    floor_on_cloud,
     install_bundle,
     leave_as_found,
     provider_or_skip,
@@ -366,17 +367,6 @@ def _floor_leases(leases: list[Any]) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
-async def _floor_on_cloud(tc: Cloud) -> dict[str, int]:
-    """The floor's ACTIVE servers per hall, on Blazar's hosts, read from Nova itself."""
-    out: dict[str, int] = {}
-    for s in (await asyncio.to_thread(sco_servers, tc.conn)).values():
-        meta = s.metadata or {}
-        if meta.get("sco-workload") == FLOOR_CONTRACT and s.status == "ACTIVE":
-            assert s.compute_host == f"hall-{s.availability_zone.lower()}-committed"
-            out[s.availability_zone] = out.get(s.availability_zone, 0) + 1
-    return dict(sorted(out.items()))
-
-
 class _CloudHolds:
     """Whether Blazar's floor leases and Nova's ACTIVE floor servers are exactly `held`;
     `last` says what the cloud held at the last look, for the failure message."""
@@ -386,7 +376,7 @@ class _CloudHolds:
 
     async def __call__(self) -> bool:
         leases = _floor_leases(await self.tc.provider.list_reservations("r1"))
-        servers = await _floor_on_cloud(self.tc)
+        servers = await asyncio.to_thread(floor_on_cloud, self.tc.conn, FLOOR_CONTRACT)
         self.last = f"floor leases {leases}, ACTIVE floor servers {servers}"
         return leases == self.held and servers == self.held
 

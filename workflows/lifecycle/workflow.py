@@ -32,9 +32,12 @@ One replacement, make-before-break:
    released instead, and the old instance stays (decision `held`): never a break
    without a drain;
 4. at the deadline, the budgeted delete (`provider_calls.delete_instance`) and
-   `record_release` (DELETE in fleet state, a release decision); a consolidation's second
-   instance is drained and deleted after the first (one disruption at a time); then
-   decision `replaced` with the spend saved.
+   `record_release` (DELETE in fleet state, a release decision); a fallback's Blazar
+   lease that nothing boots into any more is deleted too (activity
+   `lifecycle.unused_fallback_leases`, then `provider_calls.delete_lease`), so the
+   fallback spend stops with it; a consolidation's second instance is drained and
+   deleted after the first (one disruption at a time); then decision `replaced` with
+   the spend saved.
 
 Operators pause and resume the region or one contract (signals `pause` / `resume`, `sco
 lifecycle pause|resume`); replacements under way finish, none starts. Candidates held
@@ -66,6 +69,8 @@ with workflow.unsafe.imports_passed_through():
         LIFECYCLE_PREFIX,
         DrainInput,
         DrainTold,
+        FallbackLeaseInput,
+        FallbackLeases,
         InstanceLookup,
         InstanceRef,
         LifecycleSnapshot,
@@ -104,13 +109,21 @@ with workflow.unsafe.imports_passed_through():
         ReplacementRecord,
     )
     from workflows.metrics import count
-    from workflows.provider_calls import STATE_RETRY, delete_instance, record_release
+    from workflows.provider_calls import (
+        STATE_RETRY,
+        delete_instance,
+        delete_lease,
+        record_release,
+    )
 
 T = TypeVar("T")
 
 #: Return from fallback in several smaller instances (decision 0031): rounds recorded
 #: before it planned one for one only.
 PATCH_RETURN_IN_PARTS = "return-from-fallback-in-parts"
+#: A returned fallback's lease deleted with its last instance (decision 0034): replacements
+#: recorded before it left the lease to the reconciler.
+PATCH_RELEASE_FALLBACK_LEASE = "release-fallback-lease"
 
 _RETRY = RetryPolicy(maximum_attempts=10, maximum_interval=timedelta(seconds=30))
 
@@ -523,6 +536,21 @@ class LifecycleWorkflow:
             at=workflow.now(),
             outcome="replaced",
         )
+        if old.fallback and workflow.patched(PATCH_RELEASE_FALLBACK_LEASE):
+            await self._release_fallback_lease(old)
+
+    async def _release_fallback_lease(self, old: LifeInstance) -> None:
+        """The fallback's Blazar lease, once nothing boots into it: deleted now (budgeted),
+        so the committed spend stops with the instance. Not deleted (Blazar refusing for a
+        while): the reconciler deletes the orphan later."""
+        unused: FallbackLeases = await workflow.execute_activity_method(
+            LifecycleActivities.unused_fallback_leases,
+            FallbackLeaseInput(region=self._inp.region, instance_id=old.instance_id),
+            start_to_close_timeout=timedelta(seconds=60),
+            retry_policy=STATE_RETRY,
+        )
+        for lease_id in unused.lease_ids:
+            await delete_lease(self._budget, self._inp.region, lease_id)
 
     async def _replaced(self, r: Replacement, gone: list[LifeInstance], new_id: str) -> None:
         saving = sum(o.price_per_hour for o in gone) - r.new_price_per_hour
