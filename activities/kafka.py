@@ -48,10 +48,16 @@ def producer_config(
 
 
 def ensure_topics(
-    bootstrap: str, topics: Iterable[str], *, partitions: int, replication_factor: int
+    bootstrap: str,
+    topics: Iterable[str],
+    *,
+    partitions: int,
+    replication_factor: int,
+    security: Mapping[str, Any] | None = None,
 ) -> list[str]:
-    """Create missing topics; return the ones created. Existing topics are left alone."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    """Create missing topics; return the ones created. Existing topics are left alone.
+    `security`: librdkafka TLS/SASL settings (workers/client_security.kafka_config)."""
+    admin = AdminClient({**(security or {}), "bootstrap.servers": bootstrap})
     try:
         existing = set(admin.list_topics(timeout=10).topics)
     except KafkaException as exc:

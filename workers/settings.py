@@ -112,8 +112,9 @@ class BoxSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     # default: plaintext on loopback, the machine's PostgreSQL and NATS when they answer.
-    # secure: the box's own TLS-only PostgreSQL, NATS and Temporal (behind nginx, mutual
-    # TLS), every process with a certificate of the box's CA (`sco dev up --profile secure`).
+    # secure: the box's own TLS-only PostgreSQL, NATS, Temporal and Kafka (the last two
+    # behind nginx, mutual TLS), every process with a certificate of the box's CA (`sco dev
+    # up --profile secure`).
     profile: Literal["default", "secure"] = "default"
     # The secure profile's listeners, on 127.0.0.1 (apart from the default profile's, so
     # the machine's shared PostgreSQL and NATS keep theirs).
@@ -122,6 +123,10 @@ class BoxSettings(BaseModel):
     secure_temporal_port: int = Field(default=7234, ge=1, le=65535)
     # The Temporal dev server nginx passes to: loopback only, plaintext (it has no TLS).
     secure_temporal_backend_port: int = Field(default=7235, ge=1, le=65535)
+    # The tansu broker nginx passes Kafka to: loopback only, plaintext (tansu 0.6 has no
+    # TLS). Clients reach nginx's mutual-TLS listener at `kafka.bootstrap_servers`, which
+    # the broker advertises in its metadata.
+    secure_kafka_backend_port: int = Field(default=19093, ge=1, le=65535)
     # Where the secure profile's processes get their certificates: `openbao`, the box's
     # OpenBao PKI role of each kind (each process renews its own; `identity.ttl_seconds`
     # and `identity.renew_fraction` of the box's settings); `box-ca`, a 30-day certificate

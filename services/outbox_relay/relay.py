@@ -112,6 +112,7 @@ class OutboxRelay:
         }
         self._producer = Producer(self._config)
         self._bootstrap = bootstrap
+        self._security = dict(kafka_security or {})
         self._topics = topics
         self._topics_ensured = False
         self._max_attempts = max_attempts
@@ -258,7 +259,9 @@ class OutboxRelay:
     def _ensure_topics(self) -> None:
         if self._topics is None or self._topics_ensured:
             return
-        created = ensure_topics(self._bootstrap, self._topics.names, **self._topics.layout())
+        created = ensure_topics(
+            self._bootstrap, self._topics.names, **self._topics.layout(), security=self._security
+        )
         if created:
             log.info("relay: created topics %s", ", ".join(created))
         self._topics_ensured = True

@@ -198,6 +198,23 @@ def test_plaintext_services_drop_only_theirs() -> None:
     assert s.nats_auth.password_file
 
 
+def test_kafka_sasl_drops_the_sasl_user_and_keeps_kafkas_mutual_tls() -> None:
+    """The secure box's Kafka (nginx's mutual TLS in front of tansu) takes the client
+    certificate and has no SASL: `kafka_sasl` drops the user and its password file only."""
+    import tomllib
+
+    from tests.deploy.test_k8s_manifests import K8S
+    from tests.support.kube_play import plaintext_config
+    from workers.settings import Settings
+
+    shipped = (K8S / "base" / "sco.toml").read_text()
+    s = Settings(**tomllib.loads(plaintext_config(shipped, frozenset({"kafka_sasl"}))))
+    assert not (s.kafka.sasl_username or s.kafka.sasl_password_file)
+    t = s.kafka.tls
+    assert t.enabled and t.ca_file and t.client_cert_file and t.client_key_file
+    assert s.kafka.bootstrap_servers == "kafka-bootstrap.sco-estate.svc:9092"
+
+
 @needs_kubectl
 def test_a_containers_own_env_wins_over_its_config_map_as_in_kubernetes(tmp_path: Path) -> None:
     # podman 4.3.1 lets envFrom override env: each hall's relay ran as the region's NATS

@@ -2,7 +2,7 @@
 
 - the secure region in a box (`sco dev up --profile secure`, without its own processes):
   TLS-only PostgreSQL, NATS mapping each certificate's SPIFFE ID to its role's user,
-  Temporal behind nginx's mutual TLS, OpenBao;
+  Temporal and Kafka (tansu on loopback) behind nginx's mutual TLS, OpenBao;
 - overlay r1 rendered as shipped with TLS on, under `podman kube play` against it: the
   migration and bootstrap Jobs, then every Deployment (worker x3, each hall's notice relay,
   the outbox relay, the ledger consumer with the drain intake), each with its own kind's
@@ -92,7 +92,9 @@ from workers.temporal_connect import connect
 
 pytestmark = [
     pytest.mark.devbox,
-    pytest.mark.tools("podman", "runc", "slirp4netns", "debootstrap", "nginx", "kubectl"),
+    pytest.mark.tools(
+        "podman", "runc", "slirp4netns", "debootstrap", "nginx", "libnginx-mod-stream", "kubectl"
+    ),
     pytest.mark.timeout(900),
 ]
 WORKLOAD = REPO / "tests" / "support" / "node_workload.py"
@@ -110,7 +112,8 @@ class Region:
     operator_file: Path
     control: Settings  # the box's own identity (control-r1's permissions)
     database: str  # the fleet database's name on the box's TLS PostgreSQL
-    kafka: str  # host address:port (plaintext): pods and host reach it alike
+    kafka: str  # host address:port (nginx's mutual TLS, which tansu advertises): pods and
+    # host reach it alike
 
 
 def _need_servers() -> None:
@@ -195,7 +198,7 @@ def secure_inputs(root: Path, r: Region, tag: str, bundle: SignedBundle) -> Play
             "sco-credentials": {
                 "postgres.password": p.postgres_password_file.read_text(),
                 "ledger.password": "unused-the-ledger-is-embedded",
-                "kafka.password": "unused-the-box-kafka-is-plaintext",
+                "kafka.password": "unused-the-box-kafka-has-no-sasl",
             },
             **tls,
             "sco-nats-control": {"password": "unused-the-user-is-the-certificate"},
@@ -219,7 +222,8 @@ def secure_inputs(root: Path, r: Region, tag: str, bundle: SignedBundle) -> Play
         },
         shared={LEDGER_MOUNT: ledger},
         # The box's NATS user is the certificate's: no password is sent (it would refuse it).
-        plaintext_services=frozenset({"kafka", "ledger", "nats_password"}),
+        # Its Kafka verifies the certificate (nginx's mutual TLS) and has no SASL users.
+        plaintext_services=frozenset({"kafka_sasl", "ledger", "nats_password"}),
     )
 
 

@@ -14,9 +14,10 @@ deviation from the real cluster, listed here and in tests/deploy/README.md:
   A Secret the inputs lack is an error: every Secret a pod needs must be a documented input.
 - Against the plaintext box (`plaintext`) sco.toml loses its TLS tables and service
   passwords; against the secure box only the services it runs without TLS
-  (`plaintext_services`: its Kafka, tansu 0.6, and the ledger's embedded chDB) do, and
-  the NATS password file goes (`nats_password`: the box's NATS maps the certificate to
-  the user and refuses a CONNECT that carries a password too).
+  (`plaintext_services`: the ledger's embedded chDB) do, the NATS password file goes
+  (`nats_password`: the box's NATS maps the certificate to the user and refuses a CONNECT
+  that carries a password too) and Kafka's SASL user (`kafka_sasl`: the box's Kafka takes
+  the client certificate, nginx's mutual TLS, and has no SASL).
 - The `sco-region` ConfigMap gets the box's service addresses (`env`) as SCO_* variables:
   the cluster's service names (nats.sco-estate.svc, ...) do not resolve here.
 - A container's `envFrom` ConfigMap becomes plain `env` entries, its own `env` winning as
@@ -83,8 +84,9 @@ class PlayInputs:
     shared: dict[str, Path] = field(default_factory=dict)  # mount path -> host directory
     # The box's services speak plaintext on loopback: drop sco.toml's TLS and passwords.
     plaintext: bool = False
-    # Only these of the box's services speak plaintext (the secure box's Kafka, and the
-    # ledger, an embedded chDB): their TLS tables and passwords are dropped, the others kept.
+    # Only these of the box's services speak plaintext (the secure box's ledger, an embedded
+    # chDB): their TLS tables and passwords are dropped, the others kept; `nats_password`
+    # and `kafka_sasl` drop only a password (the certificate names the client).
     plaintext_services: frozenset[str] = frozenset()
 
 
@@ -213,9 +215,11 @@ _TLS_TABLES = {
 }
 #: Per service, its table and the keys there that name a password. `nats_password`: the
 #: secure box's NATS takes the user from the client certificate (`verify_and_map`) and
-#: refuses a CONNECT that also carries a user and password.
+#: refuses a CONNECT that also carries a user and password; `kafka_sasl`: the secure box's
+#: Kafka verifies the client certificate (nginx's mutual TLS) and has no SASL users.
 _PASSWORD_KEYS = {
     "kafka": ("kafka", ("sasl_",)),
+    "kafka_sasl": ("kafka", ("sasl_",)),
     "ledger": ("ledger", ("password_file",)),
     "nats_password": ("nats_auth", ("password_file",)),
 }

@@ -29,6 +29,7 @@ def secure_box_env(prefix: str, **extra: str) -> tuple[Path, dict[str, str]]:
         "SCO_BOX__SECURE_NATS_PORT": str(services.free_port()),
         "SCO_BOX__SECURE_TEMPORAL_PORT": str(services.free_port()),
         "SCO_BOX__SECURE_TEMPORAL_BACKEND_PORT": str(services.free_port()),
+        "SCO_BOX__SECURE_KAFKA_BACKEND_PORT": str(services.free_port()),
         # OpenBao's API and, on the next port, its cluster listener.
         "SCO_OPENBAO__ADDRESS": f"https://127.0.0.1:{services.free_port_range(2)}",
         "SCO_KAFKA__BOOTSTRAP_SERVERS": f"127.0.0.1:{services.free_port()}",

@@ -35,6 +35,7 @@ class Tool:
     tests: str  # which tests skip without it
     pin: str = ""  # what the installer is asked for, when not just `name`
     how: str = ""  # machine: where it comes from
+    files: tuple[str, ...] = ()  # apt: files it installs that are no executable (modules)
 
     @property
     def requirement(self) -> str:
@@ -99,6 +100,16 @@ TOOLS: tuple[Tool, ...] = (
         "tests/contracts/test_contract_git_sync.py (smart HTTP), "
         "tests/deploy/test_region_as_shipped.py (the secure box)",
     ),
+    # nginx's `stream` module (Debian builds it apart): mutual TLS in front of the box's
+    # Kafka, which cannot serve TLS itself (workers/devbox/secure.py).
+    Tool(
+        "libnginx-mod-stream",
+        "apt",
+        (),
+        "tests/workers/test_box_secure.py, tests/deploy/test_region_as_shipped.py "
+        "(Kafka behind nginx)",
+        files=("/usr/lib/nginx/modules/ngx_stream_module.so",),
+    ),
     # Runs `git http-backend` behind nginx: the contract repository over smart HTTP.
     Tool(
         "fcgiwrap", "apt", ("fcgiwrap",), "tests/contracts/test_contract_git_sync.py (smart HTTP)"
@@ -152,7 +163,9 @@ SLURMCTLD_SLURMD = (*SLURMCTLD, "slurmd")
 
 def present(tool: Tool) -> bool:
     if tool.via in ("apt", "machine"):
-        return all(shutil.which(exe) for exe in tool.provides)
+        return all(shutil.which(exe) for exe in tool.provides) and all(
+            os.path.isfile(f) for f in tool.files
+        )
     return all(importlib.util.find_spec(module) for module in tool.provides)
 
 

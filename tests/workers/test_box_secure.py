@@ -1,8 +1,9 @@
 """The secure profile of the region in a box (`sco dev up --profile secure`), one region with
 its processes: an acquisition runs end to end through the box's worker on Temporal behind
-nginx's mutual TLS, NATS with mapped certificates and TLS-only PostgreSQL; every TLS listener
-refuses a plaintext client, and NATS and Temporal refuse a certificate of another CA (and NATS
-one of the box's CA that maps to no user).
+nginx's mutual TLS, NATS with mapped certificates and TLS-only PostgreSQL, and its events
+reach Kafka through nginx's mutual TLS in front of tansu; every TLS listener refuses a
+plaintext client, and NATS, Temporal, PostgreSQL and Kafka refuse a certificate of another CA
+(and NATS one of the box's CA that maps to no user).
 
 One box for the module: bringing it up is the expensive part (~15 s)."""
 
@@ -15,6 +16,7 @@ import os
 import shutil
 import socket
 import ssl
+import struct
 import subprocess
 import sys
 import uuid
@@ -25,14 +27,17 @@ from pathlib import Path
 import nats
 import psycopg
 import pytest
+from confluent_kafka import Consumer, KafkaError, Producer
+from confluent_kafka.admin import AdminClient  # type: ignore[attr-defined]
 from temporalio.client import Client
 from temporalio.service import TLSConfig
 
+from activities.kafka import ensure_topics, kafka_answers, producer_config
 from tests.support import tools
 from tests.support.paths import REPO
 from tests.support.secure_box_env import secure_box_env
-from tests.support.wait import eventually_async
-from workers.client_security import nats_options, postgres_conninfo
+from tests.support.wait import eventually, eventually_async
+from workers.client_security import kafka_config, nats_options, postgres_conninfo
 from workers.devbox import tls_servers
 from workers.devbox.box import Box
 from workers.devbox.pki import BoxCA, Issued, certificate_identity
@@ -60,7 +65,7 @@ def _need_servers() -> None:
         pytest.skip("PostgreSQL server binaries missing: apt-get install -y postgresql")
     if shutil.which("nginx") is None:
         pytest.skip("nginx missing: apt-get install -y nginx")
-    tools.require("prometheus")
+    tools.require("prometheus", "libnginx-mod-stream")
 
 
 @pytest.fixture(scope="module")
@@ -117,14 +122,15 @@ def test_an_acquisition_runs_through_the_tls_temporal_and_status_names_each_list
 ) -> None:
     status = {s["name"]: s for s in json.loads(_sco(secure_box, "dev", "status", "--json"))}
     assert all(s["healthy"] and s["profile"] == "secure" for s in status.values()), status
-    for name in ("postgres", "nats", "temporal"):
+    for name in ("postgres", "nats", "temporal", "kafka"):
         assert status[name]["mode"] == "managed" and status[name]["transport"].startswith(
             "TLS only"
         ), status[name]
-    # What is not TLS says so: Kafka (tansu 0.6 cannot serve TLS) and the dev
-    # server nginx passes to, both on loopback.
-    assert status["kafka"]["transport"].startswith("plaintext, loopback")
-    assert status["temporal-backend"]["transport"].startswith("plaintext, loopback")
+    # What is not TLS says so: the dev server and the tansu broker nginx passes to, both on
+    # loopback (neither can serve TLS).
+    for name in ("temporal-backend", "kafka-backend"):
+        assert status[name]["mode"] == "managed", status[name]
+        assert status[name]["transport"].startswith("plaintext, loopback"), status[name]
 
     async def acquire() -> tuple[AcquisitionState, int]:
         client = await connect(secure_box.operator, "r1")  # through nginx, with a certificate
@@ -141,6 +147,20 @@ def test_an_acquisition_runs_through_the_tls_temporal_and_status_names_each_list
 
     state, active = asyncio.run(acquire())
     assert state is AcquisitionState.COMPLETED and active == 2
+
+    # The box's outbox relay published the acquisition's events to Kafka over mutual TLS
+    # (nginx in front of tansu): every outbox row is stamped sent, none dead-lettered.
+    def relayed() -> tuple[int, int] | None:
+        with psycopg.connect(postgres_conninfo(secure_box.operator)) as conn:
+            row = conn.execute(
+                "SELECT count(*) FILTER (WHERE sent_at IS NOT NULL), "
+                "count(*) FILTER (WHERE sent_at IS NULL) FROM outbox"
+            ).fetchone()
+        assert row is not None
+        return (int(row[0]), int(row[1])) if row[0] and not row[1] else None
+
+    sent, unsent = eventually(relayed, timeout=30, what="the outbox relayed over TLS Kafka")
+    assert sent > 0 and unsent == 0
 
     # The box's worker wrote fleet state over TLS with its certificate and the password file.
     with psycopg.connect(postgres_conninfo(secure_box.operator)) as conn:
@@ -182,8 +202,49 @@ def _raw_exchange(port: int, send: bytes) -> bytes:
     return got
 
 
+def _kafka_api_versions() -> bytes:
+    """A Kafka ApiVersions v0 request, correlation id 7, as a plaintext client sends it."""
+    body = struct.pack(">hhih", 18, 0, 7, 5) + b"probe"
+    return struct.pack(">i", len(body)) + body
+
+
+def _kafka_answered(got: bytes) -> bool:
+    """A Kafka response to `_kafka_api_versions`: a size, then correlation id 7."""
+    return len(got) >= 8 and got[4:8] == struct.pack(">i", 7)
+
+
+def _listening_on(port: int) -> set[str]:
+    """The local addresses a TCP socket listens on at `port` (/proc/net/tcp{,6})."""
+    out: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(FileNotFoundError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                local, state = line.split()[1], line.split()[3]
+                addr, hexport = local.rsplit(":", 1)
+                if state == "0A" and int(hexport, 16) == port:  # 0A: LISTEN
+                    raw = bytes.fromhex(addr)
+                    if len(raw) == 4:
+                        out.add(socket.inet_ntop(socket.AF_INET, raw[::-1]))
+                    else:  # four little-endian words
+                        words = b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4))
+                        out.add(socket.inet_ntop(socket.AF_INET6, words))
+    return out
+
+
+def _kafka_port(box: SecureBox) -> int:
+    return int(box.profile.kafka_address.rsplit(":", 1)[1])
+
+
 def test_every_tls_listener_refuses_plaintext(secure_box: SecureBox) -> None:
     p = secure_box.profile
+    # Kafka: nginx's TLS listener never passes a plaintext request on to tansu ...
+    got = _raw_exchange(_kafka_port(secure_box), _kafka_api_versions())
+    assert not _kafka_answered(got), got
+    # ... which does answer that very request, on loopback only (nginx's upstream).
+    assert _kafka_answered(_raw_exchange(p.kafka_backend_port, _kafka_api_versions()))
+    assert _listening_on(p.kafka_backend_port) == {"127.0.0.1"}
+    # A plaintext Kafka client gets no metadata.
+    assert not kafka_answers(p.kafka_address, timeout=3)
     # NATS: the greeting demands TLS; a plaintext CONNECT never gets its PONG.
     got = _raw_exchange(p.nats_port, b"CONNECT {}\r\nPING\r\n")
     assert b'"tls_required":true' in got and b"PONG" not in got, got
@@ -268,6 +329,14 @@ def test_nats_temporal_and_postgres_refuse_another_cas_certificate(
     with pytest.raises(psycopg.OperationalError):
         psycopg.connect(stranger_pg).close()
 
+    # Kafka too: TLS, the box's CA trusted, but a certificate the box's CA did not sign.
+    stranger_kafka = {
+        **kafka_config(secure_box.operator.kafka),
+        "ssl.certificate.location": str(stranger.cert_path),
+        "ssl.key.location": str(stranger.key_path),
+    }
+    assert not kafka_answers(secure_box.profile.kafka_address, 3, security=stranger_kafka)
+
     # The operator's own certificate is let in, with the operator's permissions only.
     async def operator() -> None:
         nc = await nats.connect(
@@ -330,3 +399,65 @@ def test_a_running_secure_box_keeps_its_profile(secure_box: SecureBox) -> None:
     with pytest.raises(DevboxError, match="runs the secure profile"):
         Box(Settings(), profile="default")
     assert Box(Settings()).profile == "secure"  # status and down read it from the state
+
+
+def test_kafka_round_trip_over_mutual_tls_and_a_client_without_a_certificate_is_refused(
+    secure_box: SecureBox,
+) -> None:
+    """A producer and a consumer with the operator's certificate, through nginx to tansu
+    and back (tansu's metadata sends every broker call to nginx's TLS address); the same
+    client without its certificate gets nothing."""
+    k = secure_box.operator.kafka
+    security = kafka_config(k)
+    assert security["security.protocol"] == "SSL" and "ssl.certificate.location" in security
+    bootstrap = k.bootstrap_servers
+    topic = f"sco.tls-probe.{uuid.uuid4().hex[:8]}"
+    assert ensure_topics(
+        bootstrap, [topic], partitions=1, replication_factor=1, security=security
+    ) == [topic]
+    value = uuid.uuid4().bytes
+    producer = Producer({**producer_config(bootstrap), **security})
+    delivered: list[KafkaError | None] = []
+    producer.produce(topic, key=b"k", value=value, on_delivery=lambda e, _m: delivered.append(e))
+    assert producer.flush(15) == 0 and delivered == [None], delivered
+    consumer = Consumer(
+        {
+            **security,
+            "bootstrap.servers": bootstrap,
+            "group.id": f"tls-probe-{uuid.uuid4().hex[:6]}",
+            "auto.offset.reset": "earliest",
+            "session.timeout.ms": 6000,
+            "heartbeat.interval.ms": 500,
+        }
+    )
+    try:
+        consumer.subscribe([topic])
+
+        def received() -> bytes | None:
+            msg = consumer.poll(1.0)
+            return msg.value() if msg is not None and msg.error() is None else None
+
+        assert eventually(received, timeout=40, what="the message back over TLS") == value
+    finally:
+        consumer.close()
+    # Every broker the metadata names is nginx's TLS listener, never tansu's own port.
+    brokers = (
+        AdminClient({**security, "bootstrap.servers": bootstrap}).list_topics(timeout=10).brokers
+    )
+    assert {f"{b.host}:{b.port}" for b in brokers.values()} == {bootstrap}
+
+    # The same client without a certificate: nginx refuses the handshake.
+    no_cert = {
+        key: v
+        for key, v in security.items()
+        if key not in ("ssl.certificate.location", "ssl.key.location")
+    }
+    assert not kafka_answers(bootstrap, timeout=3, security=no_cert)
+    refused = Producer(
+        {**producer_config(bootstrap, message_timeout_ms=3000), **no_cert, "log_level": 0}
+    )
+    errors: list[KafkaError | None] = []
+    refused.produce(topic, value=b"x", on_delivery=lambda e, _m: errors.append(e))
+    refused.flush(10)
+    assert len(errors) == 1 and errors[0] is not None, errors
+    del refused  # destroyed now: it would retry the refused handshake until collected

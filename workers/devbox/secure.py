@@ -1,8 +1,9 @@
 """The secure profile of the region in a box (`sco dev up --profile secure`, `box.profile`).
 
 The box runs its own TLS-only PostgreSQL, NATS and Temporal (the dev server behind nginx
-terminating mutual TLS) on `box.secure_*_port`; the machine's shared PostgreSQL and NATS stay
-as they are. A CA of the box's (workers/devbox/pki.py, behind `CertificateIssuer`) gives
+terminating mutual TLS) on `box.secure_*_port`, and Kafka (tansu behind nginx's `stream`
+module, mutual TLS) at `kafka.bootstrap_servers`; the machine's shared PostgreSQL and NATS
+stay as they are. A CA of the box's (workers/devbox/pki.py, behind `CertificateIssuer`) gives
 every process kind a certificate whose URI SAN is its SPIFFE ID; each process reads its own
 settings file (`<data_dir>/secure/settings/<process>.toml`) naming its certificate, and:
 - PostgreSQL takes TLS connections only, each with a certificate of the CA and the password
@@ -10,10 +11,12 @@ settings file (`<data_dir>/secure/settings/<process>.toml`) naming its certifica
 - NATS verifies the certificate and maps its SPIFFE ID to a user with the role's permissions
   of workers/nats_permissions.py (`verify_and_map`): the worker is control-<r>, a hall's
   notice relay relay-<r>-<hall>, the operator's CLI operator-<r>;
-- nginx refuses a client without a certificate of the CA before any gRPC reaches Temporal.
-Kafka stays plaintext on loopback, and `sco dev status` says so: tansu 0.6.0 lists `--cert`
-and `--key` but refuses the two together, and with `--cert` alone still answers plaintext
-Kafka clients (tried here with confluent-kafka and `openssl s_client`).
+- nginx refuses a client without a certificate of the CA before any gRPC reaches Temporal,
+  and before any Kafka request reaches tansu (decision 0036). tansu 0.6.0 cannot serve TLS
+  itself (it lists `--cert` and `--key` but refuses the two together, and with `--cert`
+  alone still answers plaintext Kafka clients), so it listens on loopback only, at
+  `box.secure_kafka_backend_port`, and advertises nginx's TLS address in its metadata: a
+  client bootstraps through nginx and is sent back to nginx for every broker call.
 """
 
 from __future__ import annotations
@@ -124,6 +127,21 @@ class SecureProfile:
         self.nats_port = b.secure_nats_port
         self.temporal_port = b.secure_temporal_port
         self.temporal_backend_port = b.secure_temporal_backend_port
+        self.kafka_backend_port = b.secure_kafka_backend_port
+
+    @property
+    def kafka_address(self) -> str:
+        """nginx's TLS listener for Kafka, host:port: the first of `kafka.bootstrap_servers`
+        (what every client is given, and what tansu advertises)."""
+        return self.base.kafka.bootstrap_servers.split(",")[0].strip()
+
+    @property
+    def kafka_hosts(self) -> list[str]:
+        """What Kafka's server certificate names: the box's server names and the host of
+        `kafka.bootstrap_servers` (pods under `podman kube play` may be given the host's
+        address there, which tansu then advertises to them and to the host's clients)."""
+        host = self.kafka_address.rsplit(":", 1)[0].strip("[]")
+        return SERVER_HOSTS + ([host] if host not in SERVER_HOSTS else [])
 
     def _default_issuer(self, settings: Settings) -> CertificateIssuer:
         box_ca = BoxCA(self.root / "pki")
@@ -215,13 +233,15 @@ class SecureProfile:
                 f"postgresql://postgres@{SERVER_NAME}:{self.postgres_port}/{self._database()}"
             ),
             "nats_url": f"tls://{SERVER_NAME}:{self.nats_port}",
-            "kafka": {"bootstrap_servers": self.base.kafka.bootstrap_servers},
+            # nginx's mutual-TLS listener in front of tansu (SecureKafkaService).
+            "kafka": {"bootstrap_servers": self.kafka_address, "tls": client_tls},
             "box": {
                 "profile": "secure",
                 "secure_postgres_port": b.secure_postgres_port,
                 "secure_nats_port": b.secure_nats_port,
                 "secure_temporal_port": b.secure_temporal_port,
                 "secure_temporal_backend_port": b.secure_temporal_backend_port,
+                "secure_kafka_backend_port": b.secure_kafka_backend_port,
             },
             "postgres": {
                 "sslmode": "verify-full",
@@ -251,6 +271,12 @@ class SecureProfile:
                 "postgres": PostgresSettings.model_validate(o["postgres"]),
                 "nats_tls": TLSSettings.model_validate(o["nats_tls"]),
                 "nats_auth": NatsAuthSettings.model_validate(o["nats_auth"]),
+                "kafka": s.kafka.model_copy(
+                    update={
+                        "bootstrap_servers": o["kafka"]["bootstrap_servers"],
+                        "tls": TLSSettings.model_validate(o["kafka"]["tls"]),
+                    }
+                ),
                 "temporal": s.temporal.model_copy(
                     update={
                         "address": o["temporal"]["address"],
@@ -611,9 +637,79 @@ class SecureTemporalService(TemporalService):
         return rec
 
 
-class PlaintextKafkaService(KafkaService):
-    # tansu 0.6.0 cannot serve TLS (module docstring).
-    transport = "plaintext, loopback (tansu 0.6: no TLS)"
+class KafkaBackendService(KafkaService):
+    """The tansu broker nginx passes Kafka to: loopback, plaintext (tansu 0.6.0 cannot
+    serve TLS: module docstring), advertising nginx's TLS address."""
+
+    name = "kafka-backend"
+    reuse_external = False
+    transport = "plaintext, loopback: nginx's upstream only (tansu 0.6: no TLS)"
+
+    def __init__(self, settings: Settings, profile: SecureProfile) -> None:
+        super().__init__(settings)
+        self.p = profile
+
+    @property
+    def address(self) -> str:
+        return f"{HOST}:{self.p.kafka_backend_port}"
+
+    def probe(self) -> Health:
+        # Its own listener only: the metadata it answers names nginx, which a plaintext
+        # client cannot use, so "answers" is the TCP listener's.
+        if process.port_open(HOST, self.p.kafka_backend_port):
+            return Health(True, "tansu, advertising nginx's TLS listener")
+        return Health(False, "no answer")
+
+    def start(self) -> ProcessRecord:
+        return self._start_broker(HOST, self.p.kafka_backend_port, f"tcp://{self.p.kafka_address}")
+
+    def prepare(self) -> str:
+        return ""
+
+
+class SecureKafkaService(KafkaService):
+    """nginx's `stream` module terminating mutual TLS in front of tansu: what every Kafka
+    client reaches (`kafka.bootstrap_servers`, with `kafka.tls`)."""
+
+    reuse_external = False
+    transport = "TLS only: nginx, client cert"
+
+    def __init__(self, settings: Settings, profile: SecureProfile) -> None:
+        super().__init__(settings)
+        self.p = profile
+
+    @property
+    def address(self) -> str:
+        return self.p.kafka_address
+
+    def probe(self) -> Health:
+        h = super().probe()
+        return Health(h.ok, "mutual TLS through nginx" if h.ok else h.detail)
+
+    def start(self) -> ProcessRecord:
+        host, port = self.address.rsplit(":", 1)
+        process.require_free_port(self.name, host.strip("[]"), int(port))
+        binary = process.require_binary(
+            self.name, venv_bin("nginx") or "/usr/sbin/nginx", "apt-get install -y nginx"
+        )
+        try:
+            module = tls_servers.nginx_stream_module(binary)
+        except tls_servers.NginxModuleMissing as exc:
+            raise DevboxError(f"kafka: nginx cannot proxy TCP: {exc}") from exc
+        server = self.p.issuer.issue_server("kafka", self.p.kafka_hosts)
+        run = self.p.root / "nginx-kafka"
+        argv = tls_servers.nginx_argv(
+            binary,
+            run,
+            tls_servers.nginx_stream_mtls_conf(
+                run, self.address, server.cert_path, server.key_path, self.p.issuer.ca_file,
+                f"{HOST}:{self.p.kafka_backend_port}", module,
+            ),
+        )  # fmt: skip
+        title = "nginx: master process " + " ".join(argv)
+        rec = process.start(argv, self._log(), title=title)
+        process.wait_until(self.name, lambda: self.probe().ok, timeout=30, record=rec)
+        return rec
 
 
 def infrastructure(
@@ -633,7 +729,8 @@ def infrastructure(
         *bao,
         SecurePostgresService(settings, profile),
         SecureNatsService(settings, profile),
-        PlaintextKafkaService(settings),
+        KafkaBackendService(settings, profile),
+        SecureKafkaService(settings, profile),
         TemporalBackendService(settings, profile),
         SecureTemporalService(settings, profile),
         LedgerService(settings),

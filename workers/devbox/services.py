@@ -26,7 +26,7 @@ from activities.fleet.migrate import ensure_database, migrate
 from activities.kafka import ensure_topics, kafka_answers
 from contracts.region import RegionFileError, load_region
 from services import registry
-from workers.client_security import nats_options, postgres_conninfo
+from workers.client_security import kafka_config, nats_options, postgres_conninfo
 from workers.devbox import process, prometheus
 from workers.devbox.process import DevboxError, ProcessRecord
 from workers.devbox.prometheus import GlobalPrometheusProcess, PrometheusProcess, Target
@@ -250,12 +250,18 @@ class KafkaService(Service):
         return self.s.kafka.bootstrap_servers.split(",")[0]
 
     def probe(self) -> Health:
-        if kafka_answers(self.s.kafka.bootstrap_servers, timeout=2):
+        security = kafka_config(self.s.kafka)  # the secure profile: mutual TLS
+        if kafka_answers(self.s.kafka.bootstrap_servers, timeout=2, security=security):
             return Health(True, "Kafka protocol answers")
         return Health(False, "no answer")
 
     def start(self) -> ProcessRecord:
         host, port = _host_port(self.address, 9092)
+        return self._start_broker(host, port, f"tcp://{host}:{port}")
+
+    def _start_broker(self, host: str, port: int, advertised: str) -> ProcessRecord:
+        """tansu listening on `host:port`, telling clients in its metadata to reach it at
+        `advertised` (a TLS proxy in front of it: the proxy's address)."""
         process.require_free_port(self.name, host, port)
         # Two steps so an interrupt during the import is never masked by an
         # unbound exception name in the except clause.
@@ -273,10 +279,10 @@ class KafkaService(Service):
             ) from exc
         url = f"tcp://{host}:{port}"
         rec = process.start(
-            [binary, "broker", "--listener-url", url, "--advertised-listener-url", url],
+            [binary, "broker", "--listener-url", url, "--advertised-listener-url", advertised],
             self._log(),
         )
-        process.wait_until("kafka", lambda: self.probe().ok, timeout=30, record=rec)
+        process.wait_until(self.name, lambda: self.probe().ok, timeout=30, record=rec)
         return rec
 
     def prepare(self) -> str:
@@ -285,6 +291,7 @@ class KafkaService(Service):
             [t for r in self.s.regions for t in region_topics(r)],
             partitions=self.s.kafka.partitions,
             replication_factor=self.s.kafka.replication_factor,
+            security=kafka_config(self.s.kafka),
         )
         return f"{len(created)} topics created" if created else "topics present"
 

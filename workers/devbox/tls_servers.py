@@ -1,7 +1,8 @@
 """TLS-only servers made from the machine's binaries: PostgreSQL (hostssl only), nats-server
 (client certificates verified, users mapped from them) and nginx terminating mutual TLS in
-front of a gRPC server (Temporal). The secure region in a box starts them
-(workers/devbox/secure.py) and the TLS client tests use the same configuration.
+front of a gRPC server (Temporal) and of a TCP server (Kafka, nginx's `stream` module). The
+secure region in a box starts them (workers/devbox/secure.py) and the TLS client tests use
+the same configuration.
 
 Only configuration and set-up live here: who starts the process (the box's recorded
 processes, a test's fixture) is up to the caller.
@@ -192,6 +193,73 @@ http {{
             grpc_read_timeout 300s;
             grpc_send_timeout 300s;
         }}
+    }}
+}}
+"""
+
+
+# --- nginx: mutual TLS in front of a TCP server (stream) -------------------------------------
+
+#: Debian's package of nginx's dynamic `stream` module.
+STREAM_MODULE_PACKAGE = "libnginx-mod-stream"
+
+
+class NginxModuleMissing(RuntimeError):
+    """nginx cannot proxy TCP here; the message says what to install."""
+
+
+def nginx_stream_module(binary: str) -> Path | None:
+    """The `stream` module nginx must load (`load_module`), or None when it is built in.
+    Debian builds it as a dynamic module, packaged apart: a one-line error names it."""
+    out = subprocess.run([binary, "-V"], capture_output=True, text=True, check=False)
+    flags = (out.stdout + out.stderr).split()
+    if "--with-stream" in flags:
+        return None  # static: always there
+    if "--with-stream=dynamic" not in flags:
+        raise NginxModuleMissing(f"{binary} is built without the stream module (--with-stream)")
+    modules = next(
+        (f.split("=", 1)[1] for f in flags if f.startswith("--modules-path=")),
+        "/usr/lib/nginx/modules",
+    )
+    module = Path(modules) / "ngx_stream_module.so"
+    if not module.is_file():
+        raise NginxModuleMissing(f"{module} missing: apt-get install -y {STREAM_MODULE_PACKAGE}")
+    return module
+
+
+def nginx_stream_mtls_conf(
+    run_dir: Path,
+    listen: str,
+    cert: Path,
+    key: Path,
+    ca: Path,
+    upstream: str,
+    module: Path | None,
+) -> str:
+    """nginx terminating TLS on `listen` (host:port) with `ssl_verify_client on` (a client
+    without a certificate the CA signed is refused in the handshake, before a byte reaches
+    the upstream) and passing the bytes to `upstream` (host:port) as they are: for a
+    protocol nginx does not speak (Kafka)."""
+    load = f"load_module {module};\n" if module is not None else ""
+    return f"""daemon off;
+{load}pid {run_dir}/nginx.pid;
+error_log {run_dir}/error.log info;
+events {{}}
+stream {{
+    server {{
+        listen {listen} ssl;
+        ssl_certificate {cert};
+        ssl_certificate_key {key};
+        ssl_client_certificate {ca};
+        ssl_verify_client on;
+        # An OpenBao identity: leaf, region's intermediate, root.
+        ssl_verify_depth 3;
+        ssl_protocols TLSv1.2 TLSv1.3;
+        ssl_handshake_timeout 10s;
+        proxy_pass {upstream};
+        proxy_connect_timeout 5s;
+        # Consumers long-poll and idle between batches: keep quiet connections open.
+        proxy_timeout 1h;
     }}
 }}
 """
