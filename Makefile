@@ -6,8 +6,9 @@ REGION  ?= r1
 # REGIONS=r1,r2,r3: `make up` brings up each region's processes and Prometheus (and a global
 # Prometheus over them) and gives each region the example demand.
 REGIONS ?= $(REGION)
-# PROFILE=secure: the box runs its own TLS-only PostgreSQL (:5433), NATS (:4223) and Temporal
-# behind nginx's mutual TLS (:7234), each process with a certificate of the box's CA; the
+# PROFILE=secure: the box runs its own TLS-only PostgreSQL (:5433), NATS (:4223), Temporal
+# behind nginx's mutual TLS (:7234) and Kafka behind nginx's mutual TLS (:19092, tansu on
+# loopback :19093), each process with a certificate of the box's CA; the
 # `sco` commands below then use the operator's settings file the box writes (SCO_CONFIG).
 PROFILE ?= default
 ifeq ($(PROFILE),secure)

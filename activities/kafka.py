@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
@@ -12,6 +12,13 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 
 class KafkaUnavailable(RuntimeError):
     pass
+
+
+class Layout(TypedDict):
+    """How topics are laid out when they have to be created (`ensure_topics`)."""
+
+    partitions: int
+    replication_factor: int
 
 
 @dataclass(frozen=True)
@@ -22,7 +29,7 @@ class TopicSpec:
     partitions: int
     replication_factor: int
 
-    def layout(self) -> dict[str, int]:
+    def layout(self) -> Layout:
         return {"partitions": self.partitions, "replication_factor": self.replication_factor}
 
 

@@ -28,7 +28,7 @@ import nats
 import psycopg
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer
-from confluent_kafka.admin import AdminClient  # type: ignore[attr-defined]
+from confluent_kafka.admin import AdminClient
 from temporalio.client import Client
 from temporalio.service import TLSConfig
 

@@ -81,8 +81,8 @@ def up(
         None,
         "--profile",
         help="default: plaintext on loopback, the machine's PostgreSQL and NATS when they "
-        "answer. secure: the box's own TLS-only PostgreSQL, NATS and Temporal (mutual TLS), "
-        "a certificate per process from the box's CA (default: box.profile).",
+        "answer. secure: the box's own TLS-only PostgreSQL, NATS, Temporal and Kafka (mutual "
+        "TLS), a certificate per process from the box's CA (default: box.profile).",
     ),
 ) -> None:
     """Start every service that does not already answer; idempotent."""
