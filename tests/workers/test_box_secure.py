@@ -19,6 +19,7 @@ import ssl
 import struct
 import subprocess
 import sys
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ from workers.devbox.box import Box
 from workers.devbox.pki import BoxCA, Issued, certificate_identity
 from workers.devbox.process import DevboxError
 from workers.devbox.secure import OPERATOR_KIND, SecureProfile
+from workers.devbox.services import ChildProcessService
 from workers.settings import Settings
 from workers.temporal_connect import connect
 from workflows.acquisition.models import AcquisitionInput, AcquisitionState, LaunchItem
@@ -161,6 +163,25 @@ def test_an_acquisition_runs_through_the_tls_temporal_and_status_names_each_list
 
     sent, unsent = eventually(relayed, timeout=30, what="the outbox relayed over TLS Kafka")
     assert sent > 0 and unsent == 0
+
+    # ... and the box's ledger consumer read them back over mutual TLS into the ledger.
+    (ledger,) = [
+        s.targets[0].port
+        for s in Box(Settings()).services(workers=True)
+        if isinstance(s, ChildProcessService) and s.name == "ledger-consumer"
+    ]
+
+    def rows_written() -> float | None:
+        with urllib.request.urlopen(f"http://127.0.0.1:{ledger}/metrics", timeout=5) as r:
+            text = r.read().decode()
+        n = sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("sco_ledger_rows_written_total{")
+        )
+        return n or None
+
+    assert eventually(rows_written, timeout=30, what="the ledger consumer's rows") > 0
 
     # The box's worker wrote fleet state over TLS with its certificate and the password file.
     with psycopg.connect(postgres_conninfo(secure_box.operator)) as conn:
