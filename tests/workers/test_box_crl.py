@@ -1,9 +1,10 @@
 """Revocation on every mutual-TLS listener of the secure box (decision 0038), on a real box:
 `sco dev certs revoke` of a process's identity (its certificate from OpenBao) and of a
 node's (from the box CA) puts their serials in their CAs' CRLs, and the box's PostgreSQL and
-nginx (Temporal) reload them: a new connection with the revoked certificate is refused by
-both, while another identity's live connections keep working and it connects anew. Revoking
-again changes nothing, and the CRL outlives a restart of the box."""
+nginx (Temporal, and Kafka: decision 0036) reload them: a new connection with the revoked
+certificate is refused by all three, while another identity's live connections keep working
+and it connects anew. Revoking again changes nothing, and the CRL outlives a restart of the
+box."""
 
 from __future__ import annotations
 
@@ -23,10 +24,11 @@ import pytest
 from temporalio.client import Client
 from temporalio.service import TLSConfig
 
+from activities.kafka import kafka_answers
 from tests.support.paths import REPO
 from tests.support.secure_box_env import secure_box_env
 from tests.workers.test_box_secure import _need_servers, _operator_env
-from workers.client_security import postgres_conninfo
+from workers.client_security import kafka_config, postgres_conninfo
 from workers.devbox.box import Box
 from workers.devbox.crl import box_ca_crl, issuer_cn, read_certificate, serial_text
 from workers.devbox.pki import BoxCA, Issued
@@ -117,6 +119,16 @@ async def _temporal(box: CrlBox, cert: Issued) -> Client:
     return client
 
 
+def _kafka_with(box: CrlBox, cert: Issued) -> bool:
+    """Does Kafka's nginx (decision 0036) let `cert` in: metadata over mutual TLS."""
+    security = {
+        **kafka_config(box.operator.kafka),
+        "ssl.certificate.location": str(cert.cert_path),
+        "ssl.key.location": str(cert.key_path),
+    }
+    return kafka_answers(box.operator.kafka.bootstrap_servers, timeout=5, security=security)
+
+
 def _refused_by_temporal(box: CrlBox, cert: Issued) -> None:
     with pytest.raises(RuntimeError):
         asyncio.run(_temporal(box, cert))
@@ -131,6 +143,7 @@ def test_a_revoked_certificate_is_refused_by_postgres_and_nginx_another_is_not(
     cert = read_certificate(revoked.cert_path)
     assert cert is not None and "intermediate" in issuer_cn(cert)
     _pg(box, revoked).close()  # let in before
+    assert _kafka_with(box, revoked)
     token_file = p.overrides("contract-sync", "r1")["openbao"]["token_file"]
     token = Path(token_file).read_text().strip()
 
@@ -146,11 +159,14 @@ def test_a_revoked_certificate_is_refused_by_postgres_and_nginx_another_is_not(
                 _pg(box, revoked).close()
             with pytest.raises(RuntimeError):
                 await _temporal(box, revoked)
+            assert not _kafka_with(box, revoked)  # and by Kafka's nginx
+            assert "nginx for Kafka (pid" in " ".join(out.split()), out  # the console wraps
             # The other identity's live connections keep working; new ones too.
             assert live_pg.execute("SELECT 1").fetchone() == (1,)
             await asyncio.wait_for(live_other.service_client.check_health(), 10)
             _pg(box, other).close()
             await _temporal(box, other)
+            assert _kafka_with(box, other)
 
     asyncio.run(scenario())
 

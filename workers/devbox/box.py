@@ -20,7 +20,7 @@ from workers.devbox.state import StateFile
 from workers.settings import Settings
 
 if TYPE_CHECKING:
-    from workers.devbox.secure import SecureProfile
+    from workers.devbox.secure import SecureKafkaService, SecureProfile, SecureTemporalService
 
 Profile = Literal["default", "secure"]
 
@@ -260,7 +260,11 @@ class Box:
         new copy, nginx once its old worker shuts down gracefully (it accepts no more)."""
         if self.secure is None:
             raise DevboxError("the box runs the default profile: no TLS listeners")
-        from workers.devbox.secure import SecurePostgresService, SecureTemporalService
+        from workers.devbox.secure import (
+            SecureKafkaService,
+            SecurePostgresService,
+            SecureTemporalService,
+        )
 
         state = self.state_file.read()
         out: list[str] = []
@@ -281,33 +285,46 @@ class Box:
             out.append(f"PostgreSQL (pid {rec.pid}) reloaded")
         else:
             out.append("PostgreSQL has this CRL")
-        nginx = SecureTemporalService(self.s, self.secure)
-        copy = self.secure.root / "nginx" / "crl.pem"
+        # Temporal's nginx and Kafka's (decision 0036), each with its own copy.
+        for label, nginx, name in (
+            ("nginx", SecureTemporalService(self.s, self.secure), "temporal"),
+            ("nginx for Kafka", SecureKafkaService(self.s, self.secure), "kafka"),
+        ):
+            out.append(self._reload_nginx_crl(label, nginx, state.processes.get(name), timeout))
+        return out
+
+    def _reload_nginx_crl(
+        self,
+        label: str,
+        nginx: SecureTemporalService | SecureKafkaService,
+        rec: process.ProcessRecord | None,
+        timeout: float,
+    ) -> str:
+        assert self.secure is not None
+        run = self.secure.root / nginx.run_dir_name
+        copy = run / "crl.pem"
         before = copy.read_bytes() if copy.is_file() else b""
         nginx.install_crl()
-        rec = state.processes.get("temporal")
         if rec is None or not process.alive(rec):
-            out.append("nginx not running: reads the CRL at its next start")
-        elif copy.read_bytes() != before:
-            log = self.secure.root / "nginx" / "error.log"
+            return f"{label} not running: reads the CRL at its next start"
+        if copy.read_bytes() == before:
+            return f"{label} has this CRL"
+        log = run / "error.log"
 
-            def retired() -> int:
-                try:
-                    return log.read_text(errors="replace").count("gracefully shutting down")
-                except OSError:
-                    return 0
+        def retired() -> int:
+            try:
+                return log.read_text(errors="replace").count("gracefully shutting down")
+            except OSError:
+                return 0
 
-            seen = retired()
-            os.kill(rec.pid, signal.SIGHUP)
-            deadline = time.monotonic() + timeout
-            while retired() <= seen:
-                if time.monotonic() > deadline:
-                    raise DevboxError(f"nginx (pid {rec.pid}) did not reload; see {log}")
-                time.sleep(0.1)
-            out.append(f"nginx (pid {rec.pid}) reloaded")
-        else:
-            out.append("nginx has this CRL")
-        return out
+        seen = retired()
+        os.kill(rec.pid, signal.SIGHUP)
+        deadline = time.monotonic() + timeout
+        while retired() <= seen:
+            if time.monotonic() > deadline:
+                raise DevboxError(f"{label} (pid {rec.pid}) did not reload; see {log}")
+            time.sleep(0.1)
+        return f"{label} (pid {rec.pid}) reloaded"
 
     def _pg_crl_file(self) -> str:
         """The box's PostgreSQL's `ssl_crl_file`, asked with the box's own identity."""

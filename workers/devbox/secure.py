@@ -591,6 +591,14 @@ class TemporalBackendService(TemporalService):
         return ""
 
 
+def _install_nginx_crl(profile: SecureProfile, run_dir: Path) -> Path:
+    profile.write_crl()
+    path = run_dir / "crl.pem"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    crl.write_if_changed(path, profile.crl_file.read_bytes())
+    return path
+
+
 class SecureTemporalService(TemporalService):
     """nginx terminating mutual TLS in front of the dev server: what every client reaches."""
 
@@ -605,14 +613,13 @@ class SecureTemporalService(TemporalService):
         h = super().probe()
         return Health(h.ok, "mutual TLS through nginx; UI off" if h.ok else h.detail)
 
+    #: Where its nginx runs (configuration, logs, its copy of the CRL).
+    run_dir_name = "nginx"
+
     def install_crl(self) -> Path:
         """The box's CRL file (written again) copied where nginx's configuration names it;
         a reload (SIGHUP) reads it (decision 0038)."""
-        self.p.write_crl()
-        path = self.p.root / "nginx" / "crl.pem"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        crl.write_if_changed(path, self.p.crl_file.read_bytes())
-        return path
+        return _install_nginx_crl(self.p, self.p.root / self.run_dir_name)
 
     def start(self) -> ProcessRecord:
         process.require_free_port(self.name, HOST, self.p.temporal_port)
@@ -686,6 +693,12 @@ class SecureKafkaService(KafkaService):
         h = super().probe()
         return Health(h.ok, "mutual TLS through nginx" if h.ok else h.detail)
 
+    run_dir_name = "nginx-kafka"
+
+    def install_crl(self) -> Path:
+        """As Temporal's nginx: the box's CRL where this nginx reads it (decision 0038)."""
+        return _install_nginx_crl(self.p, self.p.root / self.run_dir_name)
+
     def start(self) -> ProcessRecord:
         host, port = self.address.rsplit(":", 1)
         process.require_free_port(self.name, host.strip("[]"), int(port))
@@ -697,13 +710,13 @@ class SecureKafkaService(KafkaService):
         except tls_servers.NginxModuleMissing as exc:
             raise DevboxError(f"kafka: nginx cannot proxy TCP: {exc}") from exc
         server = self.p.issuer.issue_server("kafka", self.p.kafka_hosts)
-        run = self.p.root / "nginx-kafka"
+        run = self.p.root / self.run_dir_name
         argv = tls_servers.nginx_argv(
             binary,
             run,
             tls_servers.nginx_stream_mtls_conf(
                 run, self.address, server.cert_path, server.key_path, self.p.issuer.ca_file,
-                f"{HOST}:{self.p.kafka_backend_port}", module,
+                f"{HOST}:{self.p.kafka_backend_port}", module, crl=self.install_crl(),
             ),
         )  # fmt: skip
         title = "nginx: master process " + " ".join(argv)

@@ -235,12 +235,14 @@ def nginx_stream_mtls_conf(
     ca: Path,
     upstream: str,
     module: Path | None,
+    crl: Path | None = None,
 ) -> str:
     """nginx terminating TLS on `listen` (host:port) with `ssl_verify_client on` (a client
     without a certificate the CA signed is refused in the handshake, before a byte reaches
     the upstream) and passing the bytes to `upstream` (host:port) as they are: for a
-    protocol nginx does not speak (Kafka)."""
+    protocol nginx does not speak (Kafka). `crl` as for `nginx_grpc_mtls_conf`."""
     load = f"load_module {module};\n" if module is not None else ""
+    crl_line = f"\n        ssl_crl {crl};" if crl is not None else ""
     return f"""daemon off;
 {load}pid {run_dir}/nginx.pid;
 error_log {run_dir}/error.log info;
@@ -253,7 +255,7 @@ stream {{
         ssl_client_certificate {ca};
         ssl_verify_client on;
         # An OpenBao identity: leaf, region's intermediate, root.
-        ssl_verify_depth 3;
+        ssl_verify_depth 3;{crl_line}
         ssl_protocols TLSv1.2 TLSv1.3;
         ssl_handshake_timeout 10s;
         proxy_pass {upstream};
