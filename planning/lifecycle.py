@@ -38,7 +38,8 @@ pool flickering free is never chased), and the replacement saves at least
 `min_saving_per_hour`. Consolidation: instances at least `min_age_seconds`
 old, a target pool stable the same way, a saving of at least `min_saving_per_hour` and
 `consolidation_margin` of what the replaced instances cost, and the same opportunity found
-on `stable_rounds` rounds in a row; at most one consolidation per contract per round.
+on `consolidation_stable_rounds` rounds in a row; at most one consolidation per contract
+per round.
 Drift and expiry are not held by age or saving: the contract asked for them.
 """
 
@@ -158,10 +159,14 @@ class AntiChurn(BaseModel):
     min_saving_per_hour: float = Field(default=0.0, ge=0)
     # Consolidation: on or off, and the least saving as a share of the replaced cost.
     consolidate: bool = True
-    consolidation_margin: float = Field(default=0.1, ge=0, le=1)
+    consolidation_margin: float = Field(default=0.2, ge=0, le=1)
     # Return from fallback: the most reclaimable instances one fallback instance may be
     # replaced by when no single one as large is free (1: one for one only).
     max_return_parts: int = Field(default=4, ge=1)
+    # Consolidation only: the same opportunity found on this many rounds in a row. Longer
+    # than a return's: a consolidation answers a dip in demand, which mostly comes back
+    # within the hour (decision 0039), while a fallback's spend runs every round.
+    consolidation_stable_rounds: int = Field(default=12, ge=1)
 
 
 class ReplacementPart(BaseModel):
@@ -836,14 +841,14 @@ def _consolidate(
         f"{found.target.flavor} in {found.target.pool_id} ({found.target.units} units, "
         f"{found.target.price_per_hour:.3f}/h) still covers demand {view.demand_units}"
     )
-    if streak + 1 < anti_churn.stable_rounds:
+    if streak + 1 < anti_churn.consolidation_stable_rounds:
         plan.held.append(
             Held(
                 contract=name,
                 instance_id=first,
                 reason=reason,
-                why=f"found on {streak + 1} of {anti_churn.stable_rounds} rounds in a row "
-                "(hysteresis)",
+                why=f"found on {streak + 1} of {anti_churn.consolidation_stable_rounds} rounds "
+                "in a row (hysteresis)",
             )
         )
         return

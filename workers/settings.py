@@ -424,7 +424,10 @@ class LifecycleSettings(BaseModel):
     # Consolidation (one or two reclaimable instances replaced by one that still covers
     # demand): on or off, and the least saving as a share of what the replaced cost.
     consolidate: bool = True
-    consolidation_margin: float = Field(default=0.1, ge=0, le=1)
+    consolidation_margin: float = Field(default=0.2, ge=0, le=1)
+    # A consolidation waits until it has been found on this many rounds in a row (12: an
+    # hour at the default interval): a dip in demand mostly comes back within it.
+    consolidation_stable_rounds: int = Field(default=12, ge=1)
     # Return from fallback when no allowed pool has a free instance as large as the
     # fallback one: at most this many smaller reclaimable instances replace it (1: wait
     # for one as large).

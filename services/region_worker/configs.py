@@ -65,6 +65,7 @@ def lifecycle_config(settings: Settings) -> LifecycleConfig:
         min_saving_per_hour=lc.min_saving_per_hour,
         consolidate=lc.consolidate,
         consolidation_margin=lc.consolidation_margin,
+        consolidation_stable_rounds=lc.consolidation_stable_rounds,
         max_return_parts=lc.max_return_parts,
         drain_retry_seconds=lc.drain_retry_seconds,
         build_timeout_seconds=settings.control.build_timeout_seconds,

@@ -235,7 +235,7 @@ def test_a_consolidation_the_spread_rules_out_is_held_with_why() -> None:
     # Two mem.xl for a demand of 3: one gp.2xl would cover 3 units in one pool.
     pools = [pool("r1.B.gp.2xl", price=0.128)]
     mem = [inst(f"mem-{x}", "r1.A.mem.xl", price=0.08) for x in "ab"]
-    knobs = AntiChurn(stable_rounds=1)
+    knobs = AntiChurn(stable_rounds=1, consolidation_stable_rounds=1, consolidation_margin=0.1)
     free = view(contract(), mem, pools, [batch(4, A_mem_xl=4)], demand=3)
     (r,) = plan_lifecycle([free], now=NOW, free_streak=STABLE, anti_churn=knobs).replace
     assert (r.reason, r.pool_id, r.replaced) == (CONSOLIDATE, "r1.B.gp.2xl", ("mem-a", "mem-b"))

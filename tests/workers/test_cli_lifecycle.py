@@ -65,6 +65,7 @@ def test_every_lifecycle_setting_reaches_the_workflow(
         "min_saving_per_hour": 0.25,
         "consolidate": False,
         "consolidation_margin": 0.5,
+        "consolidation_stable_rounds": 5,
         "max_return_parts": 2,
         "drain_retry_seconds": 99.0,
     }

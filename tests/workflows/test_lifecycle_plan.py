@@ -312,11 +312,33 @@ def half_empty(demand: int = 3, **knobs: Any) -> tuple[ContractLife, AntiChurn]:
         pool("r1.B.gp.2xl", price=0.128).model_copy(update={"units": 4, "flavor": "gp.2xl"}),
     ]
     v = view(c, mem, pools).model_copy(update={"demand_units": demand})
-    return v, AntiChurn(**knobs)
+    # Two rounds and a 10 % margin (the defaults are 12 and 20 %: decision 0039), so that
+    # each step is a round of its own here.
+    return v, AntiChurn(**{"consolidation_stable_rounds": 2, "consolidation_margin": 0.1, **knobs})
 
 
 CONSOLIDATE = DisruptionReason.CONSOLIDATION
 POOLS_STABLE = {"r1.B.gp.xl": 2, "r1.B.gp.2xl": 2}
+
+
+def test_by_default_a_consolidation_waits_an_hour_of_rounds_and_a_fifth_saved() -> None:
+    """Decision 0039: a consolidation answers a dip in demand, which mostly comes back; it
+    waits 12 rounds (an hour) and must save 20 % of what it replaces."""
+    v, _ = half_empty()
+    streak: dict[str, int] = {}
+    for n in range(1, 12):
+        plan = plan_lifecycle([v], now=NOW, free_streak=POOLS_STABLE, consolidation_streak=streak)
+        assert plan.replace == [], n
+        assert plan.held[0].why == f"found on {n} of 12 rounds in a row (hysteresis)"
+        streak = next_consolidation_streak(streak, plan)
+    plan = plan_lifecycle([v], now=NOW, free_streak=POOLS_STABLE, consolidation_streak=streak)
+    (r,) = plan.replace
+    assert r.saving_per_hour == pytest.approx(0.032)  # 20 % of 0.16/h: just enough
+    cheaper = v.model_copy(
+        update={"pools": [p.model_copy(update={"price_per_hour": 0.1281}) for p in v.pools]}
+    )
+    plan = plan_lifecycle([cheaper], now=NOW, free_streak=POOLS_STABLE, consolidation_streak=streak)
+    assert plan.replace == []  # saves 19.9 %
 
 
 def test_two_half_empty_instances_become_one_after_two_rounds_within_a_budget_of_one() -> None:

@@ -29,7 +29,9 @@ class LifecycleConfig(BaseModel):
     min_saving_per_hour: float = Field(default=0.0, ge=0)
     # Consolidation: on or off, and its least saving as a share of the replaced cost.
     consolidate: bool = True
-    consolidation_margin: float = Field(default=0.1, ge=0, le=1)
+    consolidation_margin: float = Field(default=0.2, ge=0, le=1)
+    # ... and the same consolidation found on this many rounds in a row (decision 0039).
+    consolidation_stable_rounds: int = Field(default=12, ge=1)
     # Return from fallback: at most this many smaller reclaimable instances replace one
     # fallback instance when none as large is free (1: one for one only).
     max_return_parts: int = Field(default=4, ge=1)

@@ -14,8 +14,8 @@ Reasons: drift (the instance no longer conforms to its contract), return from fa
 instance as large, else by up to `max_return_parts` smaller ones), expiry (older than
 the contract's `max_instance_age_hours`) and consolidation (one or two reclaimable
 instances replaced by one that still covers the contract's demand and saves by
-`consolidation_margin`, found on `stable_rounds` rounds in a row). Each reason is
-budgeted by the contract's `disruption` block and stopped by its blackouts. Hall-loss
+`consolidation_margin`, found on `consolidation_stable_rounds` rounds in a row). Each
+reason is budgeted by the contract's `disruption` block and stopped by its blackouts. Hall-loss
 rebuilds (the floor keeper) and reclaims (the notice relay) never come here and are never
 blocked.
 
@@ -311,6 +311,13 @@ class LifecycleWorkflow:
                 consolidate=cfg.consolidate,
                 consolidation_margin=cfg.consolidation_margin,
                 max_return_parts=max_return_parts,
+                # Rounds recorded before decision 0039 held a consolidation for
+                # `stable_rounds`, as they replay.
+                consolidation_stable_rounds=(
+                    cfg.consolidation_stable_rounds
+                    if workflow.patched("consolidation-stable-rounds")
+                    else cfg.stable_rounds
+                ),
             ),
             consolidation_streak=self._consolidation_streak,
             undrainable=set(self._undrainable),
