@@ -40,6 +40,9 @@ NOWHERE = frozenset(
         "pandas",
         "pyarrow",
         "rich",
+        # Settings read their own sources (decision 0035).
+        "pydantic_settings",
+        "dotenv",
     }
 )
 
@@ -55,8 +58,6 @@ SERVICES: dict[str, tuple[str, frozenset[str]]] = {
             {
                 "typer",
                 "click",
-                "pydantic_settings",
-                "dotenv",
                 "workers.cli.common",
                 "workers.cli.main",
                 "workers.cli.notices",
