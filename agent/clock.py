@@ -15,10 +15,9 @@ unless one of them vouches for the clock.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
-import functools
 import json
 import logging
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -48,16 +47,9 @@ class KernelSync:
     max_error_seconds: float
 
 
-@functools.cache
-def _libc_name() -> str | None:
-    # find_library runs `ldconfig -p` (a child process) each time: once per process.
-    return ctypes.util.find_library("c")
-
-
 def kernel_sync() -> KernelSync | None:
     """What the kernel says of its clock (Linux adjtimex, read-only); None elsewhere."""
-    name = _libc_name()
-    if name is None:
+    if not sys.platform.startswith("linux"):
         return None
 
     class Timex(ctypes.Structure):
@@ -74,7 +66,9 @@ def kernel_sync() -> KernelSync | None:
         ]
 
     try:
-        libc = ctypes.CDLL(name, use_errno=True)
+        # The process's own symbols, libc's among them: no find_library (ctypes.util, with
+        # shutil, tempfile and an `ldconfig -p` child: ~0.5 MB the agent held for nothing).
+        libc = ctypes.CDLL(None, use_errno=True)
         tx = Timex()
         state = libc.adjtimex(ctypes.byref(tx))  # modes 0: read only
     except (OSError, AttributeError):

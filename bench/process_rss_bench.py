@@ -31,9 +31,10 @@ sys.path.insert(0, str(ROOT))
 from bench import procstat
 from bench.report import Report
 
-#: process -> (how its command loads it, target MB or None)
+#: process -> (how its command loads it, target MB or None). `a|b:name`: module a, or b in
+#: a checkout without a (a baseline from before `sco notice-relay` left the typer CLI).
 PROCESSES: dict[str, tuple[str, float | None]] = {
-    "notice_relay": ("workers.cli.notices:notice-relay", 50.0),
+    "notice_relay": ("workers.cli.notice_relay|workers.cli.notices:notice-relay", 50.0),
     "drain_intake": ("workers.cli.ledger:drain-intake", 50.0),
     "outbox_relay": ("workers.cli.fleet:outbox-relay", None),
     "simulator": ("workers.cli.simulator:simulator", None),
@@ -59,12 +60,12 @@ def loader(how: str) -> str:
         # What `sco-agent`'s main holds when it has parsed its arguments (agent.check
         # loads with --check only, the Kubernetes scheduler on Kubernetes nodes only).
         return _GUARD + "import agent.cli, agent.daemon, agent.natslink\n"
-    cli_module, name = how.split(":")
-    return (
-        _GUARD + f"import {cli_module}\n"
-        "from services.registry import service\n"
-        f"service({name!r}).load()\n"
-    )
+    cli_modules, name = how.split(":")
+    cli_module, *older = cli_modules.split("|")
+    load = f"import {cli_module}\n"
+    if older:
+        load = f"try:\n    {load}except ModuleNotFoundError:\n    import {older[0]}\n"
+    return _GUARD + load + f"from services.registry import service\nservice({name!r}).load()\n"
 
 
 def measure(python: str, root: Path, how: str) -> dict[str, float]:

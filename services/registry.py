@@ -83,6 +83,7 @@ class Service:
         serving()
         module, attr = self.run.split(":")
         fn: Callable[..., Any] = getattr(importlib.import_module(module), attr)
+        _give_back_freed_memory()
 
         @functools.wraps(fn)
         def with_identity(settings: Settings, *args: Any, **kwargs: Any) -> Any:
@@ -106,6 +107,20 @@ class Service:
     def jobs(self) -> dict[str, str]:
         """Port name → the Prometheus job that scrapes it."""
         return {p.name: self.job + p.job_suffix for p in self.ports if p.job_suffix is not None}
+
+
+def _give_back_freed_memory() -> None:
+    """What the imports (and the settings read before them) allocated and freed goes back to
+    the operating system before the process starts its work: the cycles collected, then
+    glibc's free heap pages released (malloc_trim; ~0.6 MB of a notice relay's resident
+    memory, decision 0035). Elsewhere than glibc nothing is trimmed."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
+    if trim is not None:
+        trim(0)
 
 
 SERVICES: tuple[Service, ...] = (

@@ -40,17 +40,27 @@ NOWHERE = frozenset(
         "pandas",
         "pyarrow",
         "rich",
+        # Settings read their own sources (decision 0035).
+        "pydantic_settings",
+        "dotenv",
     }
 )
 
 #: process -> (the CLI module its `sco` command lives in, what else it must not import)
 SERVICES: dict[str, tuple[str, frozenset[str]]] = {
     # Temporal never (the region worker tells it of notices: decision 0030). It signs
-    # notices without the bundle's contract models (contracts/canonical.py).
+    # notices without the bundle's contract models (contracts/canonical.py). `sco
+    # notice-relay` starts it without the CLI: no typer, no commands' plumbing, and its
+    # settings read without pydantic-settings (decision 0035).
     "notice-relay": (
-        "workers.cli.notices",
+        "workers.cli.notice_relay",
         frozenset(
             {
+                "typer",
+                "click",
+                "workers.cli.common",
+                "workers.cli.main",
+                "workers.cli.notices",
                 "temporalio",
                 "clickhouse_connect",
                 "chdb",
@@ -151,6 +161,32 @@ def test_a_service_process_imports_only_what_it_uses(name: str) -> None:
     # A dotted name is one module; a plain one a whole package.
     loaded = modules | {m.split(".")[0] for m in modules}
     assert sorted(loaded & (NOWHERE | forbidden)) == [], f"{name} imports them at start"
+
+
+@pytest.mark.timeout(150)
+def test_sco_notice_relay_starts_without_the_cli() -> None:
+    """`sco notice-relay` (the console script's and `python -m workers.cli`'s entry) runs
+    the relay without typer, rich or pydantic-settings, and refuses a bad option as the
+    typer command does: one line naming it, exit 1."""
+    code = (
+        "sys.argv = ['sco', 'notice-relay', '--region', 'r1', '--hall', 'Z']\n"
+        "from workers.cli.entry import main\n"
+        "main()\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", _PRINT_MODULES + code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 1, out.stderr[-2000:]
+    assert out.stderr.strip() == "error: --hall 'Z': region r1 has halls A, B, C, D"
+    modules = set(json.loads(out.stdout.strip().splitlines()[-1]))
+    loaded = modules | {m.split(".")[0] for m in modules}
+    assert "workers.settings" in modules  # the probe saw it read its settings
+    heavy = {"typer", "click", "rich", "pydantic_settings", "dotenv", "workers.cli.common"}
+    assert sorted(loaded & heavy) == []
 
 
 @pytest.mark.timeout(150)

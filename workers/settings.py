@@ -4,13 +4,22 @@ Sources, highest first: explicit overrides, `SCO_*` environment variables (neste
 `__`, e.g. `SCO_TEMPORAL__ADDRESS`), the TOML file named by `SCO_CONFIG` (default
 `sco.toml` in the working directory, optional), then the defaults below, which are the
 embedded local region in a box.
+
+The sources are read here (`_sources`), as pydantic-settings' BaseSettings read them
+(case-insensitive names, lists and tables as JSON, `__` into nested tables, deep merge),
+without loading pydantic-settings: its source providers, python-dotenv and argparse cost
+every process ~1 MB and none is used (decision 0035).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import tomllib
+import types
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Union, get_args, get_origin
 
 from pydantic import (
     BaseModel,
@@ -23,12 +32,6 @@ from pydantic import (
     model_serializer,
     model_validator,
 )
-from pydantic_settings import (
-    BaseSettings,
-    PydanticBaseSettingsSource,
-    SettingsConfigDict,
-    TomlConfigSettingsSource,
-)
 
 from contracts.logformat import LogFormat
 from contracts.redact import mask_credentials
@@ -40,6 +43,9 @@ if TYPE_CHECKING:
 
 CONFIG_ENV = "SCO_CONFIG"
 DEFAULT_CONFIG_FILE = Path("sco.toml")
+#: `SCO_TEMPORAL__ADDRESS` is `temporal.address`.
+ENV_PREFIX = "SCO_"
+ENV_NESTED_DELIMITER = "__"
 
 
 class TLSSettings(BaseModel):
@@ -707,12 +713,14 @@ class EstateSettings(BaseModel):
     regions: dict[str, EstateRegionSettings] = {}
 
 
-class Settings(BaseSettings):
-    model_config = SettingsConfigDict(
-        env_prefix="SCO_",
-        env_nested_delimiter="__",
-        extra="forbid",
-    )
+class Settings(BaseModel):
+    """`Settings(**overrides)` reads the sources (module docstring) under the overrides;
+    `Settings.model_validate(data)` validates `data` alone."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    def __init__(self, **overrides: Any) -> None:
+        super().__init__(**_sources(overrides))
 
     region: str = "r1"
     regions: list[str] = ["r1", "r2", "r3"]
@@ -808,18 +816,6 @@ class Settings(BaseSettings):
     def region_file(self, region: str | None = None) -> Path:
         return self.regions_dir / f"{region or self.region}.toml"
 
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        toml = TomlConfigSettingsSource(settings_cls, toml_file=config_file())
-        return (init_settings, env_settings, toml)
-
 
 def _masked(value: Any) -> Any:
     """`value` with `mask_credentials` applied to every string in it (nested models too)."""
@@ -840,6 +836,126 @@ class SettingsError(ValueError):
     """Settings could not be loaded; the message names the source, field and reason."""
 
 
+def _sources(overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """The TOML file's values, under the `SCO_*` environment's, under `overrides`."""
+    path = config_file()
+    data: dict[str, Any] = {}
+    if path.is_file():
+        with path.open("rb") as f:
+            data = tomllib.load(f)  # TOMLDecodeError (a ValueError): load_settings names it
+    return _merged(_merged(data, _environment(os.environ)), dict(overrides))
+
+
+def _merged(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    """`base` with `top` over it; tables (dicts) in both are merged, key by key."""
+    out = dict(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merged(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _environment(environ: Mapping[str, str]) -> dict[str, Any]:
+    """The settings `SCO_*` variables give (names case-insensitive, as pydantic-settings
+    reads them): `SCO_<FIELD>` for a top-level field (JSON for a list, table or section),
+    and for a section or table field `SCO_<FIELD>__<KEY>[__<KEY>...]` into it. Variables
+    naming no field (SCO_CONFIG, a tool's SCO_PYTHON) are not settings."""
+    prefix = ENV_PREFIX.lower()
+    env = {k.lower(): v for k, v in environ.items() if k.lower().startswith(prefix)}
+    out: dict[str, Any] = {}
+    for name, field in Settings.model_fields.items():
+        key = prefix + name
+        complex_ = _is_complex(field.annotation)
+        value: Any = env.get(key)
+        if not complex_:
+            if value is not None:
+                out[name] = value
+            continue
+        if value is not None:
+            value = _json(key, value, allow_failure=_is_union(field.annotation))
+            if not isinstance(value, dict):
+                out[name] = value
+                continue
+        nested = _exploded(key + ENV_NESTED_DELIMITER, field.annotation, env)
+        if value is not None:
+            out[name] = _merged(value, nested)
+        elif nested:
+            out[name] = nested
+    return out
+
+
+def _exploded(prefix: str, annotation: Any, env: Mapping[str, str]) -> dict[str, Any]:
+    """`<prefix>a__b=v` as {"a": {"b": v}}; v decoded from JSON where b is a list or table."""
+    result: dict[str, Any] = {}
+    for name, raw in env.items():
+        if not name.startswith(prefix):
+            continue
+        *keys, last = name[len(prefix) :].split(ENV_NESTED_DELIMITER)
+        target, node = annotation, result
+        for key in keys:
+            target = _member(target, key)
+            child = node.setdefault(key, {})
+            if not isinstance(child, dict):
+                break
+            node = child
+        else:
+            in_table = _is_dict(target)
+            target = _member(target, last)
+            value: Any = raw
+            if raw and (in_table or (target is not None and _is_complex(target))):
+                # A table's values may be plain strings: JSON only when it parses.
+                value = _json(name.upper(), raw, allow_failure=in_table or _is_union(target))
+            node[last] = value
+    return result
+
+
+def _member(annotation: Any, key: str) -> Any:
+    """The type of `key` inside `annotation` (a section's field, a table's values)."""
+    for option in _options(annotation):
+        if isinstance(option, type) and issubclass(option, BaseModel):
+            for fname, field in option.model_fields.items():
+                if fname.lower() == key:
+                    return field.annotation
+        elif _is_dict(option):
+            args = get_args(option)
+            return args[1] if len(args) == 2 else None
+    return None
+
+
+def _options(annotation: Any) -> tuple[Any, ...]:
+    return get_args(annotation) if _is_union(annotation) else (annotation,)
+
+
+def _is_union(annotation: Any) -> bool:
+    return get_origin(annotation) in (Union, types.UnionType)
+
+
+def _is_dict(annotation: Any) -> bool:
+    return any(option is dict or get_origin(option) is dict for option in _options(annotation))
+
+
+def _is_complex(annotation: Any) -> bool:
+    """A section, list, set, tuple or table: read from the environment as JSON."""
+    for option in _options(annotation):
+        origin = get_origin(option) or option
+        if isinstance(origin, type) and (
+            issubclass(origin, BaseModel | list | set | frozenset | tuple | dict)
+        ):
+            return True
+    return False
+
+
+def _json(name: str, raw: str, allow_failure: bool) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError as exc:
+        if allow_failure:
+            return raw
+        raise SettingsError(f"environment {name.upper()}: not valid JSON ({exc})") from None
+
+
 def config_file() -> Path:
     return Path(os.environ.get(CONFIG_ENV, str(DEFAULT_CONFIG_FILE)))
 
@@ -850,6 +966,8 @@ def load_settings(**overrides: Any) -> Settings:
         raise SettingsError(f"{path}: {CONFIG_ENV} names a file that does not exist")
     try:
         return Settings(**overrides)
+    except SettingsError:
+        raise
     except ValidationError as exc:
         lines = []
         for err in exc.errors():

@@ -30,7 +30,7 @@ DSNS = {
 
 
 def _settings(**more: Any) -> Settings:
-    return Settings(**DSNS, **more)  # type: ignore[arg-type]
+    return Settings(**DSNS, **more)
 
 
 def _output_until_quiet(

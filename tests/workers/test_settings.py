@@ -73,3 +73,58 @@ def test_user_data_templates_may_only_name_their_placeholders(
     assert "kubernetes.node_user_data: Value error" in text
     cfg.write_text('[slurm]\nuser_data = "a: {{literal}} b: {hostname} c: {slurmctld}"\n')
     assert load_settings().slurm.user_data.startswith("a: {{literal}}")
+
+
+def test_the_environment_is_read_as_pydantic_settings_read_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Decision 0035: no pydantic-settings, the same reading. Names are case-insensitive,
+    `__` goes into sections and tables (merged with a JSON value of the same section),
+    lists and tables are JSON, variables naming no field are not settings, and overrides
+    win over the environment, which wins over the file, key by key."""
+    cfg = tmp_path / "sco.toml"
+    cfg.write_text(
+        '[temporal]\naddress = "toml:1"\nnamespace_prefix = "tp-"\n'
+        '[notices.hall_key_files]\nB = "/k/b.key"\n'
+    )
+    monkeypatch.setenv("SCO_CONFIG", str(cfg))
+    monkeypatch.setenv("sco_region", "r2")
+    monkeypatch.setenv("SCO_REGIONS", '["r1", "r2"]')
+    monkeypatch.setenv("SCO_TEMPORAL", '{"ui_port": 1}')
+    monkeypatch.setenv("SCO_TEMPORAL__TLS__ENABLED", "true")
+    monkeypatch.setenv("SCO_NOTICES__HALL_KEY_FILES__A", "/k/a.key")
+    monkeypatch.setenv("SCO_CONTRACTS__MIRROR_URLS", '["m1"]')
+    monkeypatch.setenv("SCO_ESTATE__REGIONS__R2__POSTGRES_DSN", "postgresql://h/db")
+    monkeypatch.setenv("SCO_PYTHON", "not a setting")
+    s = load_settings(temporal={"retention_days": 3})
+    assert s.region == "r2" and s.regions == ["r1", "r2"]
+    t = s.temporal
+    assert (t.address, t.namespace_prefix, t.ui_port, t.tls.enabled, t.retention_days) == (
+        "toml:1",
+        "tp-",
+        1,
+        True,
+        3,
+    )
+    # Table keys from the environment are lower case, as pydantic-settings made them.
+    assert s.notices.hall_key_files == {"B": Path("/k/b.key"), "a": Path("/k/a.key")}
+    assert s.contracts.mirror_urls == ["m1"]
+    assert s.estate.regions["r2"].postgres_dsn == "postgresql://h/db"
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "reason"),
+    [
+        ("SCO_REGIONS", "r1,r2", "environment SCO_REGIONS: not valid JSON"),
+        ("SCO_CONTRACTS__MIRROR_URLS", "m1", "environment SCO_CONTRACTS__MIRROR_URLS: not valid"),
+        ("SCO_TEMPORAL__BOGUS", "1", "temporal.bogus: Extra inputs are not permitted"),
+        ("SCO_WORKER__METRICS_PORT", "x", "worker.metrics_port: Input should be a valid integer"),
+    ],
+)
+def test_a_bad_environment_value_is_named(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, name: str, value: str, reason: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(name, value)
+    with pytest.raises(SettingsError, match=reason):
+        load_settings()

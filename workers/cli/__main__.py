@@ -1,5 +1,5 @@
 """`python -m workers.cli`: the `sco` command, as the box starts its own processes."""
 
-from workers.cli.main import main
+from workers.cli.entry import main
 
 main()

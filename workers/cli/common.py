@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, cast
 import typer
 
 from contracts.redact import mask_credentials
+from workers.cli.plain import shown as shown
 from workers.logs import configure_owned
 from workers.settings import Settings, SettingsError, load_settings
 
@@ -89,14 +90,6 @@ def known_region(s: Settings, name: str | None) -> str:
     if region not in s.regions:
         fail(f"unknown region {shown(region)} (known: {', '.join(s.regions)})")
     return region
-
-
-def shown(value: str) -> str:
-    """VALUE in a message: as typed when it is a plain word, quoted when it is empty, has
-    spaces or invisible characters, and shortened when long."""
-    short = value if len(value) <= 60 else value[:57] + "..."
-    plain = short and short.isprintable() and not any(ch.isspace() for ch in short)
-    return short if plain and short.isascii() else ascii(short)
 
 
 def region_or_exit(s: Settings, name: str | None) -> Region:

@@ -8,15 +8,12 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import nats
-import psycopg
 import typer
 
 from activities.fleet.repository import FleetRepository, InstanceRow
-from contracts import keys
 from contracts.bounded import InputRejected
 from contracts.notice import ReclaimReply, ReclaimRequest, parse_reclaim_reply, reclaim_subject
 from contracts.notice_signing import EARLY_WARNING_HORIZON
-from services.notice_relay.keyfile import KeyFileSigner
 from workers.cli import audit
 from workers.cli.bounds import path_value
 from workers.cli.common import (
@@ -40,30 +37,13 @@ def notice_relay(
 ) -> None:
     """Run the hall's notice relay: reclaims → notices with a deadline → deletes; until
     SIGTERM/Ctrl-C."""
-    from services.registry import service
-    from workers.cli import bounds
+    # `sco notice-relay` starts it without typer (workers/cli/entry.py); the same checks.
+    from workers.cli.notice_relay import StartError, start
 
-    s = settings()
-    region_model = region_or_exit(s, region)
-    if hall not in region_model.halls:
-        fail(f"--hall {hall!r}: region {region_model.id} has halls {', '.join(region_model.halls)}")
-    bounds.finite("--sweep-seconds", sweep_seconds, low=0.01, high=3600)
-    key_file, setting = s.notices.key_file(hall)
-    if key_file is None:
-        fail(
-            f"notices.hall_key_files.{hall} and notices.signing_key_file "
-            "(SCO_NOTICES__SIGNING_KEY_FILE): neither set; nodes refuse unsigned notices"
-        )
     try:
-        signing_key = KeyFileSigner(key_file, region=region_model.id, hall=hall)
-    except keys.KeyFileError as exc:
-        fail(f"{setting}: {exc}")
-    with errors_as_exit(nats.errors.Error, psycopg.Error, OSError):
-        asyncio.run(
-            service("notice-relay").load()(
-                s, region_model, hall, signing_key, sweep_seconds=sweep_seconds
-            )
-        )
+        start(region, hall, sweep_seconds)
+    except StartError as exc:
+        fail(str(exc))
 
 
 def _owners(rows: list[InstanceRow]) -> str:

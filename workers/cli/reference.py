@@ -238,8 +238,8 @@ def settings_lines() -> list[str]:
     from workers import settings
 
     model = settings.Settings
-    prefix = str(model.model_config.get("env_prefix", ""))
-    delimiter = str(model.model_config.get("env_nested_delimiter", "__"))
+    prefix = settings.ENV_PREFIX
+    delimiter = settings.ENV_NESTED_DELIMITER
     lines = [
         "## Settings",
         "",

@@ -1,0 +1,147 @@
+"""`sco notice-relay`: the hall's notice relay, started without the CLI's machinery.
+
+A relay runs for weeks, one per hall: it loads neither typer (the `sco` app) nor rich (the
+CLI's tables) nor the commands' shared plumbing (workers/cli/common.py), ~2 MB of each
+relay's resident memory (decision 0035). `sco notice-relay ...` comes here from
+workers/cli/entry.py; `sco notice-relay --help` and the typer command in
+workers/cli/notices.py (the CLI's tests, docs/reference.md) call the same `start`, so both
+check the same things and fail with the same one line.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+
+class StartError(Exception):
+    """The relay cannot start; str() is the one line naming what and why."""
+
+
+def start(region: str | None, hall: str, sweep_seconds: float) -> None:
+    """Settings, the region and its hall, the signing key; then the relay until it stops.
+    StartError when one of them is unusable or a dependency fails the relay."""
+    import asyncio
+
+    import nats
+    import psycopg
+
+    from contracts import keys
+    from contracts.region import RegionFileError, load_region
+    from services.notice_relay.keyfile import KeyFileSigner
+    from services.registry import service
+    from workers.cli.plain import shown
+    from workers.logs import configure_owned
+    from workers.settings import SettingsError, load_settings
+
+    try:
+        s = load_settings()
+    except SettingsError as exc:
+        raise StartError(str(exc)) from None
+    configure_owned(s.log)
+    region_id = s.region if region is None else region
+    if region_id not in s.regions:
+        raise StartError(f"unknown region {shown(region_id)} (known: {', '.join(s.regions)})")
+    try:
+        region_model = load_region(s.region_file(region_id))
+    except (RegionFileError, FileNotFoundError) as exc:
+        raise StartError(str(exc)) from None
+    if hall not in region_model.halls:
+        raise StartError(
+            f"--hall {hall!r}: region {region_model.id} has halls {', '.join(region_model.halls)}"
+        )
+    if not math.isfinite(sweep_seconds):
+        raise StartError(f"--sweep-seconds {sweep_seconds}: not a finite number")
+    if not 0.01 <= sweep_seconds <= 3600:
+        raise StartError(f"--sweep-seconds {sweep_seconds:g}: outside [0.01, 3600]")
+    key_file, setting = s.notices.key_file(hall)
+    if key_file is None:
+        raise StartError(
+            f"notices.hall_key_files.{hall} and notices.signing_key_file "
+            "(SCO_NOTICES__SIGNING_KEY_FILE): neither set; nodes refuse unsigned notices"
+        )
+    try:
+        signing_key = KeyFileSigner(key_file, region=region_model.id, hall=hall)
+    except keys.KeyFileError as exc:
+        raise StartError(f"{setting}: {exc}") from None
+    try:
+        asyncio.run(
+            service("notice-relay").load()(
+                s, region_model, hall, signing_key, sweep_seconds=sweep_seconds
+            )
+        )
+    except (nats.errors.Error, psycopg.Error, OSError) as exc:
+        raise StartError(str(exc)) from None
+
+
+#: option -> (its `start` argument, how its value is read); their help is the typer
+#: command's (workers/cli/notices.py), which `sco notice-relay --help` shows.
+OPTIONS: dict[str, tuple[str, type[str] | type[float]]] = {
+    "--region": ("region", str),
+    "--hall": ("hall", str),
+    "--sweep-seconds": ("sweep_seconds", float),
+}
+
+
+class UsageError(Exception):
+    """The command line is not one of `sco notice-relay`'s; str() says what is wrong (the
+    typer CLI's words: tests/workers/test_notice_relay_entry.py), `see` whether the line
+    points at the help (the typer CLI's does, but for an option without its value)."""
+
+    def __init__(self, message: str, see: bool = True) -> None:
+        super().__init__(message)
+        self.see = see
+
+
+def parse(argv: Sequence[str]) -> dict[str, Any]:
+    """`--region R --hall H --sweep-seconds S` (each also `--opt=value`) as `start`'s
+    arguments. Three options need no argparse (and its gettext: ~0.3 MB)."""
+    values: dict[str, Any] = {"region": None, "sweep_seconds": 1.0}
+    args = list(argv)
+    while args:
+        arg = args.pop(0)
+        name, eq, value = arg.partition("=")
+        if name not in OPTIONS:
+            raise UsageError(
+                f"No such option: {name}"
+                if arg.startswith("-")
+                else f"Got unexpected extra argument(s) ({arg})"
+            )
+        if not eq:
+            if not args:
+                raise UsageError(f"Option '{name}' requires an argument.", see=False)
+            value = args.pop(0)
+        key, kind = OPTIONS[name]
+        try:
+            values[key] = kind(value)
+        except ValueError:
+            raise UsageError(
+                f"Invalid value for '{name}': Input should be a valid number, unable to "
+                "parse string as a number"
+            ) from None
+    if "hall" not in values:
+        raise UsageError("Missing option '--hall'.")
+    return values
+
+
+def main(argv: Sequence[str]) -> NoReturn:
+    """`sco notice-relay ARGS`: exit 0 when stopped, 1 with `error: <line>` on stderr when
+    it cannot start or a dependency failed it, 2 on a usage error (as the typer CLI words
+    it; `sco notice-relay --help` is the typer command's help)."""
+    from contracts.redact import mask_credentials
+
+    try:
+        start(**parse(argv))
+    except UsageError as exc:
+        see = " (see `sco notice-relay --help`)" if exc.see else ""
+        print(f"error: {exc}{see}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except StartError as exc:
+        # Errors name the DSN or URL that failed; never its password (contracts/redact.py).
+        print(f"error: {mask_credentials(str(exc))}", file=sys.stderr)
+        raise SystemExit(1) from None
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None
+    raise SystemExit(0)
