@@ -114,6 +114,15 @@ def main() -> None:
             target=FALLBACK_TARGET,
             comparator="<=",
         )
+    # Consolidation's share of the churn apart: what peers' users complain of (issue 31),
+    # shown beside the total, which also counts SCO's many more returns from fallback.
+    sco_c, base_c = (p.disruptions_by_reason.get("consolidation", 0) for p in (sco, base))
+    report.figure(
+        "consolidation_churn_vs_karpenter",
+        round(sco_c / base_c, 4) if base_c else 0.0,
+        "x",
+        anchor=anchor + f"; consolidations, SCO {sco_c} vs Karpenter-like {base_c}",
+    )
     report.figure(
         "saved_by_return_from_fallback",
         result.saved_by_return_from_fallback,
