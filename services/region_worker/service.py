@@ -363,10 +363,13 @@ async def run(settings: Settings, region: str) -> None:
             provider = await opened.enter_async_context(open_provider(settings, region))
             # A short lock wait: the ledger consumer holds an embedded ledger in bursts,
             # and a tick would rather plan with the last known reclaim rates than wait.
+            # An embedded ledger is read by a child process: the engine never loads here
+            # (activities/ledger/child.py).
             ledger = LedgerStore(
                 settings.effective_ledger_dsn,
                 lock_timeout=2.0,
                 client_options=ledger_options(settings),
+                reads_in_child=True,
             )
             opened.callback(ledger.close)
             activities = build_activities(
