@@ -319,7 +319,7 @@ def test_reclaim_rates_read_by_a_child_are_the_in_process_ones(store: LedgerStor
     assert child._client is None  # nothing was opened in this process
     with store.session():
         busy = LedgerStore(store.dsn, lock_timeout=0.2, reads_in_child=True)
-        with pytest.raises(LedgerUnavailable, match="reading child: .*held by another process"):
+        with pytest.raises(LedgerUnavailable, match=r"reading child: .*held by another process"):
             reclaim_rate(busy, pool_ids=pools, start=T0, end=at(4))
 
 
