@@ -372,3 +372,12 @@ def test_bad_dsn_is_ledger_unavailable_naming_it(dsn: str, shown: str) -> None:
         LedgerStore(dsn, lock_timeout=1).ensure_schema()
     assert "s3cret" not in str(caught.value)
     assert caught.value.dsn == shown
+
+
+def test_the_region_worker_reads_its_embedded_ledger_through_a_child(tmp_path: Path) -> None:
+    from services.region_worker.service import worker_ledger
+    from workers.settings import Settings
+
+    store = worker_ledger(Settings(data_dir=tmp_path, ledger_dsn=""))
+    assert store.reads_in_child and store.path == (tmp_path / "ledger").resolve()
+    assert store.lock_timeout == 2.0
