@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -83,6 +84,9 @@ class ControlActivities:
         self._clock = clock
         self._rates: dict[str, float] = {}
         self._rates_at = -math.inf
+        self._rates_lock = threading.Lock()
+        self._refreshing = False  # a refresh runs beside the ticks
+        self._first_read = threading.Lock()
 
     # -- writes from acquisitions --------------------------------------------------------
 
@@ -259,23 +263,51 @@ class ControlActivities:
         return demand, live, open_acqs, excluded, declines, leaving
 
     def _reclaim_rates(self, region: Region, window_hours: float) -> dict[str, float]:
+        """The ledger's reclaim rates of the region's pools, read at most every
+        `_RATE_CACHE_SECONDS`. The first read is waited for; after it, a tick that finds
+        the rates stale plans with the last known ones while one refresh runs beside it
+        (an embedded ledger is read by a child process, seconds on a loaded machine:
+        activities/ledger/child.py), and the partitions' ticks never read it at once."""
         if self._ledger is None:
             return {}
-        if time.monotonic() - self._rates_at < _RATE_CACHE_SECONDS:
+        with self._rates_lock:
+            if time.monotonic() - self._rates_at < _RATE_CACHE_SECONDS:
+                return self._rates
+            if self._rates_at != -math.inf:
+                if not self._refreshing:
+                    self._refreshing = True
+                    threading.Thread(
+                        target=self._refresh_rates,
+                        args=(region, window_hours),
+                        name="reclaim-rates",
+                        daemon=True,
+                    ).start()
+                return self._rates
+        with self._first_read:  # the others wait for the first read, then use it
+            if self._rates_at == -math.inf:
+                self._refresh_rates(region, window_hours)
             return self._rates
+
+    def _refresh_rates(self, region: Region, window_hours: float) -> None:
+        assert self._ledger is not None
         end = self._clock()
         try:
-            self._rates = reclaim_rate(
-                self._ledger,
-                pool_ids=region.pool_ids(),
-                start=end - timedelta(hours=window_hours),
-                end=end,
-            )
-        except LedgerUnavailable as exc:
-            # Planning without risk data beats not planning; the last rates stay in use.
-            log.warning("reclaim rates unavailable, using the last known: %s", exc)
-        self._rates_at = time.monotonic()
-        return self._rates
+            try:
+                rates = reclaim_rate(
+                    self._ledger,
+                    pool_ids=region.pool_ids(),
+                    start=end - timedelta(hours=window_hours),
+                    end=end,
+                )
+            except LedgerUnavailable as exc:
+                # Planning without risk data beats not planning; the last rates stay in use.
+                log.warning("reclaim rates unavailable, using the last known: %s", exc)
+                rates = self._rates
+            with self._rates_lock:
+                self._rates, self._rates_at = rates, time.monotonic()
+        finally:
+            with self._rates_lock:
+                self._refreshing = False
 
 
 def _units(cd: ContractDemand, region: Region, pool_id: str) -> int:

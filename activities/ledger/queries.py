@@ -195,10 +195,15 @@ def reclaims_per_pool(
 def reclaim_rate(
     store: LedgerStore, *, pool_ids: Iterable[str], start: datetime, end: datetime
 ) -> dict[str, float]:
-    """Reclaims per instance-hour of each pool in [start, end); 0.0 without running time."""
+    """Reclaims per instance-hour of each pool in [start, end); 0.0 without running time.
+    On a store with `reads_in_child` and an on-disk chDB ledger, asked of a child process."""
     pools = sorted(set(pool_ids))
     if not pools:
         return {}
+    if store.reads_in_child and store.path is not None:
+        from activities.ledger.child import reclaim_rate_in_child
+
+        return reclaim_rate_in_child(store, pool_ids=pools, start=start, end=end)
     parameters = _window(start, end)
     parameters["pools"] = pools
     parameters["notice"] = _NOTICE

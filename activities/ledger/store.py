@@ -163,12 +163,17 @@ class LedgerStore:
         lock_timeout: float = 30.0,
         client_options: dict[str, Any] | None = None,
         hold: bool = False,
+        reads_in_child: bool = False,
     ) -> None:
         """`client_options`: clickhouse-connect TLS and credential arguments for a server.
         `hold`: on chDB, keep the engine open between sessions until another process
-        wants the ledger (the long-running writer; see the module docstring)."""
+        wants the ledger (the long-running writer; see the module docstring).
+        `reads_in_child`: on an on-disk chDB ledger, the reads that support it
+        (`reclaim_rate`) run in a short-lived child process (activities/ledger/child.py),
+        so a long-running reader never loads the engine (~280 MB) nor leaks its reopens."""
         self.dsn = dsn
         self.hold = hold
+        self.reads_in_child = reads_in_child
         self._held_lock: TextIO | None = None  # the flock'd handle while the engine is held
         self._client_options = dict(client_options or {})
         self.lock_timeout = lock_timeout

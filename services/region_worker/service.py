@@ -334,6 +334,19 @@ def temporal_reconnect(
     return hook
 
 
+def worker_ledger(settings: Settings) -> LedgerStore:
+    """The ledger the controllers' reclaim rates are read from. A short lock wait: the
+    ledger consumer holds an embedded ledger in bursts, and a tick would rather plan with
+    the last known rates than wait. An embedded ledger is read by a child process, so the
+    engine never loads in the worker (decision 0037)."""
+    return LedgerStore(
+        settings.effective_ledger_dsn,
+        lock_timeout=2.0,
+        client_options=ledger_options(settings),
+        reads_in_child=True,
+    )
+
+
 async def _warm_exact_planner() -> None:
     if not await asyncio.to_thread(warm_up):
         log.warning("no scipy on this worker: its ticks keep the greedy plan")
@@ -363,13 +376,7 @@ async def run(settings: Settings, region: str) -> None:
             )
             opened.callback(pool.close)
             provider = await opened.enter_async_context(open_provider(settings, region))
-            # A short lock wait: the ledger consumer holds an embedded ledger in bursts,
-            # and a tick would rather plan with the last known reclaim rates than wait.
-            ledger = LedgerStore(
-                settings.effective_ledger_dsn,
-                lock_timeout=2.0,
-                client_options=ledger_options(settings),
-            )
+            ledger = worker_ledger(settings)
             opened.callback(ledger.close)
             activities = build_activities(
                 settings, region, client, pool=pool, provider=provider, ledger=ledger

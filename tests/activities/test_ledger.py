@@ -306,6 +306,50 @@ def test_another_process_shares_the_embedded_ledger(store: LedgerStore) -> None:
     assert _query_in_subprocess(store.dsn, lock_timeout=30)["late"] == pytest.approx(0.5)
 
 
+def test_reclaim_rates_read_by_a_child_are_the_in_process_ones(store: LedgerStore) -> None:
+    """The region worker's store (`reads_in_child`) asks a child process for the rates
+    of an embedded ledger: same answer, same lock (a held ledger is a clear error)."""
+    b = {"pool_id": "r1-B-g4-2xl"}
+    store.insert_events([*FLEET, *lifecycle("b1", 0, 2, **b), ev(EventKind.NOTICE, "b1", 1.0, **b)])
+    pools = ["r1-B-g4-2xl", "r1-A-c5-xl", "r1-C-m5-l", "nowhere"]
+    here = reclaim_rate(store, pool_ids=pools, start=T0, end=at(4))
+    assert here["r1-A-c5-xl"] > 0 and here["r1-B-g4-2xl"] > 0
+    child = LedgerStore(store.dsn, lock_timeout=30, reads_in_child=True)
+    assert reclaim_rate(child, pool_ids=pools, start=T0, end=at(4)) == pytest.approx(here)
+    assert child._client is None  # nothing was opened in this process
+    with store.session():
+        busy = LedgerStore(store.dsn, lock_timeout=0.2, reads_in_child=True)
+        with pytest.raises(LedgerUnavailable, match=r"reading child: .*held by another process"):
+            reclaim_rate(busy, pool_ids=pools, start=T0, end=at(4))
+
+
+def test_a_child_reading_store_never_loads_the_engine(tmp_path: Path) -> None:
+    """A process reading reclaim rates through `reads_in_child` holds neither chDB nor
+    pyarrow (~280 MB resident in the region worker, decision 0037)."""
+    code = (
+        "import json, sys\n"
+        "from datetime import UTC, datetime, timedelta\n"
+        "from activities.ledger import LedgerStore, reclaim_rate\n"
+        f"s = LedgerStore('chdb://{tmp_path}/ledger', reads_in_child=True)\n"
+        "end = datetime.now(UTC)\n"
+        "rates = reclaim_rate(s, pool_ids=['p'], start=end - timedelta(hours=1), end=end)\n"
+        "maps = open('/proc/self/maps').read()\n"
+        "print(json.dumps({'rates': rates, 'modules': sorted({m.split('.')[0] for m in "
+        "sys.modules} & {'chdb', 'pyarrow'}), 'mapped': '_chdb' in maps}))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    got = json.loads(done.stdout.splitlines()[-1])
+    assert got == {"rates": {"p": 0.0}, "modules": [], "mapped": False}
+    assert (tmp_path / "ledger").is_dir()  # the child made the ledger: it was asked
+
+
 def test_relative_chdb_path_resolves_against_cwd(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -328,3 +372,12 @@ def test_bad_dsn_is_ledger_unavailable_naming_it(dsn: str, shown: str) -> None:
         LedgerStore(dsn, lock_timeout=1).ensure_schema()
     assert "s3cret" not in str(caught.value)
     assert caught.value.dsn == shown
+
+
+def test_the_region_worker_reads_its_embedded_ledger_through_a_child(tmp_path: Path) -> None:
+    from services.region_worker.service import worker_ledger
+    from workers.settings import Settings
+
+    store = worker_ledger(Settings(data_dir=tmp_path, ledger_dsn=""))
+    assert store.reads_in_child and store.path == (tmp_path / "ledger").resolve()
+    assert store.lock_timeout == 2.0

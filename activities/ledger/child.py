@@ -1,0 +1,94 @@
+"""Ledger reads in a short-lived child process, for a long-running process that reads an
+embedded (chDB) ledger now and then: the region worker reads reclaim rates every few
+minutes. Loading the engine in the worker costs ~280 MB of resident memory for the life
+of the process (chDB's library, pyarrow) and every open/close leaks ~2.3 MB more inside
+the engine (store.py); a child that opens the ledger, answers and exits costs neither.
+The answer is the same query's (queries.reclaim_rate) on the same ledger, under the same
+lock and lock timeout; a server ledger is read in-process as before.
+
+The child reads one JSON request on stdin and writes the answer as JSON on stdout;
+a ledger it cannot read is one line on stderr and exit status 3:
+
+    echo '{"dsn": "chdb:///d", "lock_timeout": 2, "pools": ["r1.A.cpu.xl"],
+           "start": "2026-01-01T00:00:00+00:00", "end": "..."}' |
+        python -m activities.ledger.child
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from datetime import datetime
+from typing import Any
+
+from activities.ledger.store import LedgerStore, LedgerUnavailable
+
+#: Seconds a child may take beyond its lock wait: starting Python and loading the engine
+#: takes 1-2 s on an idle machine, several on a loaded one.
+CHILD_START_SECONDS = 60.0
+_UNAVAILABLE = 3
+
+
+def reclaim_rate_in_child(
+    store: LedgerStore, *, pool_ids: list[str], start: datetime, end: datetime
+) -> dict[str, float]:
+    """`queries.reclaim_rate` of `store`'s ledger, asked of a child process; a child that
+    fails or times out raises LedgerUnavailable with its reason."""
+    request = {
+        "dsn": store.dsn,
+        "lock_timeout": store.lock_timeout,
+        "pools": pool_ids,
+        "start": start.isoformat(),
+        "end": end.isoformat(),
+    }
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "activities.ledger.child"],
+            input=json.dumps(request),
+            capture_output=True,
+            text=True,
+            timeout=store.lock_timeout + CHILD_START_SECONDS,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        raise LedgerUnavailable(
+            store.dsn,
+            f"reading child gave no answer in {store.lock_timeout + CHILD_START_SECONDS:.0f} s",
+        ) from None
+    except OSError as exc:
+        raise LedgerUnavailable(store.dsn, f"cannot start the reading child: {exc}") from exc
+    if done.returncode != 0:
+        lines = done.stderr.strip().splitlines()
+        reason = lines[-1] if lines else f"exit status {done.returncode}"
+        raise LedgerUnavailable(store.dsn, f"reading child: {reason}")
+    try:
+        answer: Any = json.loads(done.stdout)
+        return {str(pool): float(rate) for pool, rate in answer.items()}
+    except (ValueError, AttributeError) as exc:
+        raise LedgerUnavailable(store.dsn, f"reading child answered {done.stdout[:80]!r}") from exc
+
+
+def main() -> int:
+    from activities.ledger.queries import reclaim_rate
+
+    req = json.loads(sys.stdin.read())
+    store = LedgerStore(req["dsn"], lock_timeout=float(req["lock_timeout"]))
+    try:
+        rates = reclaim_rate(
+            store,
+            pool_ids=[str(p) for p in req["pools"]],
+            start=datetime.fromisoformat(req["start"]),
+            end=datetime.fromisoformat(req["end"]),
+        )
+    except LedgerUnavailable as exc:
+        print(exc.reason, file=sys.stderr)
+        return _UNAVAILABLE
+    finally:
+        store.close()
+    json.dump(rates, sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
