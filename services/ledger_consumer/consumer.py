@@ -11,10 +11,12 @@ was read and why), before its offset is committed: nothing is dropped silently.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -41,6 +43,20 @@ LAG = Gauge(
 )
 #: The lag is measured at most this often (it asks the broker for each partition's end).
 LAG_EVERY_SECONDS = 5.0
+#: How often the client certificate's files are looked at for a renewal.
+RENEWAL_EVERY_SECONDS = 5.0
+
+
+def _stamps(files: Sequence[Path]) -> tuple[tuple[int, int], ...]:
+    """(mtime_ns, size) of each file; a missing one (mid-rename) as (0, 0)."""
+    out = []
+    for f in files:
+        try:
+            st = os.stat(f)
+            out.append((st.st_mtime_ns, st.st_size))
+        except OSError:
+            out.append((0, 0))
+    return tuple(out)
 
 
 @dataclass
@@ -63,26 +79,34 @@ class LedgerConsumer:
         from_beginning: bool = True,
         kafka_security: Mapping[str, Any] | None = None,
         dead_letter_dsn: str | None = None,
+        renew_on_change: Sequence[Path] = (),
     ) -> None:
-        """`kafka_security`: librdkafka TLS/SASL settings added to the consumer's."""
-        self._consumer = Consumer(
-            {
-                **(kafka_security or {}),
-                "bootstrap.servers": bootstrap,
-                "group.id": group_id,
-                "enable.auto.commit": False,
-                "auto.offset.reset": "earliest" if from_beginning else "latest",
-                # A short session: a dead consumer's partitions move within seconds, and
-                # a group join does not wait out the 45 s default (tansu holds joins
-                # for about half a session).
-                "session.timeout.ms": 6000,
-                "heartbeat.interval.ms": 500,
-                # The broker may hold a fetch this long when nothing is new; keep it short
-                # so a fresh event does not sit behind an idle long-poll.
-                "fetch.wait.max.ms": 100,
-            }
-        )
+        """`kafka_security`: librdkafka TLS/SASL settings added to the consumer's.
+        `renew_on_change`: the client certificate and key files; when one changes (a
+        renewal) a new Kafka client replaces the old between batches, since librdkafka
+        reads them only when a client is made (decision 0036)."""
+        self._config: dict[str, Any] = {
+            **(kafka_security or {}),
+            "bootstrap.servers": bootstrap,
+            "group.id": group_id,
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest" if from_beginning else "latest",
+            # A short session: a dead consumer's partitions move within seconds, and
+            # a group join does not wait out the 45 s default (tansu holds joins
+            # for about half a session).
+            "session.timeout.ms": 6000,
+            "heartbeat.interval.ms": 500,
+            # The broker may hold a fetch this long when nothing is new; keep it short
+            # so a fresh event does not sit behind an idle long-poll.
+            "fetch.wait.max.ms": 100,
+        }
+        self._consumer = Consumer(self._config)
         self._consumer.subscribe(list(topics))
+        self._renew_files = list(renew_on_change)
+        self._renew_stamps = _stamps(self._renew_files)
+        self._next_renewal_check = time.monotonic() + RENEWAL_EVERY_SECONDS
+        #: Kafka clients made after the first (each after a certificate renewal).
+        self.renewals = 0
         self._store = store
         self._batch_size = batch_size
         self._dead_letter_dsn = dead_letter_dsn
@@ -190,6 +214,7 @@ class LedgerConsumer:
             if recycle():
                 return True
             try:
+                self._renew_client_if_changed()
                 self.poll_batch(timeout=poll_seconds)
                 if time.monotonic() >= self._next_lag:
                     self._next_lag = time.monotonic() + LAG_EVERY_SECONDS
@@ -204,6 +229,22 @@ class LedgerConsumer:
                 log.warning("ledger: Kafka unavailable (%s); retrying in %.1f s", exc, wait)
                 stop.wait(wait)
         return False
+
+    def _renew_client_if_changed(self) -> None:
+        """A new Kafka client when the certificate files changed (between batches: what was
+        read is in the ledger and committed, so the new member resumes from there)."""
+        if not self._renew_files or time.monotonic() < self._next_renewal_check:
+            return
+        self._next_renewal_check = time.monotonic() + RENEWAL_EVERY_SECONDS
+        stamps = _stamps(self._renew_files)
+        if stamps == self._renew_stamps or (0, 0) in stamps:
+            return  # unchanged, or a file mid-replacement: look again next time
+        self._renew_stamps = stamps
+        log.info("ledger: Kafka client certificate renewed; a new consumer joins the group")
+        self._consumer.close()
+        self._consumer = Consumer(self._config)
+        self._consumer.subscribe(self._topics)
+        self.renewals += 1
 
     def measure_lag(self) -> dict[str, int]:
         """Per topic: the partitions' end offsets minus the group's position (its

@@ -9,6 +9,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from activities.events import region_topics
 from activities.ledger.store import LedgerStore
@@ -48,6 +49,7 @@ def run(settings: Settings) -> ConsumerProgress:
                 store,
                 kafka_security=kafka_config(settings.kafka),
                 dead_letter_dsn=postgres_conninfo(settings),
+                renew_on_change=_client_cert_files(settings),
             )
             try:
                 log.info(
@@ -76,6 +78,15 @@ def run(settings: Settings) -> ConsumerProgress:
         sys.stderr.flush()
         os.execv(sys.executable, [sys.executable, *_argv()])
     return consumer.progress
+
+
+def _client_cert_files(settings: Settings) -> list[Path]:
+    """The Kafka client certificate and key the consumer's client reads (none without
+    TLS client certificates)."""
+    t = settings.kafka.tls
+    if not (t.enabled and t.client_cert_file and t.client_key_file):
+        return []
+    return [Path(t.client_cert_file), Path(t.client_key_file)]
 
 
 def _over(settings: Settings, store: LedgerStore) -> Callable[[], bool]:

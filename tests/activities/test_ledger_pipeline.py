@@ -12,7 +12,13 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from activities.events import CapacityType, EventKind, lifecycle_topic, region_topics
+from activities.events import (
+    CapacityType,
+    EventKind,
+    LifecycleEvent,
+    lifecycle_topic,
+    region_topics,
+)
 from activities.fleet import dead_letters
 from activities.fleet.repository import FleetRepository, InstanceSpec
 from activities.ledger import LedgerStore, reclaims_per_pool, spend
@@ -186,3 +192,52 @@ def test_a_decision_reaches_the_ledger_through_the_outbox(
         stop.set()
         thread.join(10)
     assert len(found) == 1 and found[0].outcome == "declined" and found[0].actor == "deadline"
+
+
+def test_a_renewed_client_certificate_gets_a_new_kafka_client_and_nothing_is_lost(
+    kafka_bootstrap: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """librdkafka reads its certificate files only when a client is made: when the files
+    change (a renewal), the consumer makes a new client between batches and goes on from
+    the committed offsets (decision 0036)."""
+    from confluent_kafka import Producer
+
+    from services.ledger_consumer import consumer as consumer_module
+
+    monkeypatch.setattr(consumer_module, "RENEWAL_EVERY_SECONDS", 0.2)
+    topic = lifecycle_topic("r2")
+    cert = tmp_path / "client.crt"
+    cert.write_text("first certificate\n")
+    store = LedgerStore(f"chdb://{tmp_path / 'ledger'}")
+    consumer = LedgerConsumer(
+        kafka_bootstrap, [topic], store, group_id=uuid.uuid4().hex, renew_on_change=[cert]
+    )
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    workload = f"renewal-{uuid.uuid4().hex[:8]}"
+
+    def publish(n: int) -> None:
+        event = LifecycleEvent(
+            kind=EventKind.READY, instance_id=f"{workload}-{n}", region="r2",
+            pool_id="r2.A.gp.l", hall="A", sku="gp", size="l",
+            capacity_type=CapacityType.RECLAIMABLE, workload=workload, tier=2,
+            price_per_hour=0.1,
+        )  # fmt: skip
+        producer.produce(topic, key=event.instance_id.encode(), value=event.model_dump_json())
+        producer.flush(10)
+
+    stop = threading.Event()
+    runner = threading.Thread(target=consumer.run, args=(stop,), daemon=True)
+    runner.start()
+    try:
+        publish(1)
+        eventually(lambda: consumer.progress.inserted >= 1, timeout=60, what="the first event")
+        cert.write_text("the renewed certificate, longer\n")
+        eventually(lambda: consumer.renewals == 1, timeout=30, what="a new Kafka client")
+        publish(2)
+        eventually(lambda: consumer.progress.inserted >= 2, timeout=60, what="the second event")
+    finally:
+        stop.set()
+        runner.join(timeout=30)
+        consumer.close()
+        store.close()
+    assert consumer.renewals == 1
