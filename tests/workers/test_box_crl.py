@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -26,8 +25,12 @@ from temporalio.service import TLSConfig
 
 from activities.kafka import kafka_answers
 from tests.support.paths import REPO
-from tests.support.secure_box_env import secure_box_env
-from tests.workers.test_box_secure import _need_servers, _operator_env
+from tests.support.secure_box_env import (
+    need_servers,
+    operator_env,
+    operator_settings,
+    secure_box_up,
+)
 from workers.client_security import kafka_config, postgres_conninfo
 from workers.devbox.box import Box
 from workers.devbox.crl import box_ca_crl, issuer_cn, read_certificate, serial_text
@@ -51,37 +54,17 @@ class CrlBox:
 
 @pytest.fixture(scope="module")
 def box() -> Iterator[CrlBox]:
-    _need_servers()
-    tmp, env = secure_box_env("crl-box")
-    before = dict(os.environ)
-    os.environ.update(env)
-    try:
-        b = Box(Settings(), profile="secure")
-        b.up()
+    need_servers()
+    with secure_box_up("crl-box") as (b, _):
         assert b.secure is not None
         operator_file = Path(b.operator_settings_files()["r1"])
-        saved = dict(os.environ)
-        os.environ.clear()
-        os.environ.update(_operator_env(operator_file))
-        try:
-            operator = Settings()
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
-        yield CrlBox(b.secure, operator, operator_file)
-    finally:
-        try:
-            Box(Settings()).down()
-        finally:
-            os.environ.clear()
-            os.environ.update(before)
-        shutil.rmtree(tmp, ignore_errors=True)
+        yield CrlBox(b.secure, operator_settings(operator_file), operator_file)
 
 
 def _sco(box: CrlBox, *args: str) -> str:
     out = subprocess.run(
         [SCO, *args],
-        env=_operator_env(box.operator_file),
+        env=operator_env(box.operator_file),
         cwd=REPO,
         text=True,
         capture_output=True,
