@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -17,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import services, tools
-from tests.support.paths import REGIONS_DIR
+from tests.support.paths import REGIONS_DIR, REPO
 from workers.devbox import tls_servers
 from workers.devbox.box import Box, Progress
 from workers.settings import Settings
@@ -101,6 +103,20 @@ def operator_env(settings_file: Path) -> dict[str, str]:
     """The operator's environment: the settings file `sco dev up` wrote, no other SCO_*."""
     plain = {k: v for k, v in os.environ.items() if not k.startswith("SCO_")}
     return {**plain, "SCO_CONFIG": str(settings_file)}
+
+
+def sco_as_operator(settings_file: Path, *args: str, timeout: float = 90) -> str:
+    """What `sco *args` prints, run as the operator (`operator_env`); it must succeed."""
+    out = subprocess.run(
+        [str(Path(sys.executable).parent / "sco"), *args],
+        env=operator_env(settings_file),
+        cwd=REPO,
+        text=True,
+        capture_output=True,
+        timeout=timeout,
+    )
+    assert out.returncode == 0, f"sco {' '.join(args)}: {out.stdout}{out.stderr}"
+    return out.stdout
 
 
 def operator_settings(settings_file: Path) -> Settings:

@@ -12,7 +12,6 @@ import asyncio
 import json
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,11 +23,10 @@ from temporalio.client import Client
 from temporalio.service import TLSConfig
 
 from activities.kafka import kafka_answers
-from tests.support.paths import REPO
 from tests.support.secure_box_env import (
     need_servers,
-    operator_env,
     operator_settings,
+    sco_as_operator,
     secure_box_up,
 )
 from workers.client_security import kafka_config, postgres_conninfo
@@ -40,7 +38,6 @@ from workers.openbao.client import BaoClient, BaoRequestError
 from workers.settings import Settings
 
 pytestmark = [pytest.mark.devbox, pytest.mark.timeout(240)]
-SCO = str(Path(sys.executable).parent / "sco")
 REVOKED = "spiffe://sco/r1/contract-sync"
 OTHER = "drain-intake"
 
@@ -62,16 +59,7 @@ def box() -> Iterator[CrlBox]:
 
 
 def _sco(box: CrlBox, *args: str) -> str:
-    out = subprocess.run(
-        [SCO, *args],
-        env=operator_env(box.operator_file),
-        cwd=REPO,
-        text=True,
-        capture_output=True,
-        timeout=90,
-    )
-    assert out.returncode == 0, f"sco {' '.join(args)}: {out.stdout}{out.stderr}"
-    return out.stdout
+    return sco_as_operator(box.operator_file, *args)
 
 
 def _pg(box: CrlBox, cert: Issued) -> psycopg.Connection[tuple[object, ...]]:

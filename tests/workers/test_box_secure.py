@@ -15,8 +15,6 @@ import json
 import socket
 import ssl
 import struct
-import subprocess
-import sys
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -32,11 +30,10 @@ from temporalio.client import Client
 from temporalio.service import TLSConfig
 
 from activities.kafka import ensure_topics, kafka_answers, producer_config
-from tests.support.paths import REPO
 from tests.support.secure_box_env import (
     need_servers,
-    operator_env,
     operator_settings,
+    sco_as_operator,
     secure_box_up,
 )
 from tests.support.wait import eventually, eventually_async
@@ -52,7 +49,6 @@ from workflows.acquisition.models import AcquisitionInput, AcquisitionState, Lau
 from workflows.acquisition.workflow import AcquisitionWorkflow
 
 pytestmark = [pytest.mark.devbox, pytest.mark.timeout(150)]
-SCO = str(Path(sys.executable).parent / "sco")
 
 
 @dataclass(frozen=True)
@@ -73,16 +69,7 @@ def secure_box() -> Iterator[SecureBox]:
 
 
 def _sco(box: SecureBox, *args: str) -> str:
-    out = subprocess.run(
-        [SCO, *args],
-        env=operator_env(box.operator_file),
-        cwd=REPO,
-        text=True,
-        capture_output=True,
-        timeout=60,
-    )
-    assert out.returncode == 0, f"sco {' '.join(args)}: {out.stdout}{out.stderr}"
-    return out.stdout
+    return sco_as_operator(box.operator_file, *args, timeout=60)
 
 
 def test_an_acquisition_runs_through_the_tls_temporal_and_status_names_each_listener(

@@ -234,13 +234,8 @@ class Box:
         rec = self.state_file.read().processes.get("nats")
         if rec is None or not process.alive(rec):
             return None
-        log, line = Path(rec.log), "Reloaded server configuration"
-        before = _log_count(log, line)
-        _sighup_until(
-            rec.pid,
-            lambda: _log_count(log, line) > before,
-            timeout,
-            f"nats (pid {rec.pid}) did not reload in {timeout:g} s; see {log}",
+        _sighup_until_logged(
+            "nats", rec.pid, Path(rec.log), "Reloaded server configuration", timeout
         )
         return rec.pid
 
@@ -297,14 +292,7 @@ class Box:
             return f"{label} not running: reads the CRL at its next start"
         if copy.read_bytes() == before:
             return f"{label} has this CRL"
-        log, line = run / "error.log", "gracefully shutting down"
-        seen = _log_count(log, line)
-        _sighup_until(
-            rec.pid,
-            lambda: _log_count(log, line) > seen,
-            timeout,
-            f"{label} (pid {rec.pid}) did not reload in {timeout:g} s; see {log}",
-        )
+        _sighup_until_logged(label, rec.pid, run / "error.log", "gracefully shutting down", timeout)
         return f"{label} (pid {rec.pid}) reloaded"
 
     def _pg_crl_file(self) -> str:
@@ -317,12 +305,23 @@ class Box:
             return ""
 
 
-def _log_count(log: Path, line: str) -> int:
-    """How many times `line` stands in the server log `log` (0 while it cannot be read)."""
-    try:
-        return log.read_text(errors="replace").count(line)
-    except OSError:
-        return 0
+def _sighup_until_logged(label: str, pid: int, log: Path, line: str, timeout: float) -> None:
+    """`_sighup_until` the server's log `log` holds `line` once more than before: its word
+    that it reloaded."""
+
+    def count() -> int:
+        try:
+            return log.read_text(errors="replace").count(line)
+        except OSError:
+            return 0  # not written yet
+
+    before = count()
+    _sighup_until(
+        pid,
+        lambda: count() > before,
+        timeout,
+        f"{label} (pid {pid}) did not reload in {timeout:g} s; see {log}",
+    )
 
 
 def _sighup_until(pid: int, reloaded: Callable[[], bool], timeout: float, failure: str) -> None:
