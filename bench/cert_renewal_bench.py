@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
-import os
 import shutil
 import sys
 import tempfile
@@ -36,7 +35,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.report import Report
-from tests.support.secure_box_env import secure_box_env
+from tests.support.secure_box_env import openbao_identities, secure_box_up
 
 
 def _metric(port: int, name: str) -> float | None:
@@ -49,15 +48,6 @@ def _metric(port: int, name: str) -> float | None:
         if line.startswith(name + "{") or line.startswith(name + " "):
             total += float(line.rsplit(" ", 1)[1])
     return total
-
-
-def box_env(ttl: int) -> tuple[Path, dict[str, str]]:
-    return secure_box_env(
-        "cert-bench",
-        SCO_REGIONS='["r1"]',
-        SCO_BOX__SECURE_CERT_SOURCE="openbao",
-        SCO_IDENTITY__TTL_SECONDS=str(ttl),
-    )
 
 
 async def drive(box: Any, duration: float, acquire_every: float, log: Any) -> dict[str, Any]:
@@ -229,9 +219,6 @@ def main() -> int:
             anchor="the secure box",
         )  # fmt: skip
         return report.emit()
-    tmp, env = box_env(args.ttl)
-    before = dict(os.environ)
-    os.environ.update(env)
     steps: dict[str, float] = {}
     mark = time.monotonic()
 
@@ -243,13 +230,10 @@ def main() -> int:
         mark = now
         log(f"{name}: {msg}")
 
-    from workers.devbox.box import Box
-    from workers.settings import Settings
-
-    try:
-        t0 = time.monotonic()
-        box = Box(Settings(), with_workers=True, profile="secure", on_step=on_step)
-        box.up()
+    t0 = time.monotonic()
+    with secure_box_up(
+        "cert-bench", with_workers=True, on_step=on_step, extra=openbao_identities(args.ttl)
+    ) as (box, _):
         up_s = time.monotonic() - t0
         report.figure(
             "openbao_provision_s", steps.get("openbao"), "s",
@@ -257,13 +241,6 @@ def main() -> int:
         )  # fmt: skip
         report.figure("box_up_s", up_s, "s", anchor="`sco dev up --profile secure`, all processes")
         got = asyncio.run(drive(box, args.duration, args.acquire_every, log))
-    finally:
-        try:
-            Box(Settings()).down()
-        finally:
-            os.environ.clear()
-            os.environ.update(before)
-            shutil.rmtree(tmp, ignore_errors=True)
     renewals = [v for v in got["renewals"].values() if v is not None]
     # OpenBao back-dates notBefore by 30 s: renewed (ttl + 30) * 2/3 - 30 s after issue.
     expected = int(args.duration // ((args.ttl + 30) * 2 / 3 - 30))

@@ -40,7 +40,6 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -72,12 +71,10 @@ from activities.provider.errors import InsufficientCapacity, ProviderError
 from activities.provider.interface import InstanceStatus, ProviderInstance
 from activities.provider.simulator import Latency, SimulatedCloud
 from bench.report import Report
-from contracts import keys
-from contracts.cache import BundleCache
-from contracts.compiler import compile_and_sign
 from contracts.region import load_region
 from tests.support import services
 from tests.support.paths import BASE_DSN, REGIONS_DIR
+from tests.support.signed_bundle import sign_and_install
 from workers.exit_now import run_and_exit
 from workers.temporal_bootstrap import ensure_search_attributes
 from workflows.acquisition.workflow import AcquisitionWorkflow
@@ -127,29 +124,13 @@ class PollByRetry(ProviderActivities):
 
 
 def make_bundle(base: Path, units: int) -> tuple[Path, Path]:
-    _, private, public = keys.generate(base / "keys")
-    trust = base / "trust"
-    trust.mkdir(parents=True)
-    (trust / public.name).write_bytes(public.read_bytes())
     src = base / "contracts"
     shutil.copytree(ROOT / "contracts" / "examples", src)
     yaml = src / "llm-train.yaml"
     text = yaml.read_text().replace("floor: {r1: 10, r2: 5}", f"floor: {{r1: {units}, r2: 5}}")
     yaml.write_text(text.replace("max_units_per_region: 30", f"max_units_per_region: {units}"))
-    out = base / "compiled.json"
-    result, serial = compile_and_sign(
-        src,
-        REGIONS_DIR,
-        keys.load_signing_key(private),
-        out,
-        serial=None,
-        created_at=datetime.now(UTC),
-    )
-    if serial is None:
-        raise SystemExit(f"bundle does not compile: {[str(f) for f in result.findings]}")
-    cache = base / "cache"
-    assert BundleCache(cache, keys.TrustStore.load(trust)).offer(out.read_bytes()).accepted
-    return cache, trust
+    sign_and_install(src, base)
+    return base / "cache", base / "trust"
 
 
 class NotReached(RuntimeError):

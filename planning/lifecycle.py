@@ -45,6 +45,7 @@ Drift and expiry are not held by age or saving: the contract asked for them.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime, timedelta
 
@@ -561,42 +562,20 @@ def plan_lifecycle(
             if hold is None:
                 fallback = c.reason is DisruptionReason.RETURN_FROM_FALLBACK
                 parts = anti_churn.max_return_parts if fallback else 1
-                targets = _return_pools(
-                    view.pools,
-                    room,
-                    inst.units,
-                    share=share,
+                # Where this replacement could start: asked as it is, then with conditions relaxed.
+                where = functools.partial(
+                    _return_pools, view.pools, room, inst.units, share=share, max_parts=parts
+                )
+                targets = where(
                     streak=free_streak if fallback else None,
                     stable_rounds=anti_churn.stable_rounds,
-                    max_parts=parts,
                     spread=left,
                 )
                 if targets is None:
-                    near = (
-                        _return_pools(
-                            view.pools,
-                            room,
-                            inst.units,
-                            share=share,
-                            streak=None,
-                            stable_rounds=1,
-                            max_parts=parts,
-                            spread=left,
-                        )
-                        if fallback
-                        else None
-                    )
+                    near = where(streak=None, stable_rounds=1, spread=left) if fallback else None
                     # Room but for the spread groups: what the replacement would do to them.
                     loose = (
-                        _return_pools(
-                            view.pools,
-                            room,
-                            inst.units,
-                            share=share,
-                            streak=None,
-                            stable_rounds=1,
-                            max_parts=parts,
-                        )
+                        where(streak=None, stable_rounds=1)
                         if near is None and left is not None
                         else None
                     )

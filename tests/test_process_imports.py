@@ -133,15 +133,20 @@ def _top_level_modules(code: str) -> set[str]:
     return {m.split(".")[0] for m in _modules(code)}
 
 
-def _modules(code: str) -> set[str]:
-    """Every module a fresh interpreter holds after running `code`."""
-    out = subprocess.run(
+def _run_printing_modules(code: str) -> subprocess.CompletedProcess[str]:
+    """`code` in a fresh interpreter that prints, at exit, every module it holds."""
+    return subprocess.run(
         [sys.executable, "-c", _PRINT_MODULES + code],
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=120,
     )
+
+
+def _modules(code: str) -> set[str]:
+    """Every module a fresh interpreter holds after running `code`."""
+    out = _run_printing_modules(code)
     lines = [x for x in out.stdout.splitlines() if x.startswith("[")]
     assert lines, f"no module list (exit {out.returncode}): {out.stderr[-2000:]}"
     return set(json.loads(lines[-1]))
@@ -173,13 +178,7 @@ def test_sco_notice_relay_starts_without_the_cli() -> None:
         "from workers.cli.entry import main\n"
         "main()\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", _PRINT_MODULES + code],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    out = _run_printing_modules(code)
     assert out.returncode == 1, out.stderr[-2000:]
     assert out.stderr.strip() == "error: --hall 'Z': region r1 has halls A, B, C, D"
     modules = set(json.loads(out.stdout.strip().splitlines()[-1]))

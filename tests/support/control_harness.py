@@ -10,7 +10,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -31,13 +31,11 @@ from activities.fleet.repository import FleetRepository
 from activities.provider.activities import ProviderActivities, all_activities
 from activities.provider.interface import CloudProvider
 from activities.provider.simulator import Latency, SimulatedCloud
-from contracts import keys
-from contracts.cache import BundleCache
-from contracts.compiler import compile_and_sign
 from contracts.region import Region
 from planning.arbiter import FallbackItem, FallbackPlan
 from tests.support import services
 from tests.support.paths import BASE_DSN, REGIONS_DIR, REPO
+from tests.support.signed_bundle import sign_and_install
 from tests.support.wait import eventually_async
 from workflows.acquisition.models import AcquisitionInput, AcquisitionResult, LaunchItem
 from workflows.acquisition.workflow import AcquisitionWorkflow
@@ -107,11 +105,6 @@ def install_example_bundle(
 ) -> tuple[Path, Path]:
     """Compile and sign the example contracts; return (bundle cache dir, trust dir).
     `overrides`: per example contract name, top-level fields to set in it first."""
-    _, private, public = keys.generate(base / "keys")
-    trust = base / "trust"
-    trust.mkdir(parents=True, exist_ok=True)
-    (trust / public.name).write_bytes(public.read_bytes())
-    out = base / "compiled.json"
     src = REPO / "contracts" / "examples"
     if overrides:
         import shutil
@@ -123,18 +116,8 @@ def install_example_bundle(
         for name, fields in overrides.items():
             path = src / f"{name}.yaml"
             path.write_text(yaml.safe_dump(yaml.safe_load(path.read_text()) | fields))
-    _, serial = compile_and_sign(
-        src,
-        REGIONS_DIR,
-        keys.load_signing_key(private),
-        out,
-        serial=None,
-        created_at=datetime.now(UTC),
-    )
-    assert serial is not None
-    cache = base / "cache"
-    assert BundleCache(cache, keys.TrustStore.load(trust)).offer(out.read_bytes()).accepted
-    return cache, trust
+    sign_and_install(src, base)
+    return base / "cache", base / "trust"
 
 
 @asynccontextmanager

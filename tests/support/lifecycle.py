@@ -10,7 +10,7 @@ import json
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -29,14 +29,12 @@ from activities.fleet.repository import FleetRepository
 from activities.lifecycle.activities import LifecycleActivities
 from activities.lifecycle.models import lifecycle_workflow_id
 from activities.provider.interface import CloudProvider
-from contracts import keys
-from contracts.cache import BundleCache
-from contracts.compiler import compile_and_sign
 from contracts.notice import ReclaimNotice, reclaim_subject
 from services.notice_relay.relay import NoticeRelay
 from services.notice_relay.service import request_handler
 from tests.support.control_harness import poll_until, skip_time
 from tests.support.paths import REGIONS_DIR, REPO
+from tests.support.signed_bundle import sign_and_install
 from tests.support.wait import eventually_async
 from tests.support.worker_nats import NATS_URL
 from workflows.lifecycle.models import LifecycleConfig, LifecycleInput, LifecycleState, PauseInput
@@ -96,23 +94,7 @@ def install_bundle(
         doc = yaml.safe_load(path.read_text())
         doc["floor"]["r1"] = units
         path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    if not (base / "keys").exists():
-        _, _, public = keys.generate(base / "keys")
-        (base / "trust").mkdir(parents=True, exist_ok=True)
-        (base / "trust" / public.name).write_bytes(public.read_bytes())
-    private = next((base / "keys").glob("*.key"))
-    out = base / "compiled.json"
-    result, serial = compile_and_sign(
-        src,
-        REGIONS_DIR,
-        keys.load_signing_key(private),
-        out,
-        serial=None,
-        created_at=datetime.now(UTC),
-    )
-    assert serial is not None, result
-    trust = keys.TrustStore.load(base / "trust")
-    assert BundleCache(base / "cache", trust).offer(out.read_bytes()).accepted
+    sign_and_install(src, base)
 
 
 async def _no_backlog() -> int:
@@ -214,14 +196,10 @@ async def until_replaced(
     (every `every` s at most): a real cloud's boots take real time, and skipping much
     faster than they go would outrun a replacement's build timeout."""
 
-    async def check() -> bool:
-        await skip_time(workflow_env, skip)
-        return sum(1 for _, o, _ in decisions(e, "disruption") if o == "replaced") >= n
+    def replaced(seen: list[tuple[str, str, str]]) -> bool:
+        return sum(1 for _, o, _ in seen if o == "replaced") >= n
 
-    try:
-        await eventually_async(check, timeout=within, what=f"{n} replacement(s)", every=every)
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}; disruption decisions: {decisions(e, 'disruption')}") from None
+    await _until_decided(e, workflow_env, replaced, f"{n} replacement(s)", within, skip, every)
 
 
 async def until_held(
@@ -236,14 +214,30 @@ async def until_held(
 ) -> None:
     """Until a `held` decision about `subject` whose reason contains `why`."""
 
+    def held(seen: list[tuple[str, str, str]]) -> bool:
+        return any(s == subject and o == "held" and why in r for s, o, r in seen)
+
+    await _until_decided(e, workflow_env, held, f"{subject} held: {why}", within, skip, every)
+
+
+async def _until_decided(
+    e: Life,
+    workflow_env: WorkflowEnvironment,
+    done: Callable[[list[tuple[str, str, str]]], bool],
+    what: str,
+    within: float,
+    skip: float,
+    every: float,
+) -> None:
+    """Until `done(disruption decisions)`, skipping `skip` s of workflow time at each look;
+    on timeout the failure shows the decisions seen and the workflow time it gave up at."""
+
     async def check() -> bool:
         await skip_time(workflow_env, skip)
-        return any(
-            s == subject and o == "held" and why in r for s, o, r in decisions(e, "disruption")
-        )
+        return done(decisions(e, "disruption"))
 
     try:
-        await eventually_async(check, timeout=within, what=f"{subject} held: {why}", every=every)
+        await eventually_async(check, timeout=within, what=what, every=every)
     except AssertionError as exc:
         at = await workflow_env.get_current_time()
         raise AssertionError(

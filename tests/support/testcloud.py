@@ -9,7 +9,6 @@ import os
 import re
 import shutil
 import socket
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -17,11 +16,9 @@ import pytest
 
 from activities.provider.errors import Transient
 from activities.provider.openstack import OpenStackProvider
-from contracts import keys
-from contracts.cache import BundleCache
-from contracts.compiler import compile_and_sign
 from tests.support import prep
-from tests.support.paths import REGIONS_DIR, REPO
+from tests.support.paths import REPO
+from tests.support.signed_bundle import sign_and_install
 from tests.support.wait import eventually_async
 
 CLOUD = "sco-testcloud"
@@ -76,23 +73,8 @@ def install_bundle(base: Path, floors: dict[str, int] | None = None) -> tuple[Pa
         path = src / f"{contract}.yaml"
         text = re.sub(r"floor: \{r1: \d+", f"floor: {{r1: {units}", path.read_text())
         path.write_text(text)
-    _, private, public = keys.generate(base / "keys")
-    trust = base / "trust"
-    trust.mkdir(parents=True, exist_ok=True)
-    (trust / public.name).write_bytes(public.read_bytes())
-    out = base / "compiled.json"
-    _, serial = compile_and_sign(
-        src,
-        REGIONS_DIR,
-        keys.load_signing_key(private),
-        out,
-        serial=None,
-        created_at=datetime.now(UTC),
-    )
-    assert serial is not None
-    cache = base / "cache"
-    assert BundleCache(cache, keys.TrustStore.load(trust)).offer(out.read_bytes()).accepted
-    return cache, trust
+    sign_and_install(src, base)
+    return base / "cache", base / "trust"
 
 
 def sco_servers(conn: Any, region: str = "r1") -> dict[str, Any]:

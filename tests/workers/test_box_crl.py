@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,9 +23,12 @@ from temporalio.client import Client
 from temporalio.service import TLSConfig
 
 from activities.kafka import kafka_answers
-from tests.support.paths import REPO
-from tests.support.secure_box_env import secure_box_env
-from tests.workers.test_box_secure import _need_servers, _operator_env
+from tests.support.secure_box_env import (
+    need_servers,
+    operator_settings,
+    sco_as_operator,
+    secure_box_up,
+)
 from workers.client_security import kafka_config, postgres_conninfo
 from workers.devbox.box import Box
 from workers.devbox.crl import box_ca_crl, issuer_cn, read_certificate, serial_text
@@ -37,7 +38,6 @@ from workers.openbao.client import BaoClient, BaoRequestError
 from workers.settings import Settings
 
 pytestmark = [pytest.mark.devbox, pytest.mark.timeout(240)]
-SCO = str(Path(sys.executable).parent / "sco")
 REVOKED = "spiffe://sco/r1/contract-sync"
 OTHER = "drain-intake"
 
@@ -51,44 +51,15 @@ class CrlBox:
 
 @pytest.fixture(scope="module")
 def box() -> Iterator[CrlBox]:
-    _need_servers()
-    tmp, env = secure_box_env("crl-box")
-    before = dict(os.environ)
-    os.environ.update(env)
-    try:
-        b = Box(Settings(), profile="secure")
-        b.up()
+    need_servers()
+    with secure_box_up("crl-box") as (b, _):
         assert b.secure is not None
         operator_file = Path(b.operator_settings_files()["r1"])
-        saved = dict(os.environ)
-        os.environ.clear()
-        os.environ.update(_operator_env(operator_file))
-        try:
-            operator = Settings()
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
-        yield CrlBox(b.secure, operator, operator_file)
-    finally:
-        try:
-            Box(Settings()).down()
-        finally:
-            os.environ.clear()
-            os.environ.update(before)
-        shutil.rmtree(tmp, ignore_errors=True)
+        yield CrlBox(b.secure, operator_settings(operator_file), operator_file)
 
 
 def _sco(box: CrlBox, *args: str) -> str:
-    out = subprocess.run(
-        [SCO, *args],
-        env=_operator_env(box.operator_file),
-        cwd=REPO,
-        text=True,
-        capture_output=True,
-        timeout=90,
-    )
-    assert out.returncode == 0, f"sco {' '.join(args)}: {out.stdout}{out.stderr}"
-    return out.stdout
+    return sco_as_operator(box.operator_file, *args)
 
 
 def _pg(box: CrlBox, cert: Issued) -> psycopg.Connection[tuple[object, ...]]:

@@ -12,13 +12,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
-import shutil
 import socket
 import ssl
 import struct
-import subprocess
-import sys
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -34,12 +30,14 @@ from temporalio.client import Client
 from temporalio.service import TLSConfig
 
 from activities.kafka import ensure_topics, kafka_answers, producer_config
-from tests.support import tools
-from tests.support.paths import REPO
-from tests.support.secure_box_env import secure_box_env
+from tests.support.secure_box_env import (
+    need_servers,
+    operator_settings,
+    sco_as_operator,
+    secure_box_up,
+)
 from tests.support.wait import eventually, eventually_async
 from workers.client_security import kafka_config, nats_options, postgres_conninfo
-from workers.devbox import tls_servers
 from workers.devbox.box import Box
 from workers.devbox.pki import BoxCA, Issued, certificate_identity
 from workers.devbox.process import DevboxError
@@ -51,7 +49,6 @@ from workflows.acquisition.models import AcquisitionInput, AcquisitionState, Lau
 from workflows.acquisition.workflow import AcquisitionWorkflow
 
 pytestmark = [pytest.mark.devbox, pytest.mark.timeout(150)]
-SCO = str(Path(sys.executable).parent / "sco")
 
 
 @dataclass(frozen=True)
@@ -62,61 +59,17 @@ class SecureBox:
     operator_file: Path
 
 
-def _need_servers() -> None:
-    if tls_servers.postgres_bin_dir() is None:
-        pytest.skip("PostgreSQL server binaries missing: apt-get install -y postgresql")
-    if shutil.which("nginx") is None:
-        pytest.skip("nginx missing: apt-get install -y nginx")
-    tools.require("prometheus", "libnginx-mod-stream")
-
-
 @pytest.fixture(scope="module")
 def secure_box() -> Iterator[SecureBox]:
-    _need_servers()
-    tmp, env = secure_box_env("secure-box")
-    # The whole environment as it was, after, whatever the box set in it.
-    before = dict(os.environ)
-    os.environ.update(env)
-    try:
-        box = Box(Settings(), with_workers=True, profile="secure")
-        box.up()
+    need_servers()
+    with secure_box_up("secure-box", with_workers=True) as (box, env):
         assert box.secure is not None
         operator_file = Path(box.operator_settings_files()["r1"])
-        saved = dict(os.environ)
-        os.environ.clear()
-        os.environ.update(_operator_env(operator_file))
-        try:
-            operator = Settings()
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
-        yield SecureBox(env, box.secure, operator, operator_file)
-    finally:
-        try:
-            Box(Settings()).down()
-        finally:
-            os.environ.clear()
-            os.environ.update(before)
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _operator_env(settings_file: Path) -> dict[str, str]:
-    """The operator's environment: the settings file `sco dev up` wrote, no other SCO_*."""
-    plain = {k: v for k, v in os.environ.items() if not k.startswith("SCO_")}
-    return {**plain, "SCO_CONFIG": str(settings_file)}
+        yield SecureBox(env, box.secure, operator_settings(operator_file), operator_file)
 
 
 def _sco(box: SecureBox, *args: str) -> str:
-    out = subprocess.run(
-        [SCO, *args],
-        env=_operator_env(box.operator_file),
-        cwd=REPO,
-        text=True,
-        capture_output=True,
-        timeout=60,
-    )
-    assert out.returncode == 0, f"sco {' '.join(args)}: {out.stdout}{out.stderr}"
-    return out.stdout
+    return sco_as_operator(box.operator_file, *args, timeout=60)
 
 
 def test_an_acquisition_runs_through_the_tls_temporal_and_status_names_each_listener(

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import os
-import shutil
 import ssl
 import time
 import urllib.request
@@ -33,9 +31,8 @@ import pytest
 from nats.aio.msg import Msg
 
 from contracts.cert_renewal import Renewer, read_validity
-from tests.support.secure_box_env import secure_box_env
+from tests.support.secure_box_env import need_servers, openbao_identities, secure_box_up
 from tests.support.wait import checked, eventually_async
-from tests.workers.test_box_secure import _need_servers
 from workers import cert_renewal
 from workers.client_security import nats_options, postgres_conninfo, ssl_context
 from workers.devbox.box import Box
@@ -60,28 +57,11 @@ class RenewingBox:
 
 @pytest.fixture(scope="module")
 def renewing_box() -> Iterator[RenewingBox]:
-    _need_servers()
-    tmp, env = secure_box_env(
-        "renew-box",
-        SCO_REGIONS='["r1"]',
-        SCO_BOX__SECURE_CERT_SOURCE="openbao",
-        SCO_IDENTITY__TTL_SECONDS=str(TTL_S),
-    )
-    before = dict(os.environ)
-    os.environ.update(env)
-    try:
-        box = Box(Settings(), with_workers=True, profile="secure")
-        box.up()
+    need_servers()
+    with secure_box_up("renew-box", with_workers=True, extra=openbao_identities(TTL_S)) as (box, _):
         assert box.secure is not None
         operator = box.secure.settings_for(OPERATOR_KIND, "r1")
         yield RenewingBox(box, box.secure, operator)
-    finally:
-        try:
-            Box(Settings()).down()
-        finally:
-            os.environ.clear()
-            os.environ.update(before)
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _metric(port: int, name: str) -> float:

@@ -41,9 +41,6 @@ from activities.floor.models import (
 )
 from activities.provider.interface import InstanceStatus, Reservation
 from activities.provider.simulator import Latency, SimulatedCloud
-from contracts import keys
-from contracts.cache import BundleCache
-from contracts.compiler import compile_and_sign
 from contracts.region import Region
 from planning.floor_spread import spread
 from tests.support import histories, services
@@ -54,6 +51,7 @@ from tests.support.control_harness import (
     skip_time,
 )
 from tests.support.paths import BASE_DSN, REGIONS_DIR, REPO
+from tests.support.signed_bundle import sign_and_install
 from workflows.acquisition.workflow import AcquisitionWorkflow
 from workflows.floor.models import FloorConfig, FloorInput, FloorState, HallEvent, HallLoss
 from workflows.floor.plan import choose_shape, judge, plan_floor, to_release
@@ -405,19 +403,7 @@ async def test_a_new_bundle_changes_the_floor(env: Env, workflow_env: WorkflowEn
     shutil.copytree(REPO / "contracts" / "examples", src)
     yaml = src / "llm-train.yaml"
     yaml.write_text(yaml.read_text().replace("floor: {r1: 10, r2: 5}", "floor: {r1: 15, r2: 5}"))
-    private = next((env.bundle_base / "keys").glob("*.key"))
-    out = env.bundle_base / "compiled.json"
-    result, serial = compile_and_sign(
-        src,
-        REGIONS_DIR,
-        keys.load_signing_key(private),
-        out,
-        serial=None,
-        created_at=datetime.now(UTC),
-    )
-    assert serial == 2, result
-    trust = keys.TrustStore.load(env.bundle_base / "trust")
-    assert BundleCache(env.bundle_base / "cache", trust).offer(out.read_bytes()).accepted
+    assert sign_and_install(src, env.bundle_base) == 2
     await skip_time(workflow_env, 61)  # the next tick reads the new bundle
     await until_state(handle, FloorState.HOLDING, held={"A": 4, "B": 4, "C": 4, "D": 3})
     st = await handle.query(FloorKeeperWorkflow.status)

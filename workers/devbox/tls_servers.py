@@ -148,6 +148,23 @@ def nats_tls_config(
     return json.dumps(conf, indent=2) + "\n"
 
 
+# --- nginx: mutual TLS --------------------------------------------------------------------
+
+
+def _mtls_server(cert: Path, key: Path, ca: Path, crl: Path | None) -> str:
+    """The lines of an nginx `server` block (http or stream) that verify every client as all
+    the box's mutual-TLS listeners do: a certificate the CA signed, not revoked in `crl`."""
+    crl_line = f"        ssl_crl {crl};\n" if crl is not None else ""
+    return f"""        ssl_certificate {cert};
+        ssl_certificate_key {key};
+        ssl_client_certificate {ca};
+        ssl_verify_client on;
+        # An OpenBao identity: leaf, region's intermediate, root.
+        ssl_verify_depth 3;
+{crl_line}        ssl_protocols TLSv1.2 TLSv1.3;
+"""
+
+
 # --- nginx: mutual TLS in front of a gRPC server ---------------------------------------------
 
 
@@ -165,7 +182,6 @@ def nginx_grpc_mtls_conf(
     CA signed is refused in the handshake) and passing gRPC to `upstream` (host:port); with
     `crl`, a client whose certificate (or any CA of its chain) a CRL there revokes is refused
     too (the file must hold a CRL of every CA in `ca`: nginx then checks the whole chain)."""
-    crl_line = f"\n        ssl_crl {crl};" if crl is not None else ""
     return f"""daemon off;
 pid {run_dir}/nginx.pid;
 error_log {run_dir}/error.log info;
@@ -179,14 +195,7 @@ http {{
     scgi_temp_path {run_dir}/scgi;
     server {{
         listen {host}:{port} ssl http2;
-        ssl_certificate {cert};
-        ssl_certificate_key {key};
-        ssl_client_certificate {ca};
-        ssl_verify_client on;
-        # An OpenBao identity: leaf, region's intermediate, root.
-        ssl_verify_depth 3;{crl_line}
-        ssl_protocols TLSv1.2 TLSv1.3;
-        client_max_body_size 0;
+{_mtls_server(cert, key, ca, crl)}        client_max_body_size 0;
         location / {{
             grpc_pass grpc://{upstream};
             # Workers long-poll for tasks (about a minute): keep such calls open.
@@ -242,7 +251,6 @@ def nginx_stream_mtls_conf(
     the upstream) and passing the bytes to `upstream` (host:port) as they are: for a
     protocol nginx does not speak (Kafka). `crl` as for `nginx_grpc_mtls_conf`."""
     load = f"load_module {module};\n" if module is not None else ""
-    crl_line = f"\n        ssl_crl {crl};" if crl is not None else ""
     return f"""daemon off;
 {load}pid {run_dir}/nginx.pid;
 error_log {run_dir}/error.log info;
@@ -250,14 +258,7 @@ events {{}}
 stream {{
     server {{
         listen {listen} ssl;
-        ssl_certificate {cert};
-        ssl_certificate_key {key};
-        ssl_client_certificate {ca};
-        ssl_verify_client on;
-        # An OpenBao identity: leaf, region's intermediate, root.
-        ssl_verify_depth 3;{crl_line}
-        ssl_protocols TLSv1.2 TLSv1.3;
-        ssl_handshake_timeout 10s;
+{_mtls_server(cert, key, ca, crl)}        ssl_handshake_timeout 10s;
         proxy_pass {upstream};
         proxy_connect_timeout 5s;
         # Consumers long-poll and idle between batches: keep quiet connections open.
