@@ -503,6 +503,18 @@ def teardown(files: list[Path], pods: list[str], volumes: list[str]) -> None:
         podman("volume", "rm", "-f", name, check=False, timeout=60)
 
 
+def played_parts(played: Played) -> tuple[list[Doc], list[Doc], list[Doc]]:
+    """The rendered overlay's ConfigMaps, its two Jobs (as Pods) and its Deployments."""
+    configmaps = [d for d in played.docs if d["kind"] == "ConfigMap"]
+    jobs = [d for d in played.docs if d["kind"] == "Pod"]
+    deployments = [d for d in played.docs if d["kind"] == "Deployment"]
+    assert {d["metadata"]["name"].rsplit("-", 1)[0] for d in jobs} == {
+        "sco-db-migrate",
+        "sco-temporal-bootstrap",
+    }
+    return configmaps, jobs, deployments
+
+
 async def sco(env: dict[str, str], *args: str) -> tuple[int, str]:
     return await services.run_sco(env, *args, cwd=REPO)
 
@@ -566,13 +578,7 @@ async def test_overlay_r1_runs_under_podman_kube_play(
     inputs, raw_bundle, trust = region_inputs(tmp_path, box, image)
     played = for_podman(list(render("r1")), inputs)
     write_secret_files(played)
-    configmaps = [d for d in played.docs if d["kind"] == "ConfigMap"]
-    jobs = [d for d in played.docs if d["kind"] == "Pod"]
-    deployments = [d for d in played.docs if d["kind"] == "Deployment"]
-    assert {d["metadata"]["name"].rsplit("-", 1)[0] for d in jobs} == {
-        "sco-db-migrate",
-        "sco-temporal-bootstrap",
-    }
+    configmaps, jobs, deployments = played_parts(played)
     # The contract distributor has the region's bundle before the worker's init container.
     await publish(box.nats_url, "r1", raw_bundle)
     played_files: list[Path] = []

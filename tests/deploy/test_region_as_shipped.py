@@ -70,6 +70,7 @@ from tests.deploy.test_kube_play import (
     make_build_current,
     notice_key_secrets,
     play_region,
+    played_parts,
     pod_names,
     signed_bundle,
     teardown,
@@ -80,11 +81,15 @@ from tests.support.deb_node import as_the_unit_runs_it, podman
 from tests.support.kube_play import Doc, PlayInputs, for_podman
 from tests.support.paths import REPO
 from tests.support.rgw import RgwCluster
-from tests.support.secure_box_env import secure_box_env
+from tests.support.secure_box_env import (
+    need_servers,
+    operator_env,
+    operator_settings,
+    secure_box_up,
+)
 from tests.support.wait import WaitTimeout, eventually
 from workers.client_security import nats_options, postgres_conninfo
-from workers.devbox import openbao, tls_servers
-from workers.devbox.box import Box
+from workers.devbox import openbao
 from workers.devbox.secure import BOX_KIND, POD_HOST, SecureProfile
 from workers.openbao import checkpoint_secrets
 from workers.settings import Settings
@@ -116,11 +121,6 @@ class Region:
     # host reach it alike
 
 
-def _need_servers() -> None:
-    if tls_servers.postgres_bin_dir() is None:
-        pytest.skip("PostgreSQL server binaries missing: apt-get install -y postgresql")
-
-
 def _settings_from(env: dict[str, str]) -> Settings:
     saved = dict(os.environ)
     os.environ.clear()
@@ -139,29 +139,20 @@ def _plain_env() -> dict[str, str]:
 @pytest.fixture(scope="module")
 def region() -> Iterator[Region]:
     """The secure box without its own processes: the overlay's pods are the region."""
-    _need_servers()
+    need_servers()
     kafka = f"{_host_address()}:{services.free_port()}"  # the pods reach it through slirp
-    tmp, env = secure_box_env("region", SCO_KAFKA__BOOTSTRAP_SERVERS=kafka)
-    before = dict(os.environ)
-    os.environ.update(env)
-    try:
-        box = Box(Settings(), profile="secure")
-        box.up()
+    with secure_box_up("region", extra={"SCO_KAFKA__BOOTSTRAP_SERVERS": kafka}) as (box, env):
         assert box.secure is not None
         operator_file = Path(box.operator_settings_files()["r1"])
-        operator = _settings_from({**_plain_env(), "SCO_CONFIG": str(operator_file)})
-        control = box.secure.settings_for(BOX_KIND, "r1")
-        database = env["SCO_POSTGRES_DSN"].rsplit("/", 1)[1]
         yield Region(
-            {**_plain_env(), **env}, box.secure, operator, operator_file, control, database, kafka
+            {**_plain_env(), **env},
+            box.secure,
+            operator_settings(operator_file),
+            operator_file,
+            box.secure.settings_for(BOX_KIND, "r1"),
+            env["SCO_POSTGRES_DSN"].rsplit("/", 1)[1],
+            kafka,
         )
-    finally:
-        try:
-            Box(Settings()).down()
-        finally:
-            os.environ.clear()
-            os.environ.update(before)
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 # -- the overlay's pods -------------------------------------------------------------------
@@ -280,13 +271,7 @@ def played_region(r: Region, tag: str, bundle: SignedBundle, root: Path) -> Iter
     their logs); takes every pod down after."""
     played = for_podman(list(render("r1")), secure_inputs(root, r, tag, bundle))
     write_secret_files(played)
-    configmaps = [d for d in played.docs if d["kind"] == "ConfigMap"]
-    jobs = [d for d in played.docs if d["kind"] == "Pod"]
-    deployments = [d for d in played.docs if d["kind"] == "Deployment"]
-    assert {d["metadata"]["name"].rsplit("-", 1)[0] for d in jobs} == {
-        "sco-db-migrate",
-        "sco-temporal-bootstrap",
-    }
+    configmaps, jobs, deployments = played_parts(played)
     played_files: list[Path] = []
     try:
         asyncio.run(play_region(jobs, deployments, configmaps, root, played_files))
@@ -307,10 +292,6 @@ def _sco(env: dict[str, str], *args: str) -> str:
     )  # fmt: skip
     assert out.returncode == 0, f"sco {' '.join(args)}: {out.stdout}{out.stderr}"
     return out.stdout
-
-
-def _operator_env(r: Region) -> dict[str, str]:
-    return {**_plain_env(), "SCO_CONFIG": str(r.operator_file)}
 
 
 # -- the nodes ----------------------------------------------------------------------------
@@ -537,7 +518,7 @@ def _ci_runners(r: Region) -> dict[str, str]:
 def _demand(r: Region, deployments: list[Doc]) -> dict[str, str]:
     """As an operator: `sco pools sync`, `sco demand set`; the pods' controller acquires.
     Returns the contract's first active instances (id -> hall), at least two."""
-    env = _operator_env(r)
+    env = operator_env(r.operator_file)
     _sco(env, "pools", "sync", "--region", "r1")
     _sco(env, "demand", "set", DEMAND_CONTRACT, "8", "--region", "r1", "--by", "test")
 
@@ -584,7 +565,14 @@ async def _reclaim_and_report(r: Region, node: Node, deployments: list[Doc]) -> 
         await nc.subscribe(f"sco.r1.notice.{node.hall}.{node.name}", cb=on_notice)
         await nc.flush()
         out = await asyncio.to_thread(
-            _sco, _operator_env(r), "reclaim", node.name, "--region", "r1", "--by", "test"
+            _sco,
+            operator_env(r.operator_file),
+            "reclaim",
+            node.name,
+            "--region",
+            "r1",
+            "--by",
+            "test",
         )
         try:
             return Reclaimed(
