@@ -128,6 +128,19 @@ def _reap(pid: int) -> None:
         os.waitpid(pid, os.WNOHANG)
 
 
+def last_log_line(log: Path, tail_bytes: int = 4096) -> str:
+    """The last non-empty line of a process's log (its last words, often why it exited),
+    read from the log's last `tail_bytes` only and cut to 300 characters; "" when none."""
+    try:
+        with log.open("rb") as f:
+            f.seek(max(f.seek(0, os.SEEK_END) - tail_bytes, 0))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return ""
+    said = next((line.strip() for line in reversed(lines) if line.strip()), "")
+    return said[:300]
+
+
 def wait_until(
     what: str, check: Callable[[], bool], *, timeout: float, record: ProcessRecord | None = None
 ) -> None:
@@ -136,7 +149,11 @@ def wait_until(
         if check():
             return
         if record is not None and not alive(record):
-            raise DevboxError(f"{what}: process exited during start; see {record.log}")
+            said = last_log_line(Path(record.log))
+            raise DevboxError(
+                f"{what}: process exited during start{f' ({said})' if said else ''}; "
+                f"see {record.log}"
+            )
         time.sleep(0.2)
     hint = f"; see {record.log}" if record else ""
     raise DevboxError(f"{what}: not ready after {timeout:.0f} s{hint}")
