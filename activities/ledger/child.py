@@ -23,11 +23,16 @@ from datetime import datetime
 from typing import Any
 
 from activities.ledger.store import LedgerStore, LedgerUnavailable
+from contracts.bounded import InputRejected, loads
 
 #: Seconds a child may take beyond its lock wait: starting Python and loading the engine
 #: takes 1-2 s on an idle machine, several on a loaded one.
 CHILD_START_SECONDS = 60.0
 _UNAVAILABLE = 3
+#: Either way a message is a flat object of pool ids (a region has a few hundred pools):
+#: 4 MiB and depth 3 are far above any real one, and bound what a broken peer can send.
+MAX_MESSAGE_BYTES = 4 << 20
+MAX_MESSAGE_DEPTH = 3
 
 
 def reclaim_rate_in_child(
@@ -63,16 +68,30 @@ def reclaim_rate_in_child(
         reason = lines[-1] if lines else f"exit status {done.returncode}"
         raise LedgerUnavailable(store.dsn, f"reading child: {reason}")
     try:
-        answer: Any = json.loads(done.stdout)
+        answer: Any = loads(
+            done.stdout.encode(),
+            what="reading child's answer",
+            max_bytes=MAX_MESSAGE_BYTES,
+            max_depth=MAX_MESSAGE_DEPTH,
+        )
         return {str(pool): float(rate) for pool, rate in answer.items()}
-    except (ValueError, AttributeError) as exc:
+    except (InputRejected, ValueError, AttributeError) as exc:
         raise LedgerUnavailable(store.dsn, f"reading child answered {done.stdout[:80]!r}") from exc
 
 
 def main() -> int:
     from activities.ledger.queries import reclaim_rate
 
-    req = json.loads(sys.stdin.read())
+    try:
+        req = loads(
+            sys.stdin.buffer.read(MAX_MESSAGE_BYTES + 1),
+            what="request",
+            max_bytes=MAX_MESSAGE_BYTES,
+            max_depth=MAX_MESSAGE_DEPTH,
+        )
+    except InputRejected as exc:
+        print(exc, file=sys.stderr)
+        return _UNAVAILABLE
     store = LedgerStore(req["dsn"], lock_timeout=float(req["lock_timeout"]))
     try:
         rates = reclaim_rate(

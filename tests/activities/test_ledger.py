@@ -350,6 +350,30 @@ def test_a_child_reading_store_never_loads_the_engine(tmp_path: Path) -> None:
     assert (tmp_path / "ledger").is_dir()  # the child made the ledger: it was asked
 
 
+@pytest.mark.parametrize(
+    ("request_text", "said"),
+    [
+        ('{"dsn": [[["deep"]]]}', "request: nested 4 deep > 3"),
+        ("x" * (5 << 20), "request: 4194305 bytes (at most 4194304)"),
+    ],
+    ids=["deep", "large"],  # not the 5 MiB text: pytest puts the id in the environment
+)
+def test_the_reading_child_refuses_a_request_out_of_bounds(request_text: str, said: str) -> None:
+    """The child parses its request within a size and depth bound: out of them, one line
+    on stderr and the ledger-unavailable exit status, nothing read."""
+    done = subprocess.run(
+        [sys.executable, "-m", "activities.ledger.child"],
+        input=request_text,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 3 and done.stdout == ""
+    assert said in done.stderr.strip().splitlines()[-1]
+
+
 def test_relative_chdb_path_resolves_against_cwd(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
