@@ -272,11 +272,14 @@ class ContractSync:
         raw, failed = await asyncio.to_thread(self._compile, commit, sig, serial, fetched)
         if raw is None:
             return self._seen(failed)
-        await self.store.publish(raw)
-        await asyncio.to_thread(self.git.keep, commit)
+        # The serial's commit is recorded before its bundle is out: whoever sees the bundle
+        # (`sco contracts status`, a node reporting the serial) finds its commit. A publish
+        # that fails leaves a record the next round's put of the same serial replaces.
         await self.store.record(
             CommitRecord(serial, commit, sig.signer, fetched.remote, self._stamp())
         )
+        await self.store.publish(raw)
+        await asyncio.to_thread(self.git.keep, commit)
         return CommitResult(commit, Outcome.PUBLISHED, serial, sig.signer, sig.key)
 
     async def _rekey(self, head: str, held: Held, fetched: Fetched) -> CommitResult | None:
@@ -309,11 +312,11 @@ class ContractSync:
         raw, failed = await asyncio.to_thread(self._compile, head, sig, held.serial + 1, fetched)
         if raw is None:
             return failed
-        await self.store.publish(raw)
         serial = held.serial + 1
-        await self.store.record(
+        await self.store.record(  # before the bundle, as in a commit's publish
             CommitRecord(serial, head, sig.signer, fetched.remote, self._stamp())
         )
+        await self.store.publish(raw)
         log.info("notice keys changed: commit %s republished as serial %d", head[:12], serial)
         return CommitResult(
             head, Outcome.PUBLISHED, serial, sig.signer, sig.key, reason="notice keys changed"

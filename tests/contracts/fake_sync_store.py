@@ -33,6 +33,12 @@ class FakeSyncStore:
         )
 
     async def publish(self, raw: bytes) -> None:
+        # The real store is read by others the moment a bundle is out (`sco contracts
+        # status` looks up the serial's commit): the sync records the commit first.
+        serial = bundle.verify(
+            raw, TrustStore.load(self.trust_dir), max_age=timedelta(days=3650)
+        ).serial
+        assert serial in self.records, f"serial {serial} published before its commit recorded"
         self.published.append(raw)
         self.current = raw
 
