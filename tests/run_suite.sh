@@ -23,9 +23,12 @@ prepare() {  # prepare NAME COMMAND...: in the background, its log and exit code
     ) &
 }
 
-prepare lint make --no-print-directory lint
+# Lint is on no test's path and the image's chain is shorter than the test cloud's: nice
+# them, so the test cloud's bring-up (the longest chain: bring-up, then its serial tests) gets
+# the cores first.
+prepare lint nice -n 10 make --no-print-directory lint
 if [ "${TESTCLOUD:-1}" = 1 ]; then prepare testcloud make --no-print-directory testcloud-up; fi
-if command -v podman >/dev/null; then prepare image make --no-print-directory image; fi
+if command -v podman >/dev/null; then prepare image nice -n 5 make --no-print-directory image; fi
 
 SCO_PREP_DIR=$PREP SCO_FIXTURE_TIMES=.sco/fixture-times.json eval "$PYTEST"
 rc=$?

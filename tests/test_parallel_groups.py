@@ -81,3 +81,46 @@ def test_each_xdist_worker_draws_port_runs_from_a_share_of_its_own(
     assert shares[0][0] == services.RANGES_FROM and shares[-1][1] <= services.RANGES_TO
     monkeypatch.delenv("PYTEST_XDIST_WORKER")
     assert services.worker_ranges() == (services.RANGES_FROM, services.RANGES_TO)
+
+
+class _Node:
+    def __init__(self) -> None:
+        self.sent: list[list[int]] = []
+        self.shutting_down = False
+
+    def send_runtest_some(self, indexes: list[int]) -> None:
+        self.sent.append(indexes)
+
+
+def test_a_group_waiting_for_its_preparation_goes_out_once_the_preparation_is_done(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`make test`'s scheduler (tests/support/prep.py): the test cloud's group, first in
+    the queue, goes to no worker while the bring-up runs and another unit is there; it goes
+    first once its `.rc` is written; when only gated groups are left they go anyway."""
+    from collections import OrderedDict
+
+    from tests.support.prep import PREP_DIR_ENV, PreparedFirst
+
+    monkeypatch.setenv(PREP_DIR_ENV, str(tmp_path))
+    (tmp_path / "testcloud.log").write_text("")
+    ids = ["t.py::a@testcloud", "u.py::b", "v.py::c", "w.py::d"]
+    sched = PreparedFirst.__new__(PreparedFirst)
+    node = _Node()
+    sched.workqueue = OrderedDict(
+        [("testcloud", {ids[0]: False}), (ids[1], {ids[1]: False}), (ids[2], {ids[2]: False})]
+    )
+    sched.assigned_work = {}
+    sched.registered_collections = {node: ids}
+
+    sched._assign_work_unit(node)  # the bring-up runs: the next unit instead
+    assert node.sent == [[1]]
+    (tmp_path / "testcloud.rc").write_text("0")
+    sched.workqueue[ids[3]] = {ids[3]: False}
+    sched._assign_work_unit(node)  # done: the test cloud's group first
+    assert node.sent[-1] == [0]
+
+    (tmp_path / "testcloud.rc").unlink()
+    sched.workqueue = OrderedDict([("testcloud", {ids[0]: False})])
+    sched._assign_work_unit(node)  # only a gated group left: it goes and waits there
+    assert node.sent[-1] == [0] and not sched.workqueue
