@@ -198,10 +198,10 @@ def main() -> int:
     ap.add_argument("--ttl", type=int, default=600, help="certificate lifetime asked, seconds")
     ap.add_argument("--duration", type=float, default=3600, help="seconds of calls")
     ap.add_argument("--acquire-every", type=float, default=30.0)
-    ap.add_argument("--tiny", action="store_true", help="--ttl 60 --duration 60")
+    ap.add_argument("--tiny", action="store_true", help="--ttl 60 --duration 35")
     args = ap.parse_args()
     if args.tiny:
-        args.ttl, args.duration, args.acquire_every = 60, 60, 20.0
+        args.ttl, args.duration, args.acquire_every = 60, 35, 10.0  # one renewal each
     report = Report(
         "cert_renewal",
         {"ttl_s": args.ttl, "duration_s": args.duration, "acquire_every_s": args.acquire_every},
