@@ -26,6 +26,7 @@ from temporalio.testing import WorkflowEnvironment
 from activities.events import InstanceState
 from activities.fleet.control_state import ControlRepository
 from activities.fleet.repository import FleetRepository
+from activities.floor.activities import FloorActivities
 from activities.lifecycle.activities import LifecycleActivities
 from activities.lifecycle.models import lifecycle_workflow_id
 from activities.provider.interface import CloudProvider
@@ -37,6 +38,7 @@ from tests.support.paths import REGIONS_DIR, REPO
 from tests.support.signed_bundle import sign_and_install
 from tests.support.wait import eventually_async
 from tests.support.worker_nats import NATS_URL
+from workflows.floor.workflow import FloorKeeperWorkflow
 from workflows.lifecycle.models import LifecycleConfig, LifecycleInput, LifecycleState, PauseInput
 from workflows.lifecycle.workflow import LifecycleWorkflow
 
@@ -137,20 +139,38 @@ async def relays_heard(
     return notices, leaving
 
 
-def lifecycle_activities(
+def lifecycle_worker_kwargs(
     fleet: FleetRepository, pool: ConnectionPool, provider: CloudProvider, base: Path
-) -> list[Callable[..., Any]]:
-    """The lifecycle's activities on `provider`, the bundle under `base`, drains over NATS."""
+) -> dict[str, Any]:
+    """What a harness worker (`region_worker`, `provider_worker`) needs beside its own
+    arguments to run the lifecycle and the floor keeper on `provider`: the bundle under
+    `base`, drains told over NATS."""
+    cache, trust = base / "cache", base / "trust"
     life = LifecycleActivities(
         fleet,
         ControlRepository(pool),
         provider,
         regions_dir=REGIONS_DIR,
-        bundle_cache_dir=base / "cache",
-        trust_dir=base / "trust",
+        bundle_cache_dir=cache,
+        trust_dir=trust,
         nats_connect=lambda: nats.connect(NATS_URL),
     )
-    return [life.snapshot, life.instance, life.unused_fallback_leases, life.tell_drain]
+    floor = FloorActivities(
+        fleet, provider, regions_dir=REGIONS_DIR, bundle_cache_dir=cache, trust_dir=trust
+    )
+    return {
+        "bundle_dir": cache,
+        "trust_dir": trust,
+        "extra_workflows": [LifecycleWorkflow, FloorKeeperWorkflow],
+        "extra_activities": [
+            life.snapshot,
+            life.instance,
+            life.unused_fallback_leases,
+            life.tell_drain,
+            floor.snapshot,
+            floor.probe_halls,
+        ],
+    }
 
 
 async def start(e: Life, **config: Any) -> WorkflowHandle[LifecycleWorkflow, None]:

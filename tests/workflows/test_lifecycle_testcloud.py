@@ -37,7 +37,6 @@ from temporalio.testing import WorkflowEnvironment
 
 from activities.events import InstanceState
 from activities.fleet.control_state import ControlRepository
-from activities.floor.activities import FloorActivities
 from activities.floor.models import floor_workflow_id
 from activities.lifecycle.models import lifecycle_workflow_id
 from activities.provider.leases import fallback_acquisition, parse_lease_name
@@ -53,14 +52,13 @@ from tests.support.lifecycle import (
     assert_one_at_a_time,
     decisions,
     install_bundle,
-    lifecycle_activities,
+    lifecycle_worker_kwargs,
     live,
     relays_heard,
     start,
     until_held,
     until_replaced,
 )
-from tests.support.paths import REGIONS_DIR
 from tests.support.testcloud import (
     floor_on_cloud,
     leave_as_found,
@@ -116,13 +114,6 @@ async def tc(
     install_bundle(tmp_path, BUDGET_OF_ONE)
     client = workflow_env.client
     with scratch_fleet(region_r1) as (_, pool, fleet):
-        floor = FloorActivities(
-            fleet,
-            provider,
-            regions_dir=REGIONS_DIR,
-            bundle_cache_dir=tmp_path / "cache",
-            trust_dir=tmp_path / "trust",
-        )
         nc = await nats.connect(NATS_URL)
         try:
             notices, leaving = await relays_heard(nc, fleet, provider)
@@ -131,14 +122,7 @@ async def tc(
                 provider,
                 fleet,
                 ControlRepository(pool),
-                bundle_dir=tmp_path / "cache",
-                trust_dir=tmp_path / "trust",
-                extra_workflows=[LifecycleWorkflow, FloorKeeperWorkflow],
-                extra_activities=[
-                    *lifecycle_activities(fleet, pool, provider, tmp_path),
-                    floor.snapshot,
-                    floor.probe_halls,
-                ],
+                **lifecycle_worker_kwargs(fleet, pool, provider, tmp_path),
             ) as queue:
                 try:
                     yield Tc(
@@ -288,7 +272,9 @@ async def test_two_half_empty_instances_consolidate_into_one_on_nova(
     ControlRepository(tc.pool).set_demand("r1", "cli", {CONTRACT: 3})
     old = await acquire(tc, launch("r1.A.mem.xl", 2, 4))
     old_servers = [server_of(tc, o) for o in old]
-    handle = await start(tc, **CONFIG)
+    # Two stable rounds, not the default twelve: a round is a minute of workflow time and
+    # ~7 s here, and the box's test holds the default (test_lifecycle_workflow.py).
+    handle = await start(tc, consolidation_stable_rounds=2, **CONFIG)
     await until_replaced_on_cloud(tc, workflow_env, 1)
 
     ((new, pool_id, kind, _),) = live(tc)

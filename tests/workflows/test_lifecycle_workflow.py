@@ -28,7 +28,6 @@ from activities.fleet.control_state import ControlRepository
 from activities.fleet.db import open_pool
 from activities.fleet.migrate import migrate
 from activities.fleet.repository import FleetRepository, InstanceSpec
-from activities.floor.activities import FloorActivities
 from activities.floor.models import floor_workflow_id
 from activities.provider.errors import InsufficientCapacity
 from activities.provider.interface import CreateRequest, ProviderInstance, ReservationRequest
@@ -44,7 +43,7 @@ from tests.support.lifecycle import (
     assert_one_at_a_time,
     decisions,
     install_bundle,
-    lifecycle_activities,
+    lifecycle_worker_kwargs,
     live,
     pause_settled,
     relays_heard,
@@ -115,27 +114,13 @@ async def env(
     cloud = ScarceCloud(region_r1, latency=Latency(boot_s=0.0), clock=loop.time)
     nc = await nats.connect(NATS_URL)
     notices, leaving = await relays_heard(nc, fleet, cloud)
-    floor = FloorActivities(
-        fleet,
-        cloud,
-        regions_dir=REGIONS_DIR,
-        bundle_cache_dir=tmp_path / "cache",
-        trust_dir=tmp_path / "trust",
-    )
     try:
         async with region_worker(
             workflow_env.client,
             cloud,
             fleet,
             ControlRepository(pool),
-            bundle_dir=tmp_path / "cache",
-            trust_dir=tmp_path / "trust",
-            extra_workflows=[LifecycleWorkflow, FloorKeeperWorkflow],
-            extra_activities=[
-                *lifecycle_activities(fleet, pool, cloud, tmp_path),
-                floor.snapshot,
-                floor.probe_halls,
-            ],
+            **lifecycle_worker_kwargs(fleet, pool, cloud, tmp_path),
         ) as h:
             yield Env(
                 client=workflow_env.client,
