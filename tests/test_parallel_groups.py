@@ -83,6 +83,20 @@ def test_each_xdist_worker_draws_port_runs_from_a_share_of_its_own(
     assert services.worker_ranges() == (services.RANGES_FROM, services.RANGES_TO)
 
 
+def test_a_run_handed_out_is_not_handed_out_again_before_it_is_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A box's OpenBao run (2 ports) and its processes' run (32), picked one after the
+    other and bound later: CI once had them overlap. In a share of 200 ports the picks
+    would meet by chance within a few tries; handed out, they never do."""
+    monkeypatch.setattr(services, "worker_ranges", lambda: (28000, 28200))
+    monkeypatch.setattr(services, "_HANDED_OUT", type(services._HANDED_OUT)(maxlen=64))
+    for _ in range(20):
+        services._HANDED_OUT.clear()
+        a, b = services.free_port_range(2), services.free_port_range(32)
+        assert not (a < b + 32 and b < a + 2), (a, b)
+
+
 class _Node:
     def __init__(self) -> None:
         self.sent: list[list[int]] = []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import os
 import random
 import socket
@@ -62,13 +63,24 @@ def worker_ranges() -> tuple[int, int]:
     return first, first + share
 
 
+#: The runs this process handed out lately. A run is free when it is picked, not when its
+#: process binds it: a test's second pick (a box's 32 process ports) could overlap its first
+#: (the box's OpenBao, not yet started) and a process of the box found its port taken (CI:
+#: the drain intake's and the ledger consumer's metrics ports "already in use").
+_HANDED_OUT: collections.deque[range] = collections.deque(maxlen=64)
+
+
 def free_port_range(n: int) -> int:
     """The first of `n` consecutive free ports (the box hands them to its processes), in
-    this worker's share of the ranges."""
+    this worker's share of the ranges, overlapping none of the last runs handed out."""
     low, high = worker_ranges()
     for _ in range(200):
         first = random.randrange(low, high - n)
-        if all(_bindable(first + i) for i in range(n)):
+        run = range(first, first + n)
+        if any(run.start < r.stop and r.start < run.stop for r in _HANDED_OUT):
+            continue
+        if all(_bindable(p) for p in run):
+            _HANDED_OUT.append(run)
             return first
     raise RuntimeError(f"no {n} consecutive free ports between {low} and {high}")
 
