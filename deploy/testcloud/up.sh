@@ -106,11 +106,23 @@ say "testcloud in $BASE (region $(basename "$REGION_FILE" .toml), hosts: $HOSTS)
 STAMP=$( { cat "$HERE/constraints.txt"; echo "$PIP_PACKAGES"; "$PY" -V; } | sha1sum | cut -c1-16)
 PLUGIN_STAMP=$(cat "$HERE"/plugins/pyproject.toml "$HERE"/plugins/sco_testcloud_plugins/*.py | sha1sum | cut -c1-16)
 if [ "$(cat "$VENV/.sco-stamp" 2>/dev/null)" != "$STAMP" ] || ! "$V/python" -c '' 2>/dev/null; then
-  say "installing OpenStack into $VENV (pip, about 1.5 min on a fresh machine)"
   rm -rf "$VENV"; "$PY" -m venv "$VENV"
-  # shellcheck disable=SC2086
-  "$V/pip" install -q -c "$HERE/constraints.txt" $PIP_PACKAGES > "$L/pip.log" 2>&1 \
-    || { tail -5 "$L/pip.log" >&2; die "pip install failed; see $L/pip.log"; }
+  # uv beside the project's python (its dev extra) when there: the same constraints, its
+  # downloads and installs in parallel (a CI run's pip took 274 s of a 476 s bring-up, uv
+  # ~60 s with the bytecode compiled, which every service start then reads); else pip.
+  UV=$(dirname "$SCO_PYTHON")/uv
+  if [ -x "$UV" ]; then
+    say "installing OpenStack into $VENV (uv, about 1 min on a fresh machine)"
+    # shellcheck disable=SC2086
+    "$UV" pip install -q --compile-bytecode --python "$V/python" -c "$HERE/constraints.txt" \
+      $PIP_PACKAGES > "$L/pip.log" 2>&1 \
+      || { tail -5 "$L/pip.log" >&2; die "uv pip install failed; see $L/pip.log"; }
+  else
+    say "installing OpenStack into $VENV (pip, about 1.5 min on a fresh machine)"
+    # shellcheck disable=SC2086
+    "$V/pip" install -q -c "$HERE/constraints.txt" $PIP_PACKAGES > "$L/pip.log" 2>&1 \
+      || { tail -5 "$L/pip.log" >&2; die "pip install failed; see $L/pip.log"; }
+  fi
   echo "$STAMP" > "$VENV/.sco-stamp"
   say "venv ready ($(du -sh "$VENV" | cut -f1))"
 else
