@@ -19,10 +19,6 @@ from collections.abc import Generator
 from pathlib import Path
 
 import pytest
-from xdist.remote import Producer
-from xdist.scheduler import LoadGroupScheduling
-from xdist.scheduler.protocol import Scheduling
-from xdist.workermanage import WorkerController
 
 from tests.support.parallel import PODMAN_MODULES
 from tests.support.wait import eventually
@@ -62,12 +58,6 @@ def outcome(name: str) -> str | None:
     return f"preparing {name} failed (exit {code}, {log}): " + " | ".join(tail)
 
 
-def done(name: str) -> bool:
-    """Whether the preparation `name` has ended (or none was started: nothing to wait for)."""
-    files = _files(name)
-    return files is None or not files[0].exists() or files[1].exists()
-
-
 def ran(name: str) -> bool:
     """Whether `make test` started the preparation `name` in this session."""
     files = _files(name)
@@ -89,33 +79,3 @@ def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, None, None]:
     for name in needed_by(item):
         await_prep(name)
     yield
-
-
-#: The preparation each gated xdist group waits for (tests/support/parallel.py names them).
-GROUP_NEEDS = {"testcloud": "testcloud", "podman": "image"}
-
-
-class PreparedFirst(LoadGroupScheduling):  # type: ignore[misc]  # xdist has no types
-    """`--dist loadgroup`, but a group that waits for a preparation goes to a worker only
-    once that preparation is done, while another unit can go instead.
-
-    The plain scheduler hands out the largest groups first: the test cloud's went to a
-    worker at once, which then sat in `await_prep` for the whole bring-up (7.4 min in a CI
-    run) with tests of its own queued behind; podman's group did the same for the image.
-    Here the other workers' units go first and the gated group starts the moment its
-    preparation ends. When only gated groups are left, the next one goes anyway (its tests
-    wait in `await_prep`, as before)."""
-
-    def _assign_work_unit(self, node: WorkerController) -> None:
-        for scope in self.workqueue:
-            needs = GROUP_NEEDS.get(scope)
-            if needs is None or done(needs):
-                self.workqueue.move_to_end(scope, last=False)
-                break
-        super()._assign_work_unit(node)
-
-
-def pytest_xdist_make_scheduler(config: pytest.Config, log: Producer) -> Scheduling | None:
-    if config.getvalue("dist") != "loadgroup":
-        return None
-    return PreparedFirst(config, log)
