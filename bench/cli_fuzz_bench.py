@@ -41,9 +41,9 @@ def main() -> int:
     examples = 1 if args.tiny else args.examples
     # The suite fuzzes every command (tests/workers/test_cli_fuzz.py); the tiny run proves
     # this bench's own path (its run, its summary, its report) on a few.
-    only = TINY_COMMANDS if args.tiny and not args.commands else args.commands.split(",")
+    only = [c for c in args.commands.split(",") if c] or (TINY_COMMANDS if args.tiny else [])
     select = "refuses_what_it_should_never_get"
-    if only != [""]:
+    if only:
         select += " and (" + " or ".join(f"[{c}]" for c in only) + ")"
     seed = args.seed if args.seed is not None else int(time.time()) % 100_000
     report = Report("cli_fuzz", {"examples_per_command": examples, "seed": seed})
