@@ -381,6 +381,11 @@ class ControlSettings(BaseModel):
     # Contracts are hashed to a partition; one controller workflow per region x partition.
     partitions: int = Field(default=4, ge=1, le=64)
     tick_seconds: float = Field(default=60.0, gt=0)
+    # A controller continues as new after this many ticks (sooner when Temporal suggests
+    # it). The SDK's core holds each tick's plan input (the region's pools and contracts,
+    # ~25 kB) for the whole run, so a run of 200 ticks grew the worker ~4 MB every half
+    # hour for three hours (decision 0040). Applies to controllers started after it is set.
+    ticks_per_run: int = Field(default=30, ge=1, le=10_000)
     # Reclaimable instances nobody has needed for this long are released.
     release_idle_seconds: float = Field(default=900.0, ge=0)
     # The region's provider API budget for mutating calls, shared by all acquisitions.
@@ -456,6 +461,11 @@ class WorkerSettings(BaseModel):
     # Liveness/readiness (GET /healthz, /readyz); 0 turns it off.
     health_port: int = Field(default=8080, ge=0, le=65535)
     graceful_shutdown_seconds: float = Field(default=20.0, ge=0)
+    # Threads the controllers' exact plans (HiGHS) are solved on, apart from the activity
+    # pool: HiGHS keeps about 1 MB for each thread that ever solved (decision 0040). Two
+    # let four partitions' solves of one tick each have their whole budget
+    # (control.exact_plan_seconds).
+    solver_threads: int = Field(default=2, ge=1, le=64)
     # Start the region's controller partitions (idempotent) when the worker starts.
     start_controllers: bool = True
     # Temporal Worker Deployments (worker versioning). Off by default so the region in a

@@ -12,6 +12,7 @@ budget.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import math
 import threading
@@ -22,7 +23,7 @@ from pathlib import Path
 
 from temporalio import activity
 
-from activities.control.exact_plan import ExactPlanInput, ExactPlanResult, exact_plan
+from activities.control.exact_plan import ExactPlanInput, ExactPlanResult, exact_plan_before
 from activities.control.models import (
     ACQUISITION_PREFIX,
     ContractView,
@@ -61,6 +62,8 @@ log = logging.getLogger(__name__)
 #: replacement starts at the notice, not after the loss.
 _COVERING = (InstanceState.REQUESTED, InstanceState.ACTIVE)
 _RATE_CACHE_SECONDS = 300.0
+#: Of an exact plan's activity time, what the solve leaves for its result's way back.
+_RESULT_MARGIN_SECONDS = 2.0
 
 
 class ControlActivities:
@@ -75,7 +78,10 @@ class ControlActivities:
         trust_dir: Path,
         ledger: LedgerStore | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        solver_threads: int = 1,
     ) -> None:
+        """`solver_threads`: the threads exact plans are solved on (`worker.solver_threads`),
+        apart from the worker's activity pool (see `exact_plan`)."""
         self._fleet = fleet
         self._control = control
         self._provider = provider
@@ -87,6 +93,10 @@ class ControlActivities:
         self._rates_lock = threading.Lock()
         self._refreshing = False  # a refresh runs beside the ticks
         self._first_read = threading.Lock()
+        # Threads start on the first solve, and are idle (not held) between ticks.
+        self._solver = concurrent.futures.ThreadPoolExecutor(
+            max_workers=solver_threads, thread_name_prefix="sco-solver"
+        )
 
     # -- writes from acquisitions --------------------------------------------------------
 
@@ -113,9 +123,24 @@ class ControlActivities:
         return plan(problem)
 
     @activity.defn(name="control.exact_plan")
-    def exact_plan(self, inp: ExactPlanInput) -> ExactPlanResult:
-        """The exact plan within the input's time budget, or the greedy plan it carries."""
-        return exact_plan(inp)
+    async def exact_plan(self, inp: ExactPlanInput) -> ExactPlanResult:
+        """The exact plan within the input's time budget, or the greedy plan it carries.
+
+        Solved on the solver's own threads, never on the worker's activity pool: HiGHS
+        keeps state for each thread that ever called it (its task executor, 0.5 MB; with
+        the thread's malloc arena about 1 MB: bench/solver_threads_bench.py) for that
+        thread's life, so solves on whichever of the pool's 16 threads was free grew the
+        worker each time one took its first (issue 33: the worker's creep; decision 0040).
+        A solve that waits for a thread gets the activity's time left."""
+        timeout = activity.info().start_to_close_timeout
+        allowed = (
+            timeout.total_seconds() - _RESULT_MARGIN_SECONDS
+            if timeout is not None
+            else inp.time_budget_seconds
+        )
+        return await asyncio.get_running_loop().run_in_executor(
+            self._solver, exact_plan_before, inp, time.monotonic() + allowed
+        )
 
     @activity.defn(name="control.snapshot")
     async def snapshot(self, inp: SnapshotInput) -> ControllerSnapshot:

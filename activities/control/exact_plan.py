@@ -43,7 +43,8 @@ class ExactPlanInput(BaseModel):
 
 class ExactPlanResult(BaseModel):
     plan: Plan
-    # "exact"; "greedy": HiGHS found nothing better; "greedy-timeout"; "greedy-no-solver".
+    # "exact"; "greedy": HiGHS found nothing better; "greedy-timeout"; "greedy-no-solver";
+    # "greedy-busy": the solver threads were busy until the activity's time was spent.
     source: str
     seconds: float = 0.0
     greedy_cost_per_hour: float = 0.0
@@ -51,6 +52,19 @@ class ExactPlanResult(BaseModel):
 
 def _shortfall(p: Plan) -> int:
     return sum(o.shortfall_units for o in p.outcomes)
+
+
+def exact_plan_before(inp: ExactPlanInput, deadline: float) -> ExactPlanResult:
+    """`exact_plan` with what is left of its budget before `deadline` (`time.monotonic()`):
+    a solve that waited for a solver thread gets the rest of its activity's time, never
+    more than its budget; with none left it is the greedy plan ("greedy-busy")."""
+    left = min(inp.time_budget_seconds, deadline - time.monotonic())
+    if left <= 0:
+        greedy = inp.greedy
+        return ExactPlanResult(
+            plan=greedy, source="greedy-busy", greedy_cost_per_hour=greedy.cost_per_hour
+        )
+    return exact_plan(inp.model_copy(update={"time_budget_seconds": left}))
 
 
 def exact_plan(inp: ExactPlanInput) -> ExactPlanResult:

@@ -25,6 +25,7 @@ def controller_config(settings: Settings) -> ControllerConfig:
     c = settings.control
     return ControllerConfig(
         tick_seconds=c.tick_seconds,
+        ticks_per_run=c.ticks_per_run,
         release_idle_seconds=c.release_idle_seconds,
         approval_timeout_seconds=c.approval_timeout_seconds,
         fallback_lease_hours=c.fallback_lease_hours,

@@ -222,6 +222,7 @@ def build_activities(
         bundle_cache_dir=settings.bundle_cache_dir,
         trust_dir=settings.trust_dir,
         ledger=ledger,
+        solver_threads=settings.worker.solver_threads,
     )
     floor = FloorActivities(
         fleet_repo,

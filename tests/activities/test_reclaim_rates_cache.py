@@ -15,6 +15,7 @@ from activities.control import activities as control
 from activities.control.activities import ControlActivities
 from activities.ledger.store import LedgerStore, LedgerUnavailable
 from contracts.region import load_region
+from tests.support.control_activities import bare_control
 from tests.support.paths import REGIONS_DIR
 
 
@@ -44,15 +45,8 @@ def ledger(monkeypatch: pytest.MonkeyPatch) -> _Ledger:
 
 
 def _activities(tmp_path: Path) -> ControlActivities:
-    nothing: Any = None
-    return ControlActivities(
-        nothing,
-        nothing,
-        nothing,
-        regions_dir=REGIONS_DIR,
-        bundle_cache_dir=tmp_path,
-        trust_dir=tmp_path,
-        ledger=LedgerStore(f"chdb://{tmp_path}/ledger", reads_in_child=True),
+    return bare_control(
+        tmp_path, ledger=LedgerStore(f"chdb://{tmp_path}/ledger", reads_in_child=True)
     )
 
 

@@ -264,6 +264,21 @@ def exclusion_row(pool: ConnectionPool, pool_id: str) -> tuple[str, int, str] | 
     return (row[0], row[1], row[2]) if row else None
 
 
+def assert_no_outbox_notices(h: Env, pool_id: str) -> None:
+    """The safety net counts every NOTICE event of the pool in the session's outbox: a
+    test that counts notices needs a pool no earlier test of this worker reclaimed."""
+    with h.pool.connection() as conn:
+        row = conn.execute(
+            """SELECT count(*) FROM outbox WHERE topic = 'sco.r1.lifecycle'
+                 AND payload->>'kind' = 'notice' AND payload->>'pool_id' = %s""",
+            (pool_id,),
+        ).fetchone()
+    assert row is not None and row[0] == 0, (
+        f"{row[0] if row else '?'} NOTICE events of {pool_id} already in this session's "
+        "outbox: an earlier test reclaimed in it (give that test a database of its own)"
+    )
+
+
 def decisions(pool: ConnectionPool, pool_id: str) -> list[tuple[str, str]]:
     with pool.connection() as conn:
         rows = conn.execute(
@@ -280,6 +295,7 @@ async def canaries_at_provider(h: Env, probe_id: str) -> list[str]:
 
 
 async def exclude_by_notices(h: Env, pool_id: str, prefix: str) -> ExclusionStatus:
+    assert_no_outbox_notices(h, pool_id)
     await h.notice(pool_id, f"{prefix}-1")
     await h.notice(pool_id, f"{prefix}-2")
     await h.notice(pool_id, f"{prefix}-2")  # the same notice again: counted once
@@ -476,6 +492,7 @@ async def _no_canary(h: Env, probe_id: str) -> bool:
 async def test_safety_net_counts_notices_no_signal_brought(env: Env) -> None:
     pool_id = "r1.C.stor.l"
     h = env
+    assert_no_outbox_notices(h, pool_id)
     for n in range(3):
         iid = f"sn-{uuid.uuid4().hex[:8]}-{n}"
         h.fleet.record_acquire(
@@ -502,6 +519,7 @@ async def test_safety_net_counts_notices_no_signal_brought(env: Env) -> None:
 async def test_state_survives_continue_as_new(env: Env) -> None:
     pool_id = "r1.B.hmem.l"
     h = env
+    assert_no_outbox_notices(h, pool_id)
     cfg = ExclusionConfig(continue_after_events=3, burst_merge_seconds=0)
     try:
         for n in range(3):
@@ -528,6 +546,7 @@ async def test_a_co_reclaim_burst_does_not_exclude_a_pool_a_trickle_does(env: En
     (a slice taken back once); three events minutes apart exclude the pool."""
     pool_id = "r1.D.hmem.l"
     h = env
+    assert_no_outbox_notices(h, pool_id)
     cfg = ExclusionConfig()
     try:
         for n in range(5):

@@ -38,7 +38,7 @@ class ControllerConfig(BaseModel):
     # default); a time-compressed bench scales it with every other duration.
     acquisition_poll_seconds: float = 1.0
     # Ticks per run before continue-as-new keeps the history short.
-    ticks_per_run: int = 200
+    ticks_per_run: int = 30  # control.ticks_per_run (decision 0040)
     # Cloud-init for instances of contracts with Kubernetes selectors; `{kubelet_args}`
     # becomes the node's labels and taints. None: no user-data.
     kubernetes_user_data: str | None = None
