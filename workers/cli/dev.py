@@ -7,6 +7,7 @@ import signal
 import threading
 
 import typer
+from rich.markup import escape
 
 from contracts.redact import mask_credentials
 from workers.cli.bao import app as bao_app
@@ -171,3 +172,44 @@ def prometheus_rule() -> None:
     from workers.devbox.prometheus import RULES_FILE, k8s_prometheus_rule
 
     typer.echo(k8s_prometheus_rule(RULES_FILE.read_text()), nl=False)
+
+
+@app.command("memory-diff")
+def memory_diff(
+    old: str = typer.Argument(
+        ..., help="The earlier snapshot (<service>-<pid>-N.tracemalloc.json)."
+    ),
+    new: str = typer.Argument(..., help="A later snapshot of the same process."),
+    top: int = typer.Option(15, "--top", min=1, max=500, help="How many tracebacks to show."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
+    """The allocation sites that grew most between two memory snapshots of one process.
+
+    A process started with PYTHONTRACEMALLOC=N writes a snapshot on each SIGUSR2 (see
+    `<data_dir>/diagnostics/*.armed` for the processes that may be sent it)."""
+    from pathlib import Path
+
+    from workers import memory_trace
+
+    with errors_as_exit(memory_trace.SnapshotError):
+        before, after = memory_trace.load(Path(old)), memory_trace.load(Path(new))
+    grown = memory_trace.growth(before, after, top)
+    totals = {"before_kb": memory_trace.total_kb(before), "after_kb": memory_trace.total_kb(after)}
+    if as_json:
+        print_json({**totals, "grown": [g.as_dict() for g in grown]})
+        return
+    console.print(
+        f"traced Python memory: {totals['before_kb'] / 1024:.1f} MB -> "
+        f"{totals['after_kb'] / 1024:.1f} MB; the {len(grown)} tracebacks that grew most:"
+    )
+    for g in grown:
+        console.print(
+            f"[bold]+{g.size_diff_kb:.1f} KiB[/] "
+            f"({g.count_diff:+d} blocks, {g.size_kb:.1f} KiB now)",
+            highlight=False,
+        )
+        for frame in g.frames[-6:]:  # the innermost six: where the memory was taken
+            # Whole paths (their ends say most); a file's oddities shown, not interpreted.
+            console.print(
+                f"    {escape(frame if frame.isprintable() else ascii(frame))}", highlight=False
+            )

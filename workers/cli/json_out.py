@@ -152,6 +152,7 @@ SCHEMAS: dict[str, JsonOutput] = {
     "sco dev down": JsonOutput("object", extra=("stopped",)),
     "sco dev up": JsonOutput("list", "workers.devbox.box:ServiceStatus"),
     "sco dev status": JsonOutput("list", "workers.devbox.box:ServiceStatus"),
+    "sco dev memory-diff": JsonOutput("object", extra=("before_kb", "after_kb", "grown")),
     "sco explain contract": JsonOutput(
         "object", "activities.explain:ContractExplanation", ("notes",)
     ),
