@@ -54,6 +54,14 @@ def producer_config(
     }
 
 
+def _admin(bootstrap: str, security: Mapping[str, Any] | None) -> AdminClient:
+    """An admin client that writes nothing of its own to stderr (log_level 0): its callers
+    raise or return what went wrong, and librdkafka's lines (a probe of a broker that is
+    down, "Purging 1 unserved events" when it is collected) would break a CLI's one-line
+    error (`sco dev up` on a taken port printed one before its own)."""
+    return AdminClient({**(security or {}), "bootstrap.servers": bootstrap, "log_level": 0})
+
+
 def ensure_topics(
     bootstrap: str,
     topics: Iterable[str],
@@ -64,7 +72,7 @@ def ensure_topics(
 ) -> list[str]:
     """Create missing topics; return the ones created. Existing topics are left alone.
     `security`: librdkafka TLS/SASL settings (workers/client_security.kafka_config)."""
-    admin = AdminClient({**(security or {}), "bootstrap.servers": bootstrap})
+    admin = _admin(bootstrap, security)
     try:
         existing = set(admin.list_topics(timeout=10).topics)
     except KafkaException as exc:
@@ -94,10 +102,7 @@ def kafka_answers(
     bootstrap: str, timeout: float = 3.0, security: Mapping[str, Any] | None = None
 ) -> bool:
     try:
-        # log_level 0: a probe of a broker that is down is not an error worth logging
-        AdminClient(
-            {**(security or {}), "bootstrap.servers": bootstrap, "log_level": 0}
-        ).list_topics(timeout=timeout)
+        _admin(bootstrap, security).list_topics(timeout=timeout)
     except KafkaException:
         return False
     return True

@@ -241,10 +241,25 @@ class LedgerConsumer:
             return  # unchanged, or a file mid-replacement: look again next time
         self._renew_stamps = stamps
         log.info("ledger: Kafka client certificate renewed; a new consumer joins the group")
+        self._commit_positions()
         self._consumer.close()
         self._consumer = Consumer(self._config)
         self._consumer.subscribe(self._topics)
         self.renewals += 1
+
+    def _commit_positions(self) -> None:
+        """Commit where this client has read to, before a new client replaces it: what it
+        read is in the ledger, and the new member starts at the group's last commit. A
+        batch whose commit was refused would otherwise be read again (the whole topic, for
+        a group that never committed), or skipped with auto.offset.reset latest. A refused
+        commit here leaves the last one: that span is read again and deduplicated."""
+        try:
+            assigned = self._consumer.assignment()
+            read = [tp for tp in self._consumer.position(assigned) if tp.offset >= 0]
+            if read:
+                self._consumer.commit(offsets=read, asynchronous=False)
+        except KafkaException as exc:
+            log.warning("ledger: positions not committed before a new client: %s", exc)
 
     def measure_lag(self) -> dict[str, int]:
         """Per topic: the partitions' end offsets minus the group's position (its

@@ -3,14 +3,18 @@ replaying the topic into the ledger changes no total."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
+from confluent_kafka import KafkaError, KafkaException
 
 from activities.events import (
     CapacityType,
@@ -25,7 +29,8 @@ from activities.ledger import LedgerStore, reclaims_per_pool, spend
 from contracts.region import Region
 from services.ledger_consumer.consumer import LedgerConsumer
 from services.outbox_relay.relay import OutboxRelay
-from tests.support.wait import eventually
+from tests.support.kafka_read import messages_in
+from tests.support.wait import WaitTimeout, eventually
 
 
 def run_lifecycles(repo: FleetRepository, region: Region, prefix: str, n: int) -> list[str]:
@@ -52,15 +57,34 @@ def run_lifecycles(repo: FleetRepository, region: Region, prefix: str, n: int) -
     return ids
 
 
-def consume_all(bootstrap: str, store: LedgerStore, group: str, until: int) -> int:
+def consume_all(bootstrap: str, store: LedgerStore, group: str) -> tuple[int, int, str]:
+    """A new group reads r1's topics to their end as they are now: (messages read, messages
+    there, what the group held at the end). The topics hold every test's events of this
+    worker, some from databases other than this test's (tests/activities/test_outbox.py has
+    its own), so it is Kafka's count that says when the group is at the end, not the
+    outbox's. It gives up after 60 s in which nothing new was read (a group join and a
+    rebalance under load take seconds each), or after 180 s in all."""
+    there = messages_in(bootstrap, list(region_topics("r1")))
     consumer = LedgerConsumer(bootstrap, region_topics("r1"), store, group_id=group)
-    deadline = time.monotonic() + 60
+    start = last_progress = time.monotonic()
+    seen = 0
     try:
-        while consumer.progress.inserted < until and time.monotonic() < deadline:
+        while consumer.progress.consumed < there:
+            now = time.monotonic()
+            if now - last_progress > 60 or now - start > 180:
+                break
             consumer.poll_batch(timeout=0.5)
+            if consumer.progress.consumed > seen:
+                seen, last_progress = consumer.progress.consumed, time.monotonic()
+        held = f"the group's lag per topic: {consumer.measure_lag()}"
     finally:
         consumer.close()
-    return consumer.progress.inserted
+    return consumer.progress.consumed, there, held
+
+
+def assert_read_to_the_end(read: int, there: int, held: str, *, total: int) -> None:
+    assert there >= total, f"r1's topics hold {there} messages, fewer than {total} rows published"
+    assert read >= there, f"the group read {read} of the {there} messages on r1's topics; {held}"
 
 
 def test_replaying_the_topic_gives_the_same_spend(
@@ -105,12 +129,14 @@ def test_replaying_the_topic_gives_the_same_spend(
         rec = [(r.pool_id, r.reclaims) for r in reclaims_per_pool(store, start=start, end=end)]
         return [(r.workload, round(r.spend, 12)) for r in rows], rec
 
-    assert consume_all(kafka_bootstrap, store, f"ledger-{prefix}-a", total) >= total
+    read, there, held = consume_all(kafka_bootstrap, store, f"ledger-{prefix}-a")
+    assert_read_to_the_end(read, there, held, total=total)
     first = totals()
     assert len(first[0]) == 2 and all(s > 0 for _, s in first[0])
     assert sum(n for _, n in first[1]) >= 10
     # A second consumer group replays the whole topic into the same ledger.
-    assert consume_all(kafka_bootstrap, store, f"ledger-{prefix}-b", total) >= total
+    read, there, held = consume_all(kafka_bootstrap, store, f"ledger-{prefix}-b")
+    assert_read_to_the_end(read, there, held, total=total)
     assert totals() == first
     store.close()
 
@@ -194,6 +220,49 @@ def test_a_decision_reaches_the_ledger_through_the_outbox(
     assert len(found) == 1 and found[0].outcome == "declined" and found[0].actor == "deadline"
 
 
+def _group_state(consumer: LedgerConsumer) -> str:
+    """The new client's assignment, committed offsets and watermarks (what a wait that
+    read nothing after a renewal needs to say; the test reads the consumer's own client)."""
+    client = consumer._consumer
+    assigned = client.assignment()
+    committed = {f"{tp.topic}[{tp.partition}]": tp.offset for tp in client.committed(assigned, 10)}
+    marks = {
+        f"{tp.topic}[{tp.partition}]": client.get_watermark_offsets(tp, timeout=5)
+        for tp in assigned
+    }
+    return f"assigned {len(assigned)}, committed {committed}, watermarks {marks}"
+
+
+def _publish_ready(producer: Any, topic: str, region: str, instance_id: str, workload: str) -> None:
+    """One READY event of `instance_id` on `topic`, flushed."""
+    event = LifecycleEvent(
+        kind=EventKind.READY, instance_id=instance_id, region=region,
+        pool_id=f"{region}.A.gp.l", hall="A", sku="gp", size="l",
+        capacity_type=CapacityType.RECLAIMABLE, workload=workload, tier=2,
+        price_per_hour=0.1,
+    )  # fmt: skip
+    producer.produce(topic, key=event.instance_id.encode(), value=event.model_dump_json())
+    producer.flush(10)
+
+
+@contextlib.contextmanager
+def _running(consumer: LedgerConsumer) -> Iterator[Callable[[], None]]:
+    """`consumer.run` on a thread of its own; yields `halt` (stop it and wait), also
+    called on the way out."""
+    stop = threading.Event()
+    runner = threading.Thread(target=consumer.run, args=(stop,), daemon=True)
+    runner.start()
+
+    def halt() -> None:
+        stop.set()
+        runner.join(timeout=30)
+
+    try:
+        yield halt
+    finally:
+        halt()
+
+
 def test_a_renewed_client_certificate_gets_a_new_kafka_client_and_nothing_is_lost(
     kafka_bootstrap: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -214,30 +283,88 @@ def test_a_renewed_client_certificate_gets_a_new_kafka_client_and_nothing_is_los
     )
     producer = Producer({"bootstrap.servers": kafka_bootstrap})
     workload = f"renewal-{uuid.uuid4().hex[:8]}"
-
-    def publish(n: int) -> None:
-        event = LifecycleEvent(
-            kind=EventKind.READY, instance_id=f"{workload}-{n}", region="r2",
-            pool_id="r2.A.gp.l", hall="A", sku="gp", size="l",
-            capacity_type=CapacityType.RECLAIMABLE, workload=workload, tier=2,
-            price_per_hour=0.1,
-        )  # fmt: skip
-        producer.produce(topic, key=event.instance_id.encode(), value=event.model_dump_json())
-        producer.flush(10)
-
-    stop = threading.Event()
-    runner = threading.Thread(target=consumer.run, args=(stop,), daemon=True)
-    runner.start()
     try:
-        publish(1)
-        eventually(lambda: consumer.progress.inserted >= 1, timeout=60, what="the first event")
-        cert.write_text("the renewed certificate, longer\n")
-        eventually(lambda: consumer.renewals == 1, timeout=30, what="a new Kafka client")
-        publish(2)
-        eventually(lambda: consumer.progress.inserted >= 2, timeout=60, what="the second event")
+        with _running(consumer) as halt:
+            _publish_ready(producer, topic, "r2", f"{workload}-1", workload)
+            eventually(lambda: consumer.progress.inserted >= 1, timeout=60, what="the first event")
+            cert.write_text("the renewed certificate, longer\n")
+            eventually(lambda: consumer.renewals == 1, timeout=30, what="a new Kafka client")
+            _publish_ready(producer, topic, "r2", f"{workload}-2", workload)
+            try:
+                eventually(
+                    lambda: consumer.progress.inserted >= 2, timeout=60, what="the second event"
+                )
+            except WaitTimeout as exc:
+                halt()
+                raise AssertionError(f"{exc}; the new client: {_group_state(consumer)}") from None
     finally:
-        stop.set()
-        runner.join(timeout=30)
         consumer.close()
         store.close()
     assert consumer.renewals == 1
+
+
+class _RefusesOneCommit:
+    """A Kafka consumer whose first batch commit is refused (a broker restarting)."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self.refused = 0
+
+    def commit(self, *args: Any, **kwargs: Any) -> Any:
+        if "offsets" not in kwargs and not self.refused:
+            self.refused += 1
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT))
+        return self._client.commit(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
+def test_a_renewal_after_a_refused_commit_hands_the_new_client_its_place(
+    kafka_bootstrap: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The old client commits where it read before it goes: the new one neither reads the
+    topic again from its start nor skips what came while it joined."""
+    from confluent_kafka import Consumer, Producer
+
+    from activities.kafka import ensure_topics
+    from services.ledger_consumer import consumer as consumer_module
+
+    monkeypatch.setattr(consumer_module, "RENEWAL_EVERY_SECONDS", 0.2)
+    region = f"t{uuid.uuid4().hex[:8]}"
+    topic = lifecycle_topic(region)
+    ensure_topics(kafka_bootstrap, [topic], partitions=1, replication_factor=1)
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    # Before the group's first read: read once, never again.
+    _publish_ready(producer, topic, region, f"{region}-0", region)
+    made: list[_RefusesOneCommit] = []
+
+    def first_refuses(config: dict[str, Any]) -> Any:
+        client = Consumer(config)
+        if made:
+            return client
+        made.append(_RefusesOneCommit(client))
+        return made[0]
+
+    monkeypatch.setattr(consumer_module, "Consumer", first_refuses)
+    cert = tmp_path / "client.crt"
+    cert.write_text("first certificate\n")
+    store = LedgerStore(f"chdb://{tmp_path / 'ledger'}")
+    consumer = LedgerConsumer(
+        kafka_bootstrap, [topic], store, group_id=uuid.uuid4().hex, renew_on_change=[cert]
+    )
+    try:
+        with _running(consumer):
+            _publish_ready(producer, topic, region, f"{region}-1", region)
+            eventually(lambda: consumer.progress.consumed >= 2, timeout=60, what="both read")
+            eventually(lambda: made[0].refused == 1, timeout=30, what="the commit refused")
+            cert.write_text("the renewed certificate, longer\n")
+            eventually(lambda: consumer.renewals == 1, timeout=30, what="a new Kafka client")
+            _publish_ready(producer, topic, region, f"{region}-2", region)
+            eventually(lambda: consumer.progress.consumed >= 3, timeout=60, what="the third")
+            # sleep is the behaviour under test: a re-read from the start would come now
+            time.sleep(1)
+    finally:
+        consumer.close()
+        store.close()
+    assert consumer.progress.consumed == 3, "the new client read the topic again"
