@@ -3,10 +3,14 @@
 A process that has run a Temporal client or worker holds the Rust runtime's threads; at
 interpreter teardown they can abort it (SIGABRT in PyGILState_Release): a core file under
 slurmctld, a bench that printed its report and still "failed" with exit -6. `main`'s own
-`finally` blocks have run by then; only the interpreter's teardown is skipped."""
+`finally` blocks have run by then, and so do the `atexit` handlers (before `os._exit`,
+which skips them): a bench's test NATS server (tests/support/worker_nats.py) is stopped
+by one, and was left running once per bench run without it. Only the interpreter's
+teardown is skipped."""
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import traceback
@@ -25,6 +29,9 @@ def run_and_exit(main: Callable[[], int | None]) -> NoReturn:
     except BaseException:
         traceback.print_exc()
         code = 1
+    # Plain Python, before the teardown that aborts; each handler's own exception is
+    # printed by atexit and the rest still run.
+    atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -5,6 +5,8 @@ Whatever happens inside, the exit code is clear."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -25,6 +27,8 @@ def exits(monkeypatch: pytest.MonkeyPatch) -> None:
         raise Exited(code)
 
     monkeypatch.setattr("workers.exit_now.os._exit", fake_exit)
+    # In this process they are pytest's own (the session's NATS server is stopped by one).
+    monkeypatch.setattr("workers.exit_now.atexit._run_exitfuncs", lambda: None)
 
 
 @pytest.mark.parametrize(
@@ -49,6 +53,22 @@ def test_a_normal_return_keeps_its_code(exits: None, returned: int | None, code:
     with pytest.raises(Exited) as got:
         run_and_exit(lambda: returned)
     assert got.value.code == code
+
+
+def test_atexit_handlers_run_before_the_exit(tmp_path: Path) -> None:
+    # A bench's test NATS server is stopped by an atexit handler; os._exit skips them.
+    stopped = tmp_path / "stopped"
+    program = (
+        "import atexit, pathlib\n"
+        "from workers.exit_now import run_and_exit\n"
+        f"atexit.register(pathlib.Path({str(stopped)!r}).write_text, 'yes')\n"
+        "run_and_exit(lambda: 3)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 3, done.stderr
+    assert stopped.read_text() == "yes"
 
 
 #: The benches that run a Temporal client or worker in their own process.
