@@ -1,7 +1,7 @@
 """The box under churn for an hour: every process's memory curve, and its growth.
 
     .venv/bin/python bench/memory_hour_bench.py [--minutes 60] [--interval 30]
-        [--churn-seconds 60] [--tiny]
+        [--churn-seconds 60] [--tracemalloc FRAMES] [--tiny]
 
 A region in a box of its own, as `make up` brings it (`sco dev up --workers`: Temporal's
 dev server, Kafka, OpenBao, NATS, the simulated cloud, the region worker, a notice relay
@@ -20,13 +20,21 @@ controller's replacement follow). Each `sco` command is its own process, as an o
 
 Every --interval seconds the VmRSS of every process the box recorded (summed over its
 process tree: a server started through a wrapper counts whole) and of the agent is read
-from /proc. Per process the report has its VmRSS at the end and its growth over the last
-half of the run: the least-squares slope over the samples of the last half times that
-half's length (a curve that only wanders has ~0; a leak has its rate), held to
+from /proc. Per process the report has its VmRSS at the end (the median of the last 5
+samples) and its growth over the last half of the run: the median slope between every two
+samples of the last half (Theil-Sen) times that half's length (a curve that only wanders
+has ~0; a leak has its rate; a sample that caught a short-lived child moves neither), held to
 max(1 MB, 2 % of its RSS) (issue 33: no growth in the last half hour). The worker and
 the notice relays are also held to their RSS targets (300 MB, 50 MB). The curves are in
 details.curves ([seconds since the first sample, MB]); --record memory_hour=FILE joins
 a run made alone into `make bench`'s report (bench/run_all.py).
+
+With --tracemalloc FRAMES the box's processes run traced (PYTHONTRACEMALLOC, workers/
+memory_trace.py): each armed one is sent SIGUSR2 at the half and at the end, and
+details.tracemalloc has, per process, its traced Python memory at both and the tracebacks
+that grew most between them (what `sco dev memory-diff` prints). Tracing costs memory and
+CPU, so a traced run's RSS figures are reported without their targets: it says where the
+growth is, an untraced run says how much.
 """
 
 from __future__ import annotations
@@ -35,6 +43,8 @@ import argparse
 import itertools
 import os
 import random
+import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -62,21 +72,30 @@ RSS_TARGETS = {"worker-": 300.0, "notice-relay-": 50.0, "agent": 35.0}
 
 
 def growth_mb(curve: list[tuple[float, float]]) -> float | None:
-    """Least-squares slope of (t, MB) over the last half of the run, times its length."""
+    """The slope of (t, MB) over the last half of the run, times its length: the median of
+    the slopes between every two samples (Theil-Sen). A sample that caught a short-lived
+    child in a process tree (the worker's ledger queries run in a child of ~230 MB for a
+    few seconds) moves a least-squares line by megabytes; it moves the median of the
+    pairwise slopes by nothing while such samples are few."""
     if len(curve) < 4:
         return None
     end = curve[-1][0]
     half = [(t, v) for t, v in curve if t >= end / 2]
-    if len(half) < 3:
+    slopes = [
+        (v2 - v1) / (t2 - t1)
+        for i, (t1, v1) in enumerate(half)
+        for t2, v2 in half[i + 1 :]
+        if t2 > t1
+    ]
+    if len(half) < 3 or not slopes:
         return None
-    n = len(half)
-    mt = sum(t for t, _ in half) / n
-    mv = sum(v for _, v in half) / n
-    var = sum((t - mt) ** 2 for t, _ in half)
-    if var == 0:
-        return None
-    slope = sum((t - mt) * (v - mv) for t, v in half) / var
-    return slope * (half[-1][0] - half[0][0])
+    return statistics.median(slopes) * (half[-1][0] - half[0][0])
+
+
+def end_mb(curve: list[tuple[float, float]]) -> float:
+    """The RSS at the end: the median of the last 5 samples, so a sample that caught a
+    short-lived child (see `growth_mb`) is not the figure."""
+    return statistics.median(v for _, v in curve[-5:])
 
 
 def tree_rss(pid: int) -> float | None:
@@ -106,7 +125,8 @@ def box_env(tmp: Path, dsn: str) -> dict[str, str]:
 
 class Churn:
     def __init__(self, env: dict[str, str], log: Path, seed: int = 33) -> None:
-        self.env = {**os.environ, **env}
+        # An operator's commands are not traced, whatever the box is.
+        self.env = {k: v for k, v in {**os.environ, **env}.items() if k != "PYTHONTRACEMALLOC"}
         self.log = log
         self.rng = random.Random(seed)
         self.demand = {c: d for c, (d, _, _) in DEMAND.items()}
@@ -206,7 +226,9 @@ def run(
     env = box_env(tmp, dsn)
     curves: dict[str, list[tuple[float, float]]] = {}
     agent: subprocess.Popen[bytes] | None = None
-    with services.environment(env):
+    traced = {"PYTHONTRACEMALLOC": str(args.tracemalloc)} if args.tracemalloc else {}
+    snapshots: list[dict[str, Path]] = []  # the armed processes' files, at the half and end
+    with services.environment({**env, **traced}):
         box = Box(Settings(), with_workers=True)
         try:
             t_up = time.monotonic()
@@ -221,8 +243,12 @@ def run(
             t0 = time.monotonic()
             end = t0 + args.minutes * 60
             next_sample, next_churn = t0, t0 + args.churn_seconds
+            half_taken = not traced
             while True:
                 now = time.monotonic()
+                if not half_taken and now >= t0 + args.minutes * 30:
+                    snapshots.append(take_snapshots(tmp / "sco" / "diagnostics", 1))
+                    half_taken = True
                 if now >= next_sample:
                     for name, pid in pids.items():
                         if (mb := tree_rss(pid)) is not None:
@@ -239,6 +265,14 @@ def run(
                     churn.step(active_instances(dsn))
                     next_churn = time.monotonic() + args.churn_seconds
                 time.sleep(max(0.0, min(next_sample, next_churn, end) - time.monotonic()))
+            if traced:
+                snapshots.append(take_snapshots(tmp / "sco" / "diagnostics", 2))
+                report.details["tracemalloc"] = compare_snapshots(*snapshots)
+                if args.snapshots_to is not None:  # the files outlive the box's data dir
+                    args.snapshots_to.mkdir(parents=True, exist_ok=True)
+                    for taken in snapshots:
+                        for path in taken.values():
+                            shutil.copy2(path, args.snapshots_to / path.name)
             report.details["churn_commands"] = churn.commands
             report.details["churn_failed"] = churn.failed[:20]
             report.details["active_instances_at_end"] = len(active_instances(dsn))
@@ -257,13 +291,81 @@ def run(
     return curves
 
 
+def take_snapshots(directory: Path, n: int, wait_s: float = 900.0) -> dict[str, Path]:
+    """SIGUSR2 to every armed process (workers/memory_trace.py); its n-th snapshot's path,
+    by the `.armed` file's stem (<service>-<pid>), once written. A traced worker of half an
+    hour takes minutes to write one on a loaded machine: `wait_s` is generous. A process
+    that armed again after the signal (the ledger consumer re-executes itself past
+    `ledger.recycle_rss_mb`, same pid) lost it: it is not waited for."""
+    import signal
+
+    from workers.memory_trace import SUFFIX
+
+    armed = {f.stem: f for f in directory.glob("*.armed")}
+    sent = time.time()
+    for stem in armed:
+        try:
+            os.kill(int(stem.rsplit("-", 1)[1]), signal.SIGUSR2)
+        except ProcessLookupError:
+            continue
+    wanted = {stem: directory / f"{stem}-{n}{SUFFIX}" for stem in armed}
+
+    def rearmed(stem: str) -> bool:
+        try:
+            return armed[stem].stat().st_mtime >= sent
+        except FileNotFoundError:
+            return True  # gone: nothing to wait for
+
+    def waiting() -> list[str]:
+        return [s for s, path in wanted.items() if not path.is_file() and not rearmed(s)]
+
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline and waiting():
+        time.sleep(1)
+    return {stem: p for stem, p in wanted.items() if p.is_file()}
+
+
+def compare_snapshots(half: dict[str, Path], end: dict[str, Path]) -> dict[str, object]:
+    """Per armed process: traced MB at the half and the end, the 8 tracebacks that grew."""
+    from workers import memory_trace
+
+    out: dict[str, object] = {}
+    for stem in sorted(set(half) & set(end)):
+        before, after = memory_trace.load(half[stem]), memory_trace.load(end[stem])
+        out[stem] = {
+            "traced_mb_half": round(memory_trace.total_kb(before) / 1024, 2),
+            "traced_mb_end": round(memory_trace.total_kb(after) / 1024, 2),
+            "grown": [
+                {**g.as_dict(), "frames": list(g.frames[-4:])}
+                for g in memory_trace.growth(before, after, 8)
+            ],
+        }
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--minutes", type=float, default=60.0, help="how long the box runs")
     ap.add_argument("--interval", type=float, default=30.0, help="seconds between samples")
     ap.add_argument("--churn-seconds", type=float, default=60.0, help="seconds between changes")
+    ap.add_argument(
+        "--tracemalloc",
+        type=int,
+        default=0,
+        metavar="FRAMES",
+        help="run the box's processes traced, FRAMES frames (1-64); RSS targets not judged",
+    )
+    ap.add_argument(
+        "--snapshots-to",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="with --tracemalloc: keep the snapshots there (for sco dev memory-diff)",
+    )
     ap.add_argument("--tiny", action="store_true", help="30 s, samples every 5 s (CI smoke)")
     args = ap.parse_args()
+    if not 0 <= args.tracemalloc <= 64:
+        ap.error("--tracemalloc: 1 to 64 frames (0: not traced)")
     if args.tiny:
         args.minutes, args.interval, args.churn_seconds = 0.5, 5.0, 10.0
     if args.minutes <= 0 or args.interval <= 0 or args.churn_seconds <= 0:
@@ -275,26 +377,33 @@ def main() -> int:
             "interval_s": args.interval,
             "churn_seconds": args.churn_seconds,
             "region": REGION,
+            "tracemalloc_frames": args.tracemalloc,
         },
     )
+    if args.tracemalloc:
+        report.notes.append(
+            "traced run (PYTHONTRACEMALLOC): RSS includes the tracer's own; targets not judged"
+        )
     with tempfile.TemporaryDirectory(prefix="sco-memhour-") as tmp:
         curves = run(args, report, Path(tmp))
     report.details["curves"] = curves
     half = f"last {args.minutes / 2:g} min"
     for name in sorted(curves):
         curve = curves[name]
-        end_mb = curve[-1][1]
+        at_end = end_mb(curve)
         target = next((t for p, t in RSS_TARGETS.items() if name.startswith(p)), None)
+        target = None if args.tracemalloc else target
         report.figure(
             f"{name}_rss_end",
-            end_mb,
+            at_end,
             "MB",
-            anchor=f"VmRSS (process tree) at the end of {args.minutes:g} min of box churn",
+            anchor=f"VmRSS (process tree), median of the last 5 samples of {args.minutes:g} min"
+            " of box churn",
             target=target,
             comparator="<=" if target is not None else None,
         )
         grown = growth_mb(curve)
-        anchor = f"least-squares slope x length over the {half}, {len(curve)} samples in all"
+        anchor = f"Theil-Sen slope x length over the {half}, {len(curve)} samples in all"
         if grown is None:
             report.measurement_missing(
                 f"{name}_growth_last_half",
@@ -308,8 +417,8 @@ def main() -> int:
             grown,
             "MB",
             anchor=anchor,
-            target=round(max(1.0, 0.02 * end_mb), 1),
-            comparator="<=",
+            target=None if args.tracemalloc else round(max(1.0, 0.02 * at_end), 1),
+            comparator=None if args.tracemalloc else "<=",
         )
     if not curves:
         report.measurement_missing("rss", "no process was sampled", "MB", anchor="the box")

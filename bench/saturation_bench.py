@@ -350,8 +350,8 @@ def plot(steps: list[Step], out: Path, name: str = "saturation.png", workers: in
     ax1.set_ylabel("achieved per minute")
     ax1.set_title(f"{workers} region worker(s): offered vs achieved")
     ax1.legend()
-    for name in steps[0].cpu_pct if steps else []:
-        ax2.plot(x, [s.cpu_pct.get(name, 0.0) for s in steps], "o-", label=name)
+    for process in steps[0].cpu_pct if steps else []:
+        ax2.plot(x, [s.cpu_pct.get(process, 0.0) for s in steps], "o-", label=process)
     ax2.set_xlabel("offered acquisitions/min")
     ax2.set_ylabel("CPU % of one core")
     ax2.set_title(f"CPU per process (load {os.getloadavg()[0]:.0f}, {os.cpu_count()} CPUs)")

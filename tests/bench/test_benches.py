@@ -193,7 +193,7 @@ def test_the_test_cloud_benches_find_the_cloud_where_the_check_did(
 
 
 def test_memory_growth_is_the_last_half_slope_times_its_length() -> None:
-    from bench.memory_hour_bench import growth_mb
+    from bench.memory_hour_bench import end_mb, growth_mb
 
     flat = [(t * 30.0, 50.0 + (0.3 if t % 2 else -0.3)) for t in range(40)]
     grown = growth_mb(flat)
@@ -204,6 +204,11 @@ def test_memory_growth_is_the_last_half_slope_times_its_length() -> None:
     leak = [(t * 60.0, 50.0 + 0.5 * t) for t in range(21)]  # 0.5 MB/min for 20 min
     assert growth_mb(leak) == pytest.approx(5.0)
     assert growth_mb(leak[:3]) is None  # too few samples to say
+    # Samples that caught the worker's ledger child (~230 MB for seconds), one of them the
+    # last: a least-squares line said 25.9 MB; the growth is still 5.
+    spiked = [(t, v + 230.0 if i in (11, 20) else v) for i, (t, v) in enumerate(leak)]
+    assert growth_mb(spiked) == pytest.approx(5.0)
+    assert end_mb(spiked) == pytest.approx(59.0)  # the last 5 samples' median, no spike
 
 
 def test_an_overrun_bench_is_interrupted_and_its_clean_up_runs(tmp_path: Path) -> None:
