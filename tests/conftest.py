@@ -21,12 +21,10 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
-from activities.fleet.db import open_pool
-from activities.fleet.migrate import migrate
 from activities.fleet.repository import FleetRepository
 from contracts.region import Region, load_region
-from tests.support import parallel, services, tools
-from tests.support.paths import BASE_DSN, REGIONS_DIR
+from tests.support import fleet_db, parallel, services, tools
+from tests.support.paths import REGIONS_DIR
 from workers.devbox import process
 from workers.devbox.services import KafkaService
 from workers.settings import Settings
@@ -112,19 +110,14 @@ def region_r1() -> Region:
 @pytest.fixture(scope="session")
 def pg_dsn() -> Iterator[str]:
     """A migrated scratch database on the machine's PostgreSQL."""
-    dsn = services.scratch_database(BASE_DSN)
-    migrate(dsn)
-    yield dsn
-    services.drop_database(dsn)
+    with fleet_db.migrated_scratch_database() as dsn:
+        yield dsn
 
 
 @pytest.fixture(scope="session")
 def fleet_repo(pg_dsn: str, region_r1: Region) -> Iterator[FleetRepository]:
-    pool = open_pool(pg_dsn, max_size=8)
-    repo = FleetRepository(pool)
-    repo.sync_pools(region_r1)
-    yield repo
-    pool.close()
+    with fleet_db.fleet_repository(pg_dsn, region_r1, max_size=8) as repo:
+        yield repo
 
 
 @pytest.fixture(scope="session")

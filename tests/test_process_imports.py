@@ -298,3 +298,13 @@ def test_a_nats_connect_loads_no_contract_models() -> None:
         sorted({"contracts.bundle", "contracts.model", "workers.nats_permissions"} & set(reached))
         == []
     )
+
+
+@pytest.mark.timeout(150)
+def test_a_simulator_client_does_not_load_the_simulated_cloud() -> None:
+    """The box's relays, worker and CLI reach the simulated cloud through `SimulatorClient`
+    (what `open_provider` loads for `provider.kind = simulator`): the cloud's own code
+    (~0.6 MB in each of them) is the simulator process's only."""
+    modules = _modules("import workers.provider_factory, activities.provider.sim_service\n")
+    assert "activities.provider.sim_service" in modules
+    assert "activities.provider.simulator" not in modules

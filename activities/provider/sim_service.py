@@ -15,7 +15,7 @@ import asyncio
 import json
 import logging
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import nats
 from nats.aio.client import Client as NATS
@@ -30,7 +30,9 @@ from activities.provider.interface import (
     Reservation,
     ReservationRequest,
 )
-from activities.provider.simulator import SimulatedCloud
+
+if TYPE_CHECKING:  # the server side only: a client (relay, worker, CLI) never loads the cloud
+    from activities.provider.simulator import SimulatedCloud
 
 log = logging.getLogger(__name__)
 

@@ -9,13 +9,16 @@ import threading
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Iterator
 
 import psycopg
+import pytest
 
 from activities.events import CapacityType, EventKind, lifecycle_topic
 from activities.fleet.repository import FleetRepository, InstanceSpec
 from contracts.region import Region
 from services.outbox_relay.relay import OutboxRelay
+from tests.support import fleet_db
 from tests.support.kafka_read import read_topic
 from tests.support.wait import eventually
 from workers.devbox.process import ProcessRecord
@@ -29,14 +32,17 @@ def write_changes(
     region: Region,
     prefix: str,
     instances: int,
-    on_progress: threading.Event,
-    halfway: int,
+    written: list[int],
+    stop: threading.Event,
 ) -> list[str]:
-    """`instances` x 5 state changes, interleaved across instances like a real fleet."""
+    """`instances` x 5 state changes, interleaved across instances like a real fleet;
+    `written[0]` counts the events written, and `stop` ends the writing early (a failed
+    test must not leave it writing into the module's database under the next test)."""
     ids = [f"{prefix}-{n:05d}" for n in range(instances)]
     pools = region.pool_ids()
-    written = 0
     for n, iid in enumerate(ids):
+        if stop.is_set():
+            return ids
         repo.record_acquire(
             InstanceSpec(
                 instance_id=iid,
@@ -47,14 +53,26 @@ def write_changes(
                 tier=3,
             )
         )
-    written += len(ids)
+        written[0] += 1
     for kind in LIFECYCLE:
         for iid in ids:
+            if stop.is_set():
+                return ids
             repo.record_event(iid, kind)
-            written += 1
-            if written == halfway:
-                on_progress.set()
+            written[0] += 1
     return ids
+
+
+@pytest.fixture(scope="module")
+def outbox_db(region_r1: Region) -> Iterator[tuple[str, FleetRepository]]:
+    """A database of the module's own, and a repository on it: its 10,000 lifecycle events
+    (2,000 NOTICEs across r1's pools) would otherwise count in every later test's pool
+    state on this worker (the exclusion safety net reads NOTICEs from the outbox)."""
+    with (
+        fleet_db.migrated_scratch_database() as dsn,
+        fleet_db.fleet_repository(dsn, region_r1, max_size=4) as repo,
+    ):
+        yield dsn, repo
 
 
 def unsent(dsn: str) -> int:
@@ -63,47 +81,50 @@ def unsent(dsn: str) -> int:
     return int(row[0]) if row else -1
 
 
+# 10,000 writes, an outage and the backlog read back: ~50 s on a quiet machine, over
+# 120 s for the first half alone beside the suite and two CPU hogs (`make test-under-load`).
+@pytest.mark.timeout(900)
 def test_ten_thousand_changes_survive_a_broker_outage(
-    fleet_repo: FleetRepository,
+    outbox_db: tuple[str, FleetRepository],
     region_r1: Region,
-    pg_dsn: str,
     kafka_bootstrap: str,
     tansu: ProcessRecord,
 ) -> None:
+    outbox_dsn, outbox_repo = outbox_db
     prefix = f"ob-{uuid.uuid4().hex[:8]}"
     instances = 2000  # x 5 changes each = 10,000 events
     stop = threading.Event()
-    relay = OutboxRelay(pg_dsn, kafka_bootstrap, batch_size=1000, idle_poll_seconds=0.05)
+    relay = OutboxRelay(outbox_dsn, kafka_bootstrap, batch_size=1000, idle_poll_seconds=0.05)
     relay_thread = threading.Thread(target=relay.run, args=(stop,), daemon=True)
     relay_thread.start()
 
-    halfway = threading.Event()
-    writer_result: list[list[str]] = []
+    written = [0]
+    stop_writing = threading.Event()
     writer = threading.Thread(
-        target=lambda: writer_result.append(
-            write_changes(fleet_repo, region_r1, prefix, instances, halfway, 5000)
-        )
+        target=write_changes,
+        args=(outbox_repo, region_r1, prefix, instances, written, stop_writing),
     )
     writer.start()
     try:
-        assert halfway.wait(120), "writer never reached the midpoint"
+        eventually(lambda: written[0] >= 5000, timeout=300, what="half the changes written")
         os.kill(tansu.pid, signal.SIGSTOP)  # broker unreachable: tansu is memory-only
         try:
-            writer.join(120)
-            assert not writer.is_alive()
+            eventually(lambda: not writer.is_alive(), timeout=300, what="every change written")
             # sleep is the behaviour under test: the broker stays unreachable while it relays
             time.sleep(3)
-            backlog_during_outage = unsent(pg_dsn)
+            backlog_during_outage = unsent(outbox_dsn)
         finally:
             os.kill(tansu.pid, signal.SIGCONT)
         assert backlog_during_outage > 0, "the outage should have held events back"
-        eventually(lambda: unsent(pg_dsn) == 0, timeout=120, what="the outbox backlog sent")
-        assert unsent(pg_dsn) == 0
+        eventually(lambda: unsent(outbox_dsn) == 0, timeout=120, what="the outbox backlog sent")
+        assert unsent(outbox_dsn) == 0
     finally:
+        stop_writing.set()
+        writer.join(30)
         stop.set()
         relay_thread.join(30)
 
-    with psycopg.connect(pg_dsn) as conn:
+    with psycopg.connect(outbox_dsn) as conn:
         committed = {
             str(r[0])
             for r in conn.execute(
@@ -133,10 +154,11 @@ def test_ten_thousand_changes_survive_a_broker_outage(
 
 
 def test_pruning_removes_only_sent_rows_past_retention(
-    fleet_repo: FleetRepository, region_r1: Region, pg_dsn: str, kafka_bootstrap: str
+    outbox_db: tuple[str, FleetRepository], region_r1: Region, kafka_bootstrap: str
 ) -> None:
-    relay = OutboxRelay(pg_dsn, kafka_bootstrap, retention_hours=0)
-    with psycopg.connect(pg_dsn) as conn:
+    outbox_dsn, outbox_repo = outbox_db
+    relay = OutboxRelay(outbox_dsn, kafka_bootstrap, retention_hours=0)
+    with psycopg.connect(outbox_dsn) as conn:
         while relay.publish_batch(conn):
             pass
         sent_before = conn.execute(
@@ -144,7 +166,7 @@ def test_pruning_removes_only_sent_rows_past_retention(
         ).fetchone()
         conn.commit()
         prefix = f"pr-{uuid.uuid4().hex[:8]}"
-        fleet_repo.record_acquire(
+        outbox_repo.record_acquire(
             InstanceSpec(
                 instance_id=prefix,
                 region="r1",
