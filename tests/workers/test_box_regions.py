@@ -131,7 +131,7 @@ def _until(s: Settings, what: str, probe: Callable[[], T | None], timeout: float
         pytest.fail(f"{exc}\n{_logs(s)}")
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(330)  # above its waits: 3 x 30 s of scraping, 3 x 60 s of the chain
 def test_each_region_has_its_own_processes_and_a_hall_lost_in_r2_shows_in_the_global_query(
     estate_box: Settings,
 ) -> None:
@@ -158,6 +158,21 @@ def test_each_region_has_its_own_processes_and_a_hall_lost_in_r2_shows_in_the_gl
         assert ports and all(first <= p < first + REGION_PORT_STRIDE for p in ports), ports
 
     _sco("hall", "lost", "r2", "B", "--by", "test", "--reason", "estate test")
+    # Stage by stage (keeper, r2's worker metric through r2's Prometheus, the global
+    # federation), each with its own wait: under CI's load one 60-s wait for the end of the
+    # chain ran out once and did not say which stage had not moved.
+    _until(
+        s,
+        "r2's floor keeper to hold hall B as lost",
+        lambda: any(f.lost_halls == ["B"] for f in read_region(s, "r2").floors) or None,
+        timeout=60,
+    )
+    _until(
+        s,
+        "r2's Prometheus to record the loss",
+        lambda: _query(s.prometheus.port + 1, "sco:floor_lost_halls:max > 0") or None,
+        timeout=60,
+    )
     lost = _until(
         s,
         "the global query to see r2's hall loss",
