@@ -9,6 +9,10 @@ imported), then waits; its VmRSS and RssAnon are read from /proc (bench/procstat
 is the floor of each process's footprint: what it holds before its first connection, and
 most of what a quiet one holds (the agent bench reads a connected agent's idle RSS).
 
+The agent is measured twice: as the box runs it (`python -m agent`, this venv's Python),
+and as its package ships it (`agent_deb_start_rss`: the .deb built for this host's Debian
+release, loaded by the release's own `/usr/bin/python3 -I`; no row on a host without one).
+
 Targets (issue 33, on the box): each notice relay <= 50 MB, the node agent <= 35 MB, the
 region worker <= 300 MB (its start is far below; its working set grows with workflows).
 With --baseline, the same processes of another checkout (its own venv's python, or this
@@ -19,9 +23,11 @@ machine. Prints one JSON report (bench/report.py).
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -68,10 +74,13 @@ def loader(how: str) -> str:
     return _GUARD + load + f"from services.registry import service\nservice({name!r}).load()\n"
 
 
-def measure(python: str, root: Path, how: str) -> dict[str, float]:
-    """VmRSS/RssAnon (MB) of a fresh interpreter of `root` that loaded process `how`."""
+def measure(
+    python: str, root: Path, how: str, *, flags: tuple[str, ...] = (), prelude: str = ""
+) -> dict[str, float]:
+    """VmRSS/RssAnon (MB) of a fresh interpreter of `root` that loaded process `how`
+    (`flags` for the interpreter, `prelude` run before the loading)."""
     proc = subprocess.Popen(
-        [python, "-c", loader(how) + _WAIT],
+        [python, *flags, "-c", prelude + loader(how) + _WAIT],
         cwd=root,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
@@ -89,6 +98,62 @@ def measure(python: str, root: Path, how: str) -> dict[str, float]:
         if proc.stdin is not None:
             proc.stdin.close()
         proc.wait(timeout=30)
+
+
+#: The Debian release whose own python3 the agent's package is built for (build-deb.sh).
+DEB_TARGETS = {"3.11": "debian12", "3.13": "debian13"}
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+def shipped_agent(runs: int, report: Report) -> None:
+    """The node agent as its package runs it: deploy/agent/build-deb.sh's .deb for this
+    host's release, unpacked and byte-compiled as its postinst does, loaded by the
+    release's own `python3 -I` (the launcher's interpreter; not the venv's, whose libpython
+    and site-packages differ). No row where the host has no such python3 or no dpkg-deb:
+    that host cannot run the package; a failed build is a failed measurement."""
+    name, target = "agent_deb_start_rss", PROCESSES["agent"][1]
+    anchor = f"VmRSS of {SYSTEM_PYTHON} -I that loaded the .deb's agent as sco-agent does"
+    if not Path(SYSTEM_PYTHON).exists() or shutil.which("dpkg-deb") is None:
+        report.notes.append(f"{name}: no {SYSTEM_PYTHON} or dpkg-deb here, not measured")
+        return
+    version = subprocess.run(
+        [SYSTEM_PYTHON, "-I", "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    if (release := DEB_TARGETS.get(version)) is None:
+        report.notes.append(f"{name}: no package target for python3 {version}, not measured")
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        out = subprocess.run(
+            [str(ROOT / "deploy" / "agent" / "build-deb.sh"), "--target", release, "--out", tmp],
+            capture_output=True,
+            text=True,
+            timeout=900,
+            check=False,
+        )
+        if out.returncode != 0:
+            last = (out.stderr.strip().splitlines() or ["no output"])[-1]
+            report.measurement_missing(name, f"build-deb.sh: {last}"[:300], "MB", anchor=anchor)
+            return
+        (deb,) = Path(tmp).glob("sco-agent_*.deb")
+        subprocess.run(["dpkg-deb", "-x", str(deb), f"{tmp}/root"], check=True)
+        lib = f"{tmp}/root/usr/lib/sco-agent"
+        subprocess.run([SYSTEM_PYTHON, "-m", "compileall", "-q", "-j", "0", lib], check=True)
+        prelude = f"import sys\nsys.path.insert(0, {lib!r})\n"  # as /usr/bin/sco-agent does
+        measured = [
+            measure(SYSTEM_PYTHON, Path(tmp), "agent", flags=("-I",), prelude=prelude)
+            for _ in range(runs)
+        ]
+    report.figure(
+        name,
+        statistics.median(r["VmRSS"] for r in measured),
+        "MB",
+        anchor=f"{anchor} ({release}, python3 {version}); median of {runs}",
+        target=target,
+        comparator="<=",
+    )
 
 
 def python_of(root: Path) -> str:
@@ -135,6 +200,7 @@ def main() -> int:
                 "MB",
                 anchor=f"{anchor}; {args.baseline}, median of {args.runs}",
             )
+    shipped_agent(args.runs, report)
     return report.emit()
 
 
