@@ -109,7 +109,11 @@ class Box:
         """Bring every service up; idempotent. Interrupted or failed: undo this run's starts."""
         result: list[ServiceStatus] = []
         services = self.services()
-        with self.state_file.locked() as state, _sigterm_as_interrupt() as interrupts:
+        with (
+            self.state_file.locked() as state,
+            process.spawning() as spawned,
+            _sigterm_as_interrupt(spawned) as interrupts,
+        ):
             if state.processes and state.profile != self.profile:
                 raise DevboxError(f"the box runs the {state.profile} profile; `sco dev down` first")
             state.profile = self.profile
@@ -139,9 +143,16 @@ class Box:
                         ServiceStatus(svc.name, mode, svc.address, True, detail, pid, svc.transport)
                     )
             except BaseException:
+                stopped = []
                 for name in reversed(started):
                     self._step(name, "stopping (up did not finish)")
-                    process.stop(state.processes.pop(name))
+                    stopped.append(state.processes.pop(name))
+                    process.stop(stopped[-1])
+                # Spawned by a start that did not return (interrupted or failed in its wait)
+                for rec in reversed(spawned.records):
+                    if rec not in stopped:
+                        self._step(Path(rec.argv[0]).name, "stopping (its start did not finish)")
+                        process.stop(rec)
                 raise
         return result
 
@@ -339,12 +350,14 @@ class _Interrupts:
     """Ctrl-C or SIGTERM during `up`: raised at once, and remembered, so a step that
     swallowed it (a probe's asyncio.run under a timeout can) is still stopped after."""
 
-    def __init__(self) -> None:
+    def __init__(self, spawned: process.Spawned) -> None:
         self.seen = False
+        self._spawned = spawned
 
     def handler(self, _sig: int, _frame: FrameType | None) -> None:
         self.seen = True
-        raise KeyboardInterrupt
+        if self._spawned.interrupt_now():  # else raised once the new process is recorded
+            raise KeyboardInterrupt
 
     def check(self) -> None:
         if self.seen:
@@ -352,11 +365,11 @@ class _Interrupts:
 
 
 @contextmanager
-def _sigterm_as_interrupt() -> Iterator[_Interrupts]:
+def _sigterm_as_interrupt(spawned: process.Spawned) -> Iterator[_Interrupts]:
     """A SIGTERM or SIGINT during `up` unwinds like Ctrl-C, so partial starts are undone.
     Our own SIGINT handler also keeps asyncio.run from turning Ctrl-C into a cancellation
     that a step could swallow."""
-    interrupts = _Interrupts()
+    interrupts = _Interrupts(spawned)
     previous = {
         sig: signal.signal(sig, interrupts.handler) for sig in (signal.SIGTERM, signal.SIGINT)
     }

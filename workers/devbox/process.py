@@ -12,7 +12,8 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextvars import ContextVar
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -55,6 +56,51 @@ def require_binary(service: str, path: Path | str | None, hint: str) -> str:
     return str(path)
 
 
+class Spawned:
+    """Every process `start` spawns inside `spawning()`, recorded the moment it exists. A
+    service's start spawns, then waits for it to answer: a Ctrl-C or a failure in that
+    wait used to leave a process nobody had recorded (an orphaned Kafka broker after an
+    interrupted `sco dev up`). The caller stops what is here on unwind."""
+
+    def __init__(self) -> None:
+        self.records: list[ProcessRecord] = []
+        self._holding = False
+        self._held = False
+
+    def interrupt_now(self) -> bool:
+        """For a SIGINT/SIGTERM handler: False from the fork until the process is recorded
+        (`start` raises the held KeyboardInterrupt right after)."""
+        if self._holding:
+            self._held = True
+            return False
+        return True
+
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[list[ProcessRecord]]:
+        self._holding = True
+        try:
+            yield self.records
+        finally:
+            self._holding = False
+            held, self._held = self._held, False
+        if held:
+            raise KeyboardInterrupt
+
+
+_SPAWNED: ContextVar[Spawned | None] = ContextVar("_SPAWNED", default=None)
+
+
+@contextlib.contextmanager
+def spawning() -> Iterator[Spawned]:
+    """Record every process `start` spawns in the block (see Spawned)."""
+    spawned = Spawned()
+    token = _SPAWNED.set(spawned)
+    try:
+        yield spawned
+    finally:
+        _SPAWNED.reset(token)
+
+
 def start(
     argv: Sequence[str],
     log_path: Path,
@@ -65,19 +111,26 @@ def start(
 ) -> ProcessRecord:
     """Start a detached process (own session, so a terminal's Ctrl-C does not reach it)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(
-            list(argv),
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            env={**os.environ, **(env or {})},
-            user=user,
-        )
-    return ProcessRecord(
-        pid=proc.pid, argv=list(argv), log=str(log_path), started_at=time.time(), title=title
+    spawned = _SPAWNED.get()
+    recording: contextlib.AbstractContextManager[list[ProcessRecord]] = (
+        spawned.recording() if spawned else contextlib.nullcontext([])
     )
+    with recording as records:
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env={**os.environ, **(env or {})},
+                user=user,
+            )
+        record = ProcessRecord(
+            pid=proc.pid, argv=list(argv), log=str(log_path), started_at=time.time(), title=title
+        )
+        records.append(record)
+    return record
 
 
 def alive(record: ProcessRecord) -> bool:
