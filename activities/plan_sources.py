@@ -11,8 +11,7 @@ import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 
-from contracts.bundle import VerifiedBundle
-from contracts.cache import installed_bundle
+from contracts.bundle import VerifiedBundle, installed_bundle
 from contracts.region import Region, RegionFileError, load_region
 
 

@@ -13,9 +13,9 @@ from agent.clock import kernel_sync
 from agent.config import AgentConfig, ConfigError, load_config
 from agent.firstbundle import fetch_first_sync
 from agent.pinned import load_pinned
-from contracts.bundle import VerifiedBundle
 from contracts.cache import BundleCache
 from contracts.keys import KeyFileError, TrustStore
+from contracts.node_bundle import NodeVerifiedBundle
 from contracts.notice_signing import notice_trust
 
 
@@ -114,7 +114,7 @@ def _bundle(config: AgentConfig) -> list[Line]:
     return out
 
 
-def _notice_keys(config: AgentConfig, bundle: VerifiedBundle | None) -> Line:
+def _notice_keys(config: AgentConfig, bundle: NodeVerifiedBundle | None) -> Line:
     """Can this node verify a genuine notice: the bundle's keys (while young enough) and
     the keys pinned in the install."""
     pinned, _, problem = load_pinned(config)

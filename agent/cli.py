@@ -41,7 +41,6 @@ class _VersionAction(argparse.Action):
 def main(argv: list[str] | None = None) -> int:
     # Before the daemon's modules import nats (contracts/lean_imports.py): ~10 MB of
     # aiohttp the agent never uses.
-    # And before agent.config builds the first pydantic model (pydantic's plugin loader).
     no_websockets_for_nats()
     from agent.config import DEFAULT_PATH, ConfigError, load_config
     from agent.daemon import Agent, TimeSyncRefused, run_until_signalled

@@ -32,12 +32,12 @@ from agent.scheduler.none import NoScheduler
 from agent.scheduler.slurm import SlurmScheduler
 from agent.sources.metadata import MetadataFileSource
 from agent.sources.nats import NatsNoticeSource
-from contracts.bundle import VerifiedBundle
 from contracts.cache import BundleCache
 from contracts.cert_renewal import follow_files
 from contracts.distribution import bucket_for
 from contracts.holders import HoldingReporter
 from contracts.keys import KeyFileError, TrustStore
+from contracts.node_bundle import NodeBundle, NodeVerifiedBundle
 from contracts.notice import NoticePolicy
 from contracts.notice_signing import Accepted, NodeIdentity, Refusal, RefusalReason, check
 
@@ -74,7 +74,7 @@ def make_scheduler(config: AgentConfig) -> NodeScheduler:
     return NoScheduler(config.socket_dir, dry_run=config.dry_run)
 
 
-def make_bundle_cache(config: AgentConfig) -> tuple[BundleCache, str]:
+def make_bundle_cache(config: AgentConfig) -> tuple[BundleCache[NodeBundle], str]:
     """The node's bundle cache, and why it can trust nothing ("" when it can)."""
     try:
         return BundleCache(config.cache_dir, TrustStore.load(config.trust_dir)), ""
@@ -169,7 +169,7 @@ class Agent:
         if problem:
             log.error("%s", problem)
 
-    def notice_bundle(self) -> VerifiedBundle | None:
+    def notice_bundle(self) -> NodeVerifiedBundle | None:
         """The bundle held, if it may still vouch for notice keys: past
         `bundle_max_age_hours` it may not (a loud alert, once per serial, and a metric)."""
         verified = self.bundles.current()
@@ -296,7 +296,7 @@ class Agent:
             finally:
                 self.queue.task_done()
 
-    def _bundle(self) -> VerifiedBundle | None:
+    def _bundle(self) -> NodeVerifiedBundle | None:
         verified = self.bundles.current()
         if verified is None:
             log.critical(
@@ -390,7 +390,7 @@ class Agent:
         if not self.config.nats_urls or self._no_trust:
             return  # nothing to fetch from, or nothing it sent could be trusted
 
-        def changed(bundle: VerifiedBundle) -> None:
+        def changed(bundle: NodeVerifiedBundle) -> None:
             sdnotify.notify(f"STATUS=watching for reclaim notices (bundle serial {bundle.serial})")
 
         # The serial this node holds, for `sco contracts status` (its own key only).
@@ -490,7 +490,7 @@ class Agent:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=self.config.clock_check_seconds)
 
-    async def _first_bundle(self) -> VerifiedBundle | None:
+    async def _first_bundle(self) -> NodeVerifiedBundle | None:
         """A fresh node fetches its first bundle before it serves (bounded); without one
         it still serves, draining conservatively, and says so."""
         verified = self.bundles.current()

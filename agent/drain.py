@@ -34,9 +34,9 @@ from agent.checkpoint.peer import PeerRefused
 from agent.checkpoint.protocol import ProtocolError, Request
 from agent.notices import Notice
 from agent.scheduler import NodeScheduler, SchedulerError, Workload
-from contracts.bundle import BundleContent
+from contracts.drain_terms import DrainAction, EarlyWarningAction
 from contracts.matching import match_contract
-from contracts.model import DrainAction, EarlyWarningAction
+from contracts.node_bundle import NodeBundle
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +116,7 @@ class DrainEngine:
     def _report(
         self,
         notice: Notice,
-        bundle: BundleContent | None,
+        bundle: NodeBundle | None,
         serial: int | None,
         *,
         early: bool = False,
@@ -134,7 +134,7 @@ class DrainEngine:
         )
 
     async def early(
-        self, notice: Notice, bundle: BundleContent | None, serial: int | None
+        self, notice: Notice, bundle: NodeBundle | None, serial: int | None
     ) -> DrainReport:
         """An early warning: the node stays usable, only workloads whose contract opts in
         (`drain.early_warning`) act now. `checkpoint`: a checkpoint saved now and the job
@@ -216,7 +216,7 @@ class DrainEngine:
             outcome.detail = f"{type(exc).__name__}: {exc}"
 
     async def drain(
-        self, notice: Notice, bundle: BundleContent | None, serial: int | None
+        self, notice: Notice, bundle: NodeBundle | None, serial: int | None
     ) -> DrainReport:
         start = time.monotonic()
 
@@ -251,7 +251,7 @@ class DrainEngine:
         return report
 
     def _plan(
-        self, workload: Workload, bundle: BundleContent | None
+        self, workload: Workload, bundle: NodeBundle | None
     ) -> tuple[WorkloadOutcome, Workload, int]:
         if bundle is None:
             outcome = WorkloadOutcome(workload.id, None, DEFAULT_ACTION.value)

@@ -17,6 +17,7 @@ from agent.config import AgentConfig
 from agent.natslink import nats_options
 from contracts.cache import BundleCache
 from contracts.distribution import NatsBundleSource
+from contracts.node_bundle import NodeBundle
 
 #: How long a start waits for the first bundle (connect 5 s + download 10 s per server).
 FIRST_FETCH_SECONDS = 20.0
@@ -47,7 +48,7 @@ class FirstFetch:
 
 
 async def fetch_first(
-    cache: BundleCache, config: AgentConfig, seconds: float = FIRST_FETCH_SECONDS
+    cache: BundleCache[NodeBundle], config: AgentConfig, seconds: float = FIRST_FETCH_SECONDS
 ) -> FirstFetch:
     """Offer the distributor's bundle to `cache`, bounded by `seconds`; never raises."""
     if not config.nats_urls:
@@ -75,5 +76,5 @@ async def fetch_first(
     )
 
 
-def fetch_first_sync(cache: BundleCache, config: AgentConfig) -> FirstFetch:
+def fetch_first_sync(cache: BundleCache[NodeBundle], config: AgentConfig) -> FirstFetch:
     return asyncio.run(fetch_first(cache, config))

@@ -47,9 +47,9 @@ from agent.scheduler.slurm import SlurmScheduler
 from agent.sources.nats import NatsNoticeSource
 from bench import needs, procstat
 from bench.report import Report
-from contracts.bundle import BundleContent
 from contracts.cache import BundleCache
 from contracts.keys import TrustStore
+from contracts.node_bundle import NodeBundle
 from contracts.notice import ReclaimNotice, notice_stream
 from contracts.notice_signing import Accepted, NodeIdentity, check, sign
 from tests.support.agent_fakes import RecordingScheduler, agent_config, notice_key, signed_bundle
@@ -79,7 +79,7 @@ def bench_notice(region: str, i: int) -> ReclaimNotice:
     )
 
 
-def verify_cost(report: Report, n: int, region: str, content: BundleContent, tmp: Path) -> None:
+def verify_cost(report: Report, n: int, region: str, content: NodeBundle, tmp: Path) -> None:
     """Sign and check `n` notices in-process: microseconds per notice."""
     key = notice_key(tmp)
     notices = [bench_notice(region, i) for i in range(n)]

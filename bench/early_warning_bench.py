@@ -74,7 +74,8 @@ from contracts import bundle, keys
 from contracts.cache import BundleCache
 from contracts.keys import TrustStore
 from contracts.model import EarlyWarningAction
-from contracts.notice import NoticePolicy, ReclaimRequest, notice_stream
+from contracts.notice import NoticePolicy, notice_stream
+from contracts.reclaim import ReclaimRequest
 from contracts.region import Region, load_region
 from contracts.source import read_contracts
 from services.notice_relay.relay import NoticeRelay

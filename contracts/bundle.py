@@ -14,33 +14,49 @@ from and who signed it; absent (and not in the bytes) for bundles compiled from 
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Literal
+from pathlib import Path
+from typing import Annotated, Any, Literal
 
 from nacl.signing import SigningKey
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    PlainValidator,
+    ValidationError,
+)
 
-from contracts.bounded import MAX_BUNDLE_BYTES, InputRejected, loads
+from contracts import signed_bundle
+from contracts.cache import BundleCache
 from contracts.canonical import canonical_json as canonical_json
 from contracts.canonical import signed_envelope as signed_envelope
-from contracts.keys import SignatureRefused, TrustStore
+from contracts.keys import KeyFileError, TrustStore
 from contracts.model import Contract
+from contracts.node_bundle import NodeBundle, parse_node_content
 from contracts.notice import NoticePolicy
+from contracts.records import RecordError
+from contracts.signed_bundle import FORMAT as FORMAT
+from contracts.signed_bundle import MAX_SERIAL as MAX_SERIAL
+from contracts.signed_bundle import BundleRejected as BundleRejected
 
-FORMAT: Literal[1] = 1
-#: The highest serial a bundle may carry (2**53: exact in every JSON reader). With the
-#: bounded step of the cache (contracts/cache.py) no bundle can lock out the ones after it.
-MAX_SERIAL = 2**53
-#: The canonical envelope, matched on the raw bytes: the signature is checked over the
-#: signed content's own bytes before any JSON parser sees them.
-_ENVELOPE = re.compile(
-    rb'\{"content":(?P<content>.*),"key_id":"(?P<kid>[0-9a-f]{16})",'
-    rb'"signature":"(?P<sig>[0-9a-f]{128})"\}',
-    re.DOTALL,
-)
+
+def _policy(value: object) -> NoticePolicy:
+    if isinstance(value, NoticePolicy):
+        return value
+    try:
+        return NoticePolicy.from_json(value, "")
+    except RecordError as exc:
+        raise ValueError(str(exc)) from None
+
+
+#: A notice policy in a pydantic model: checked and written by the record's own code.
+PolicyField = Annotated[
+    NoticePolicy, PlainValidator(_policy), PlainSerializer(lambda p: p.to_json())
+]
 
 
 class BundleSource(BaseModel):
@@ -64,7 +80,7 @@ class BundleContent(BaseModel):
     created_at: AwareDatetime
     regions: list[str]
     contracts: list[Contract]
-    notice_policies: list[NoticePolicy] = []
+    notice_policies: list[PolicyField] = []
     source: BundleSource | None = None
 
     def notice_policy(self, region: str) -> NoticePolicy | None:
@@ -73,9 +89,12 @@ class BundleContent(BaseModel):
     def contract(self, name: str) -> Contract | None:
         return next((c for c in self.contracts if c.name == name), None)
 
-
-class BundleRejected(ValueError):
-    """The bundle must not be used; the message says why."""
+    def as_node(self) -> NodeBundle:
+        """This content as a node reads it from the signed bytes (contracts/node_bundle.py)."""
+        doc = self.model_dump(mode="json")
+        if doc["source"] is None:
+            del doc["source"]
+        return parse_node_content(doc)
 
 
 def build(
@@ -104,19 +123,22 @@ def build(
     return signed_envelope("content", content_json, key)
 
 
-@dataclass(frozen=True)
-class VerifiedBundle:
-    content: BundleContent
-    key_id: str
-    raw: bytes
-    stale: bool  # older than the verifier's max age: still usable for drains, reported
+#: A bundle whose content the control plane validated (every contract rule).
+VerifiedBundle = signed_bundle.VerifiedBundle[BundleContent]
 
-    @property
-    def serial(self) -> int:
-        return self.content.serial
 
-    def age(self, now: datetime) -> timedelta:
-        return now - self.content.created_at
+def parse_content(doc: dict[str, Any]) -> BundleContent:
+    """Signed content as the control plane reads it: every rule of the contract model."""
+    try:
+        # strict=False: JSON has strings where the models hold enums; the content is signed.
+        return BundleContent.model_validate(doc, strict=False)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "-"
+        raise BundleRejected(
+            f"signed content does not match the bundle format: {where}: {first['msg']} "
+            f"({exc.error_count()} error(s))"
+        ) from None
 
 
 def verify(
@@ -126,41 +148,25 @@ def verify(
     now: datetime | None = None,
     max_age: timedelta = timedelta(hours=24),
 ) -> VerifiedBundle:
-    """Check size, form, key and signature, in that order and before any JSON parse; then
-    parse the signed content (bounded) and check it. BundleRejected with the reason."""
-    if len(raw) > MAX_BUNDLE_BYTES:
-        raise BundleRejected(f"not a bundle: {len(raw)} bytes (at most {MAX_BUNDLE_BYTES})")
-    envelope = _ENVELOPE.fullmatch(raw)
-    if envelope is None:
-        raise BundleRejected(
-            "not a bundle: expected canonical JSON with content, key_id and signature"
+    """`raw` opened (size, form, key, signature, canonical; contracts/signed_bundle.py) and
+    its content validated as BundleContent. BundleRejected with the reason."""
+    return signed_bundle.verify_as(raw, trust, parse_content, now=now, max_age=max_age)
+
+
+def installed_bundle(cache_dir: Path, trust_dir: Path) -> tuple[VerifiedBundle | None, str]:
+    """The bundle installed in `cache_dir`, verified against `trust_dir`, or None and why.
+
+    What the control plane plans from and the CLI checks against; nodes use the cache
+    directly.
+    """
+    try:
+        trust = TrustStore.load(trust_dir)
+    except KeyFileError as exc:
+        return None, f"contract trust: {exc}"
+    bundle = BundleCache(cache_dir, trust, parse=parse_content).current()
+    if bundle is None:
+        return None, (
+            f"no valid contract bundle in {cache_dir} "
+            "(install one with `sco contracts install BUNDLE`)"
         )
-    kid = envelope["kid"].decode()
-    signed = envelope["content"]
-    try:
-        trust.check(kid, signed, envelope["sig"].decode())
-    except SignatureRefused as exc:
-        raise BundleRejected(str(exc)) from exc
-    try:
-        # Signed, yet still bounded: a leaked key must not crash every node either.
-        doc = loads(signed, what="signed content", max_bytes=MAX_BUNDLE_BYTES)
-    except InputRejected as exc:
-        raise BundleRejected(str(exc)) from None
-    try:
-        canonical = canonical_json(doc)
-    except ValueError:  # a lone surrogate cannot be UTF-8
-        canonical = b""
-    if canonical != signed:
-        raise BundleRejected("not in canonical form (the file was altered)")
-    try:
-        # strict=False: JSON has strings where the models hold enums; the content is signed.
-        content = BundleContent.model_validate(doc, strict=False)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "-"
-        raise BundleRejected(
-            f"signed content does not match the bundle format: {where}: {first['msg']} "
-            f"({exc.error_count()} error(s))"
-        ) from None
-    now = now or datetime.now(UTC)
-    return VerifiedBundle(content, kid, raw, stale=now - content.created_at > max_age)
+    return bundle, ""

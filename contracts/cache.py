@@ -13,6 +13,10 @@ again, so a file altered on disk is refused; the cache then keeps serving the la
 that verified in this process, which is what a node drains by. A bundle older than
 `max_age` is stale: reported, and still used. Nothing
 here needs the control plane; the distributor is optional.
+
+How the content is read is the cache's user's: a node's cache reads the terms it acts on
+(contracts/node_bundle.py, the default: no pydantic, decision 0041); the control plane's
+passes `parse=contracts.bundle.parse_content` (every contract rule) and gets BundleContent.
 """
 
 from __future__ import annotations
@@ -24,11 +28,19 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any, Generic, overload
 
 from contracts import serial_reset
 from contracts.atomic import write_atomic
-from contracts.bundle import BundleRejected, VerifiedBundle, verify
 from contracts.keys import KeyFileError, TrustStore
+from contracts.node_bundle import NodeBundle, parse_node_content
+from contracts.signed_bundle import (
+    BundleRejected,
+    C,
+    ContentParser,
+    VerifiedBundle,
+    verify_as,
+)
 
 log = logging.getLogger(__name__)
 
@@ -43,23 +55,52 @@ MAX_SERIAL_STEP = 1000
 
 
 @dataclass(frozen=True)
-class OfferResult:
+class OfferResult(Generic[C]):
     accepted: bool
     changed: bool
     reason: str
-    bundle: VerifiedBundle | None  # what the cache holds now
+    bundle: VerifiedBundle[C] | None  # what the cache holds now
 
 
-class BundleCache:
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class BundleCache(Generic[C]):
+    @overload
+    def __init__(
+        self: BundleCache[NodeBundle],
+        cache_dir: Path,
+        trust: TrustStore,
+        *,
+        max_age: timedelta = ...,
+        clock: Callable[[], datetime] = ...,
+        max_serial_step: int = ...,
+    ) -> None: ...
+
+    @overload
     def __init__(
         self,
         cache_dir: Path,
         trust: TrustStore,
         *,
+        parse: ContentParser[C],
+        max_age: timedelta = ...,
+        clock: Callable[[], datetime] = ...,
+        max_serial_step: int = ...,
+    ) -> None: ...
+
+    def __init__(
+        self,
+        cache_dir: Path,
+        trust: TrustStore,
+        *,
+        parse: ContentParser[Any] = parse_node_content,
         max_age: timedelta = timedelta(hours=24),
-        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        clock: Callable[[], datetime] = _now,
         max_serial_step: int = MAX_SERIAL_STEP,
     ) -> None:
+        self._parse = parse
         self.path = cache_dir / BUNDLE_FILE
         self._serial_path = cache_dir / SERIAL_FILE
         self._reset_path = cache_dir / RESET_FILE
@@ -67,7 +108,7 @@ class BundleCache:
         self._max_age = max_age
         self._clock = clock
         self._max_step = max_serial_step
-        self._last_good: VerifiedBundle | None = None
+        self._last_good: VerifiedBundle[C] | None = None
 
     @property
     def trust(self) -> TrustStore:
@@ -89,7 +130,7 @@ class BundleCache:
             )
             self._last_good = None
 
-    def current(self) -> VerifiedBundle | None:
+    def current(self) -> VerifiedBundle[C] | None:
         """The cached bundle, verified again; when the file no longer verifies, the last
         good bundle this cache read or accepted; else None."""
         fresh = self._on_disk()
@@ -105,7 +146,7 @@ class BundleCache:
             )
         return self._last_good
 
-    def offer(self, raw: bytes) -> OfferResult:
+    def offer(self, raw: bytes) -> OfferResult[C]:
         on_disk = self._on_disk()
         held = on_disk or self._last_good
         try:
@@ -158,7 +199,7 @@ class BundleCache:
         self._last_good = new
         return OfferResult(True, True, f"accepted serial {new.serial}", new)
 
-    def apply_reset(self, raw: bytes, region: str) -> OfferResult:
+    def apply_reset(self, raw: bytes, region: str) -> OfferResult[C]:
         """Apply an operator-signed serial reset (contracts/serial_reset.py): the rollback
         floor becomes its `to_serial`; a held bundle above it is dropped, so the next
         genuine bundle is accepted. A reset not newer than the last applied is a no-op."""
@@ -206,7 +247,7 @@ class BundleCache:
         interval: float = REFRESH_SECONDS,
         *,
         empty_interval: float | None = None,
-        on_change: Callable[[VerifiedBundle], None] | None = None,
+        on_change: Callable[[VerifiedBundle[C]], None] | None = None,
         held: Callable[[int | None], Awaitable[object]] | None = None,
         reload_trust: Callable[[], TrustStore] | None = None,
         fetch_reset: Callable[[], Awaitable[bytes | None]] | None = None,
@@ -263,10 +304,10 @@ class BundleCache:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=wait)
 
-    def _verify(self, raw: bytes) -> VerifiedBundle:
-        return verify(raw, self._trust, now=self._clock(), max_age=self._max_age)
+    def _verify(self, raw: bytes) -> VerifiedBundle[C]:
+        return verify_as(raw, self._trust, self._parse, now=self._clock(), max_age=self._max_age)
 
-    def _on_disk(self) -> VerifiedBundle | None:
+    def _on_disk(self) -> VerifiedBundle[C] | None:
         try:
             raw = self.path.read_bytes()
         except FileNotFoundError:
@@ -316,22 +357,3 @@ class BundleCache:
             return datetime.fromisoformat(self._reset_path.read_text().strip()[:64])
         except (FileNotFoundError, ValueError, OSError):
             return None
-
-
-def installed_bundle(cache_dir: Path, trust_dir: Path) -> tuple[VerifiedBundle | None, str]:
-    """The bundle installed in `cache_dir`, verified against `trust_dir`, or None and why.
-
-    What the control plane plans from and the CLI checks against; nodes use the cache
-    directly.
-    """
-    try:
-        trust = TrustStore.load(trust_dir)
-    except KeyFileError as exc:
-        return None, f"contract trust: {exc}"
-    bundle = BundleCache(cache_dir, trust).current()
-    if bundle is None:
-        return None, (
-            f"no valid contract bundle in {cache_dir} "
-            "(install one with `sco contracts install BUNDLE`)"
-        )
-    return bundle, ""

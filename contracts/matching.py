@@ -18,10 +18,47 @@ selector alone is not either (admission refuses unnamed work on reclaimable capa
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
 
-from contracts.model import CONTRACT_LABEL, SLURM_TAG_PREFIX, Contract
+from contracts.drain_terms import CONTRACT_LABEL, SLURM_TAG_PREFIX, slurm_tag
+
+
+class _SlurmSelector(Protocol):
+    @property
+    def account(self) -> str: ...
+    @property
+    def partition(self) -> str: ...
+    @property
+    def tag(self) -> str | None: ...
+
+
+class _KubernetesSelector(Protocol):
+    @property
+    def namespace(self) -> str: ...
+    @property
+    def labels(self) -> Mapping[str, str]: ...
+
+
+class _Selectors(Protocol):
+    @property
+    def slurm(self) -> Sequence[_SlurmSelector]: ...
+    @property
+    def kubernetes(self) -> Sequence[_KubernetesSelector]: ...
+
+
+class Matchable(Protocol):
+    """A contract as the control plane (contracts.model.Contract) or a node
+    (contracts.node_bundle.NodeContract) holds it: the rule reads the same fields."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def selectors(self) -> _Selectors: ...
+
+
+M = TypeVar("M", bound=Matchable)
 
 
 @dataclass(frozen=True)
@@ -42,9 +79,7 @@ class PodIdentity:
     labels: Mapping[str, str] = field(default_factory=dict)
 
 
-def match_contract(
-    contracts: Iterable[Contract], work: SlurmIdentity | PodIdentity
-) -> Contract | str:
+def match_contract(contracts: Iterable[M], work: SlurmIdentity | PodIdentity) -> M | str:
     """The one contract `work` runs under, or the reason there is none."""
     if isinstance(work, SlurmIdentity):
         if not work.tag:
@@ -55,7 +90,7 @@ def match_contract(
             c
             for c in contracts
             for s in c.selectors.slurm
-            if c.slurm_tag(s) == work.tag
+            if slurm_tag(c.name, s.tag) == work.tag
             and s.account.lower() == account
             and s.partition == work.partition
         ]

@@ -8,7 +8,6 @@ regions, and signs the result into a bundle.
 from __future__ import annotations
 
 import enum
-import re
 from typing import Annotated
 
 from pydantic import (
@@ -23,12 +22,18 @@ from pydantic import (
 )
 
 from contracts.disruption import Disruption
+from contracts.drain_terms import (
+    CONTRACT_LABEL as CONTRACT_LABEL,
+)
+from contracts.drain_terms import (
+    SLURM_TAG_PREFIX as SLURM_TAG_PREFIX,
+)
+from contracts.drain_terms import DrainAction as DrainAction
+from contracts.drain_terms import EarlyWarningAction as EarlyWarningAction
+from contracts.drain_terms import contract_tag_in_comment as contract_tag_in_comment
+from contracts.drain_terms import slurm_tag
 from contracts.headroom import MAX_HEADROOM_SCHEDULES, HeadroomSchedule
 from contracts.pool_id import Size
-
-#: Kubernetes label on pods naming their contract; Slurm jobs carry it in --comment.
-CONTRACT_LABEL = "sco.io/contract"
-SLURM_TAG_PREFIX = "sco-contract="
 
 Name = Annotated[str, StringConstraints(pattern=r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")]
 LabelValue = Annotated[
@@ -52,21 +57,6 @@ class WorkloadKind(enum.StrEnum):
     TRAINING = "training"
     CI = "ci"
     SERVICE = "service"
-
-
-class DrainAction(enum.StrEnum):
-    DECOMMISSION = "decommission"  # Spark executor decommission: migrate blocks, exit
-    CHECKPOINT = "checkpoint"  # checkpoint now (PyTorch DCP), then exit
-    REQUEUE = "requeue"  # stateless: requeue / evict
-
-
-class EarlyWarningAction(enum.StrEnum):
-    """What a workload does on an early warning (a reclaim planned ahead, its hard notice
-    still to come) while its node is still fully usable."""
-
-    NONE = "none"  # nothing until the hard notice
-    CHECKPOINT = "checkpoint"  # save a checkpoint now and keep running (drain: checkpoint)
-    DECOMMISSION = "decommission"  # leave now: Spark decommission (drain: decommission)
 
 
 #: The drain a kind normally wants; another choice is allowed but reported as a warning.
@@ -224,13 +214,4 @@ class Contract(_Strict):
         return self
 
     def slurm_tag(self, selector: SlurmSelector) -> str:
-        return selector.tag or self.name
-
-
-_TAG = re.compile(rf"(?:^|[\s,;]){re.escape(SLURM_TAG_PREFIX)}([a-z0-9-]+)")
-
-
-def contract_tag_in_comment(comment: str | None) -> str | None:
-    """The contract a Slurm job names in its comment (`sco-contract=<name>`), if any."""
-    match = _TAG.search(comment or "")
-    return match[1] if match else None
+        return slurm_tag(self.name, selector.tag)

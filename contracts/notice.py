@@ -12,23 +12,12 @@ from __future__ import annotations
 
 import hashlib
 import re
-from datetime import UTC, datetime
+from dataclasses import dataclass, field, replace
+from datetime import datetime
 from enum import StrEnum
+from typing import Any
 
-from pydantic import (
-    AwareDatetime,
-    BaseModel,
-    ConfigDict,
-    Field,
-    SerializationInfo,
-    SerializerFunctionWrapHandler,
-    ValidationError,
-    field_validator,
-    model_serializer,
-    model_validator,
-)
-
-from contracts.bounded import MAX_RECLAIM_REPLY_BYTES, InputRejected, loads
+from contracts.records import RecordError, aware, json_datetime, read
 
 _TOKEN = re.compile(r"^[A-Za-z0-9_-]+$")
 
@@ -75,7 +64,8 @@ class NoticeStage(StrEnum):
     EARLY = "early"
 
 
-class ReclaimNotice(BaseModel):
+@dataclass(frozen=True)
+class ReclaimNotice:
     """One reclaim of one node. `notice_id` is stable: a repeat of the same reclaim has the
     same id, so agents act once. An early warning has its own id (the hard notice that
     follows is acted on separately).
@@ -84,8 +74,6 @@ class ReclaimNotice(BaseModel):
     warnings sign-check and accept. An early warning carries `"stage": "early"`: an agent
     that predates it forbids the unknown field and refuses the notice as malformed (logged,
     never cordons or drains), then acts on the hard notice as it always did."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     notice_id: str
     region: str
@@ -97,14 +85,50 @@ class ReclaimNotice(BaseModel):
     reason: str = ""
     stage: NoticeStage = NoticeStage.HARD
 
-    @model_serializer(mode="wrap")
-    def _hard_without_stage(
-        self, handler: SerializerFunctionWrapHandler, info: SerializationInfo
-    ) -> dict[str, object]:
-        out: dict[str, object] = handler(self)
-        if self.stage is NoticeStage.HARD:
-            out.pop("stage", None)
+    def __post_init__(self) -> None:
+        for name in ("notice_id", "region", "hall", "node", "pool_id", "reason"):
+            if not isinstance(getattr(self, name), str):
+                raise RecordError(name, "expected a string")
+        for name in ("issued_at", "deadline"):
+            if not isinstance(getattr(self, name), datetime):
+                raise RecordError(name, "expected a date-time")
+        object.__setattr__(self, "stage", NoticeStage(self.stage))
+
+    @classmethod
+    def from_json(cls, doc: object, where: str = "notice") -> ReclaimNotice:
+        return read(
+            doc,
+            where,
+            lambda r: cls(
+                notice_id=r.text("notice_id"),
+                region=r.text("region"),
+                hall=r.text("hall"),
+                node=r.text("node"),
+                pool_id=r.text("pool_id"),
+                issued_at=r.when("issued_at"),
+                deadline=r.when("deadline"),
+                reason=r.text("reason", ""),
+                stage=r.choice("stage", NoticeStage, NoticeStage.HARD),
+            ),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "notice_id": self.notice_id,
+            "region": self.region,
+            "hall": self.hall,
+            "node": self.node,
+            "pool_id": self.pool_id,
+            "issued_at": json_datetime(self.issued_at),
+            "deadline": json_datetime(self.deadline),
+            "reason": self.reason,
+        }
+        if self.stage is not NoticeStage.HARD:
+            out["stage"] = self.stage.value
         return out
+
+    def replace(self, **changes: Any) -> ReclaimNotice:
+        return replace(self, **changes)
 
     @staticmethod
     def stable_id(region: str, node: str, noticed_at: datetime) -> str:
@@ -126,37 +150,8 @@ class ReclaimNotice(BaseModel):
         return notice_subject(self.region, self.hall, self.node)
 
 
-class ReclaimRequest(BaseModel):
-    """An operator's `sco reclaim`: instances by name, or every instance of a pool. With
-    `at`, a planned reclaim: an early warning now, the hard notice at `at` - lead. (A relay
-    that predates `at` refuses such a request as malformed: nothing is noticed early.)"""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    instances: list[str] = []
-    pool_id: str | None = None
-    reason: str = Field(default="operator reclaim", max_length=200)
-    requested_by: str = ""
-    at: datetime | None = None
-    # Also reclaim committed capacity (`sco reclaim --force`); the relay refuses committed
-    # instances without it, on the row it acts on. A relay that predates `force` refuses a
-    # forced request as malformed: nothing committed is reclaimed by accident.
-    force: bool = False
-
-    @model_serializer(mode="wrap")
-    def _now_without_at(
-        self, handler: SerializerFunctionWrapHandler, info: SerializationInfo
-    ) -> dict[str, object]:
-        # A reclaim for now reads exactly as before, so relays of any age take it.
-        out: dict[str, object] = handler(self)
-        if self.at is None:
-            out.pop("at", None)
-        if not self.force:
-            out.pop("force", None)
-        return out
-
-
-class KeyScope(BaseModel):
+@dataclass(frozen=True)
+class KeyScope:
     """Which halls' notices one notice key may sign, and until when nodes accept it.
 
     `not_after`: the key is retired; a node refuses what it signed once its (corrected)
@@ -164,31 +159,50 @@ class KeyScope(BaseModel):
     the region's notice lead (and the clock skew margin): the old key's last notices are
     republished until their deadline, so they must verify until then."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    halls: list[str]
+    not_after: datetime | None = None
 
-    halls: list[str] = Field(min_length=1)
-    not_after: AwareDatetime | None = None
-
-    @field_validator("halls")
-    @classmethod
-    def _hall_tokens(cls, halls: list[str]) -> list[str]:
+    def __post_init__(self) -> None:
+        halls = self.halls
+        if not isinstance(halls, list) or not all(isinstance(h, str) for h in halls):
+            raise RecordError("halls", "expected a list of strings")
+        if not halls:
+            raise RecordError("halls", "List should have at least 1 item after validation, not 0")
         for hall in halls:
-            _token(hall, "hall")
+            try:
+                _token(hall, "hall")
+            except ValueError as exc:
+                raise RecordError("halls", str(exc)) from None
         if len(set(halls)) != len(halls):
-            raise ValueError(f"halls {halls}: listed twice")
-        return sorted(halls)
+            raise RecordError("halls", f"{halls}: listed twice")
+        object.__setattr__(self, "halls", sorted(halls))
+        if self.not_after is not None:
+            if not isinstance(self.not_after, datetime):
+                raise RecordError("not_after", "expected a date-time")
+            aware(self.not_after, "not_after")
 
-    @model_serializer(mode="wrap")
-    def _without_empty(
-        self, handler: SerializerFunctionWrapHandler, info: SerializationInfo
-    ) -> dict[str, object]:
-        out: dict[str, object] = handler(self)
-        if self.not_after is None:
-            out.pop("not_after", None)
+    @classmethod
+    def from_json(cls, doc: object, where: str = "") -> KeyScope:
+        return read(
+            doc, where, lambda r: cls(halls=r.texts("halls"), not_after=r.opt_when("not_after"))
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"halls": list(self.halls)}
+        if self.not_after is not None:
+            out["not_after"] = json_datetime(self.not_after)
         return out
 
+    def replace(self, **changes: Any) -> KeyScope:
+        return replace(self, **changes)
 
-class NoticePolicy(BaseModel):
+
+def _key_scope(doc: object, where: str) -> KeyScope:
+    return KeyScope.from_json(doc, where)
+
+
+@dataclass(frozen=True)
+class NoticePolicy:
     """What a node of one region needs to check a notice, carried in the signed bundle:
     the public keys (key id -> hex Ed25519) that may sign its notices and its notice lead
     (a deadline further away than lead + margin is refused).
@@ -198,84 +212,46 @@ class NoticePolicy(BaseModel):
     bundle from before them, or a region whose keys name no halls) every key signs for
     every hall of the region, as before; the bytes are then those of such a bundle."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
     region: str
-    lead_seconds: int = Field(gt=0)
-    keys: dict[str, str] = {}
-    scopes: dict[str, KeyScope] = {}
+    lead_seconds: int
+    keys: dict[str, str] = field(default_factory=dict)
+    scopes: dict[str, KeyScope] = field(default_factory=dict)
 
-    @model_validator(mode="after")
-    def _scopes_name_keys(self) -> NoticePolicy:
+    def __post_init__(self) -> None:
+        if not isinstance(self.region, str):
+            raise RecordError("region", "expected a string")
+        lead = self.lead_seconds
+        if isinstance(lead, bool) or not isinstance(lead, int):
+            raise RecordError("lead_seconds", "expected an integer")
+        if lead <= 0:
+            raise RecordError("lead_seconds", "Input should be greater than 0")
         stray = sorted(set(self.scopes) - set(self.keys))
         if stray:
-            raise ValueError(f"scopes of keys the policy does not list: {', '.join(stray)}")
-        return self
+            raise RecordError("", f"scopes of keys the policy does not list: {', '.join(stray)}")
 
-    @model_serializer(mode="wrap")
-    def _without_scopes(
-        self, handler: SerializerFunctionWrapHandler, info: SerializationInfo
-    ) -> dict[str, object]:
-        out: dict[str, object] = handler(self)
-        if not self.scopes:
-            out.pop("scopes", None)
+    @classmethod
+    def from_json(cls, doc: object, where: str = "") -> NoticePolicy:
+        return read(
+            doc,
+            where,
+            lambda r: cls(
+                region=r.text("region"),
+                lead_seconds=r.integer("lead_seconds"),
+                keys=r.text_map("keys"),
+                scopes=r.mapping("scopes", _key_scope),
+            ),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "region": self.region,
+            "lead_seconds": self.lead_seconds,
+            "keys": dict(self.keys),
+        }
+        if self.scopes:
+            out["scopes"] = {kid: scope.to_json() for kid, scope in self.scopes.items()}
         return out
 
     @property
     def hall_scoped(self) -> bool:
         return bool(self.scopes)
-
-
-class ReclaimReply(BaseModel):
-    """`error` set: nothing was noticed (a bad request, or the relay is degraded)."""
-
-    noticed: list[str] = []  # nodes given a hard notice
-    warned_early: list[str] = []  # nodes warned ahead of a planned reclaim
-    reclaim_at: datetime | None = None  # the planned reclaim's deadline (early warnings)
-    lead_seconds: float = 0.0  # how long before the deadline the hard notice goes out
-    # Notices the region worker has still to tell Temporal of (exclusion cycle, controllers).
-    hooks_pending: int = 0
-    # Committed instances (a floor's, a paid fallback's) left alone: the request had no force.
-    refused_committed: list[str] = []
-    error: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
-
-    def summary(self) -> str:
-        """One line for the operator (and the audit trail's reason)."""
-        if self.error is not None:
-            return self.error
-        if self.warned_early:
-            at = (
-                self.reclaim_at.astimezone(UTC).isoformat(timespec="seconds")
-                if self.reclaim_at
-                else "?"
-            )
-            line = (
-                f"{len(self.warned_early)} warned early (reclaim at {at}, hard notice "
-                f"{self.lead_seconds:.0f} s before): {', '.join(self.warned_early)}"
-            )
-        else:
-            line = f"{len(self.noticed)} noticed: {', '.join(self.noticed)}"
-        if self.refused_committed:
-            line += (
-                f"; {len(self.refused_committed)} committed refused without --force: "
-                f"{', '.join(self.refused_committed)}"
-            )
-        if self.hooks_pending:
-            line += f" (exclusion cycle: {self.hooks_pending} notices still to tell it)"
-        return line
-
-
-def parse_reclaim_reply(raw: bytes) -> ReclaimReply:
-    """A relay's answer as it came over NATS: bounded (size, depth, numbers) before it is
-    parsed, then validated; InputRejected (a ValueError, one line) for anything else."""
-    data = loads(raw, what="reclaim reply", max_bytes=MAX_RECLAIM_REPLY_BYTES)
-    try:
-        return ReclaimReply.model_validate(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "reply"
-        raise InputRejected(f"reclaim reply: {where}: {first['msg']}") from None

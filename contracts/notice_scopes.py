@@ -22,12 +22,12 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import yaml
-from pydantic import ValidationError
 
 from contracts import strict_yaml
 from contracts.atomic import write_atomic
 from contracts.findings import Finding, Severity
 from contracts.notice import KeyScope
+from contracts.records import RecordError
 from contracts.region import Region
 from contracts.source import Loc, field_path, line_map, line_of
 
@@ -92,12 +92,10 @@ def read_scopes(
             )
             continue
         try:
-            scope = KeyScope.model_validate(entry, strict=False)
-        except ValidationError as exc:
-            for err in exc.errors():
-                loc = (*at, *err["loc"])
-                reason = err["msg"].removeprefix("Value error, ")
-                findings.append(Finding(shown, line_of(lines, loc), field_path(loc), reason))
+            scope = KeyScope.from_json(entry, "")
+        except RecordError as exc:
+            loc = (*at, *exc.loc)
+            findings.append(Finding(shown, line_of(lines, loc), field_path(loc), exc.reason))
             continue
         unknown = [h for h in scope.halls if h not in region.halls]
         if unknown:
@@ -142,16 +140,14 @@ def _load_plain(path: Path) -> dict[str, KeyScope]:
     out: dict[str, KeyScope] = {}
     for kid, entry in data.items():
         try:
-            out[str(kid)] = KeyScope.model_validate(entry, strict=False)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in (kid, *first["loc"]))
-            raise ValueError(f"{path}: {where}: {first['msg']}") from None
+            out[str(kid)] = KeyScope.from_json(entry, str(kid))
+        except RecordError as exc:
+            raise ValueError(f"{path}: {exc}") from None
     return out
 
 
 def _write(path: Path, scopes: dict[str, KeyScope]) -> None:
-    doc = {kid: scope.model_dump(mode="json") for kid, scope in sorted(scopes.items())}
+    doc = {kid: scope.to_json() for kid, scope in sorted(scopes.items())}
     text = _HEADER + yaml.safe_dump(doc, sort_keys=True, default_flow_style=None)
     write_atomic(path, text.encode("utf-8"))
 
@@ -170,7 +166,7 @@ def retire_key(region_dir: Path, kid: str, not_after: datetime) -> None:
     scopes = _load_plain(path)
     if kid not in scopes:
         raise ValueError(f"{path}: key {kid} has no entry to retire")
-    scopes[kid] = scopes[kid].model_copy(update={"not_after": not_after})
+    scopes[kid] = scopes[kid].replace(not_after=not_after)
     _write(path, scopes)
 
 

@@ -30,20 +30,24 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from nacl.encoding import HexEncoder
 from nacl.exceptions import BadSignatureError
 from nacl.signing import SigningKey, VerifyKey
-from pydantic import ValidationError
 
 from contracts.bounded import MAX_NOTICE_BYTES, InputRejected, loads
 from contracts.canonical import canonical_json, signed_envelope
 from contracts.notice import KeyScope, NoticePolicy, ReclaimNotice
+from contracts.records import RecordError
 
-if TYPE_CHECKING:
-    # Only read here (its notice policy): a signer, the notice relay, loads no bundle.
-    from contracts.bundle import BundleContent
+
+class PolicySource(Protocol):
+    """A bundle's content as either side reads it (contracts.bundle.BundleContent, or
+    contracts.node_bundle.NodeBundle on a node): only its notice policies are read here."""
+
+    def notice_policy(self, region: str) -> NoticePolicy | None: ...
+
 
 DOMAIN = b"sco-reclaim-notice-v1\n"
 #: Clock skew allowed between relay and node on top of the region's notice lead.
@@ -91,7 +95,7 @@ class Accepted:
 
 
 def sign(notice: ReclaimNotice, key: SigningKey) -> bytes:
-    return signed_envelope("notice", notice.model_dump(mode="json"), key, domain=DOMAIN)
+    return signed_envelope("notice", notice.to_json(), key, domain=DOMAIN)
 
 
 @dataclass(frozen=True)
@@ -143,7 +147,7 @@ class NoticeTrust:
 
 
 def notice_trust(
-    bundle: BundleContent | None, pinned: NoticePolicy | None, region: str
+    bundle: PolicySource | None, pinned: NoticePolicy | None, region: str
 ) -> NoticeTrust:
     """The keys that may sign `region`'s notices (the bundle's and the install's pinned
     ones), the region's lead (the bundle's, else the pinned one's) and, when the bundle's
@@ -167,7 +171,7 @@ def notice_trust(
 
 
 def notice_keys(
-    bundle: BundleContent | None, pinned: NoticePolicy | None, region: str
+    bundle: PolicySource | None, pinned: NoticePolicy | None, region: str
 ) -> tuple[dict[str, str], int | None]:
     """The keys that may sign some of `region`'s notices and the region's lead (None: no
     lead known); `notice_trust` also says for which halls."""
@@ -213,7 +217,7 @@ def _why_refused(raw: bytes, keys: Mapping[str, str], no_keys: str) -> Refusal:
 
 def check(
     raw: bytes,
-    bundle: BundleContent | None,
+    bundle: PolicySource | None,
     me: NodeIdentity,
     now: datetime,
     *,
@@ -273,17 +277,11 @@ def check(
     try:
         body = loads(body_raw, what="signed notice", max_bytes=MAX_NOTICE_BYTES)
         canonical = canonical_json(body) == body_raw
-        notice = ReclaimNotice.model_validate(body)
+        notice = ReclaimNotice.from_json(body, "")
     except InputRejected as exc:
         return Refusal(RefusalReason.MALFORMED, str(exc), key_id=kid)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "-"
-        return Refusal(
-            RefusalReason.MALFORMED,
-            f"signed body is not a notice: {where}: {first['msg']}",
-            key_id=kid,
-        )
+    except RecordError as exc:
+        return Refusal(RefusalReason.MALFORMED, f"signed body is not a notice: {exc}", key_id=kid)
     except ValueError as exc:  # a lone surrogate cannot be re-encoded
         return Refusal(RefusalReason.MALFORMED, f"signed body unusable: {exc}", key_id=kid)
     if not canonical:

@@ -18,14 +18,17 @@ while fresh (RESET_MAX_AGE): an old reset replayed cannot roll a node back.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from nacl.signing import SigningKey
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
 from contracts.bounded import InputRejected, loads
-from contracts.bundle import MAX_SERIAL, BundleRejected, signed_envelope
+from contracts.canonical import signed_envelope
 from contracts.keys import SignatureRefused, TrustStore
+from contracts.records import RecordError, aware, json_datetime, read
+from contracts.signed_bundle import MAX_SERIAL, BundleRejected
 
 DOMAIN = b"sco-serial-reset-v1\n"
 OBJECT_NAME = "serial-reset.json"
@@ -40,18 +43,52 @@ _ENVELOPE = re.compile(
 )
 
 
-class SerialReset(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+@dataclass(frozen=True)
+class SerialReset:
+    region: str
+    to_serial: int
+    issued_at: datetime
+    reason: str = ""
+    by: str = ""
 
-    region: str = Field(min_length=1, max_length=64)
-    to_serial: int = Field(ge=1, le=MAX_SERIAL)
-    issued_at: AwareDatetime
-    reason: str = Field(default="", max_length=200)
-    by: str = Field(default="", max_length=100)
+    def __post_init__(self) -> None:
+        for name, low, high in (("region", 1, 64), ("reason", 0, 200), ("by", 0, 100)):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not low <= len(value) <= high:
+                raise RecordError(name, f"expected a string of {low} to {high} characters")
+        serial = self.to_serial
+        if isinstance(serial, bool) or not isinstance(serial, int) or not 1 <= serial <= MAX_SERIAL:
+            raise RecordError("to_serial", f"expected an integer from 1 to {MAX_SERIAL}")
+        if not isinstance(self.issued_at, datetime):
+            raise RecordError("issued_at", "expected a date-time")
+        aware(self.issued_at, "issued_at")
+
+    @classmethod
+    def from_json(cls, doc: object) -> SerialReset:
+        return read(
+            doc,
+            "",
+            lambda r: cls(
+                region=r.text("region"),
+                to_serial=r.integer("to_serial"),
+                issued_at=r.when("issued_at"),
+                reason=r.text("reason", ""),
+                by=r.text("by", ""),
+            ),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "region": self.region,
+            "to_serial": self.to_serial,
+            "issued_at": json_datetime(self.issued_at),
+            "reason": self.reason,
+            "by": self.by,
+        }
 
 
 def sign(reset: SerialReset, key: SigningKey) -> bytes:
-    return signed_envelope("reset", reset.model_dump(mode="json"), key, domain=DOMAIN)
+    return signed_envelope("reset", reset.to_json(), key, domain=DOMAIN)
 
 
 def verify(
@@ -70,15 +107,13 @@ def verify(
     except SignatureRefused as exc:
         raise BundleRejected(f"serial reset: {exc}") from exc
     try:
-        reset = SerialReset.model_validate(
+        reset = SerialReset.from_json(
             loads(envelope["body"], what="serial reset", max_bytes=MAX_RESET_BYTES)
         )
     except InputRejected as exc:
         raise BundleRejected(str(exc)) from None
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "-"
-        raise BundleRejected(f"serial reset: {where}: {first['msg']}") from None
+    except RecordError as exc:
+        raise BundleRejected(f"serial reset: {exc}") from None
     if reset.region != region:
         raise BundleRejected(f"serial reset: for region {reset.region}, this is {region}")
     now = now or datetime.now(UTC)

@@ -141,3 +141,65 @@ def test_the_cli_and_the_box_are_exempt_from_the_runtime_rule() -> None:
         violations(f, FORBIDDEN["workers"]) for f in (REPO / "workers" / "cli").rglob("*.py")
     )
     assert EXEMPT["workers"] <= {p.name for p in (REPO / "workers").iterdir() if p.is_dir()}
+
+
+#: What a node must never load (decision 0041): pydantic costs the agent ~9 MB of its
+#: 35 MB budget (issue 33), and the .deb ships neither it nor PyYAML.
+NODE_FORBIDDEN = frozenset({"pydantic", "pydantic_core", "pydantic_settings", "yaml"})
+
+
+def module_file(name: str) -> Path | None:
+    """The repository file of module `name` (a package's __init__), None outside it."""
+    base = REPO.joinpath(*name.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def node_imports(start: str) -> dict[str, str]:
+    """Every module `start` imports, at any depth through the repository's own modules (a
+    function's lazy import included) -> the chain that reaches it."""
+    chains = {start: start}
+    todo = [start]
+    while todo:
+        name = todo.pop()
+        path = module_file(name)
+        if path is None:
+            continue
+        for _, imported in imported_modules(ast.parse(path.read_text(), filename=str(path))):
+            parts = imported.split(".")
+            # `from contracts import bounded` names the module contracts.bounded too.
+            for found in {imported, *(".".join(parts[:n]) for n in range(1, len(parts)))}:
+                if found not in chains:
+                    chains[found] = f"{chains[name]} -> {found}"
+                    todo.append(found)
+    return chains
+
+
+def node_violations(start: str) -> list[str]:
+    return sorted(
+        chain for name, chain in node_imports(start).items() if forbids(NODE_FORBIDDEN, name)
+    )
+
+
+def agent_modules() -> list[str]:
+    root = REPO / "agent"
+    return sorted(
+        ".".join(p.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+        for p in root.rglob("*.py")
+    )
+
+
+def test_the_node_agent_imports_no_pydantic() -> None:
+    """Every module of the agent, and every module of contracts/ it reaches."""
+    modules = agent_modules()
+    assert len(modules) > 20
+    found = [v for m in modules for v in node_violations(m)]
+    assert found == []
+
+
+def test_the_node_rule_catches_a_chain() -> None:
+    """contracts.bundle is the control plane's reading (pydantic): reached, it is named."""
+    assert any(v.endswith("-> pydantic") for v in node_violations("contracts.bundle"))
+    assert node_violations("contracts.node_bundle") == []

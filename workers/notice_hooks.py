@@ -54,7 +54,7 @@ def notice_of(data: bytes) -> ReclaimNotice:
         body = loads(data, what="notice", max_bytes=MAX_NOTICE_BYTES)["notice"]
     except (InputRejected, KeyError, TypeError) as exc:
         raise ValueError(f"not a signed notice: {exc}") from exc
-    return ReclaimNotice.model_validate(body)
+    return ReclaimNotice.from_json(body)
 
 
 class NoticeHookConsumer:

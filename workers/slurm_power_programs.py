@@ -47,7 +47,7 @@ from activities.demand.slurm_resume import (
 )
 from activities.fleet.control_state import FINISHED_ACQUISITION_STATES
 from activities.fleet.repository import InstanceRow
-from contracts.cache import installed_bundle
+from contracts.bundle import installed_bundle
 from contracts.region import RegionFileError, load_region
 from workers.client_security import postgres_conninfo
 from workers.exit_now import run_and_exit

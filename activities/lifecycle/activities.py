@@ -53,7 +53,8 @@ from contracts.bounded import InputRejected
 from contracts.feasibility import units_per_instance
 from contracts.headroom import headroom_at
 from contracts.model import Contract
-from contracts.notice import ReclaimRequest, parse_reclaim_reply, reclaim_subject
+from contracts.notice import reclaim_subject
+from contracts.reclaim import ReclaimRequest, parse_reclaim_reply
 from contracts.region import Region
 from planning.costs import pool_share_cap
 from planning.lifecycle import (

@@ -12,8 +12,8 @@ from datetime import datetime
 from typing import Protocol
 
 from agent.checkpoint.peer import JobOwner
+from contracts.drain_terms import CONTRACT_LABEL, contract_tag_in_comment
 from contracts.matching import PodIdentity, SlurmIdentity
-from contracts.model import CONTRACT_LABEL, contract_tag_in_comment
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@
 #   deploy/agent/build-deb.sh [--target debian12|debian13] [--out DIR]   (default debian12)
 #
 # Targets: debian12 (bookworm, python3.11, glibc 2.36), debian13 (trixie, python3.13,
-# glibc 2.41). pydantic-core, pynacl, cffi and pyyaml are binary wheels for one CPython
+# glibc 2.41). pynacl and cffi are binary wheels for one CPython
 # minor version, so each release gets its own package, version <upstream>-1~deb12 or ~deb13.
 # The wheels for the target's Python are taken from PyPI (or PIP_ARGS, e.g. "--no-index
 # --find-links /srv/wheels" offline) with pip's --python-version/--platform: no target
@@ -98,9 +98,6 @@ for minor in $(seq 17 "$glibc"); do platforms+=(--platform "manylinux_2_${minor}
 rm -rf "$lib/bin"  # console scripts of the dependencies: not for this package
 # dist-info RECORD files list paths relative to a site-packages this package has not got.
 find "$lib" -name RECORD -path '*.dist-info/*' -delete
-# PyYAML's optional C speedup links libyaml statically (an embedded copy of a Debian
-# library): the agent uses PyYAML's pure-Python loader instead.
-rm -f "$lib"/yaml/_yaml.*.so
 find "$lib" -type f -exec chmod 0644 {} + && find "$lib" -type d -exec chmod 0755 {} +
 # What dh_strip does: the wheels' extension modules carry symbols and .comment sections.
 if command -v strip >/dev/null; then
@@ -134,7 +131,7 @@ cat >"$root/usr/share/doc/sco-agent/copyright" <<EOF
 Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/
 Upstream-Name: sco-agent
 Comment: the SCO node agent, and under /usr/lib/sco-agent the Python packages it needs
- (nats-py, pynacl, pydantic, pydantic-core, pyyaml, cffi and theirs), each under its own
+ (nats-py, pynacl, cffi and theirs), each under its own
  licence: see its .dist-info directory there.
 
 Files: *

@@ -43,11 +43,11 @@ from activities.provider.interface import CloudProvider
 from contracts.notice import (
     NoticeStage,
     ReclaimNotice,
-    ReclaimRequest,
     notice_stream,
     region_notice_subjects,
 )
 from contracts.notice_signing import sign
+from contracts.reclaim import ReclaimRequest
 from services.notice_relay.keyfile import KeyFileSigner
 
 log = logging.getLogger(__name__)

@@ -25,11 +25,10 @@ from activities.fleet.db import open_pool
 from activities.fleet.repository import FleetRepository
 from contracts.notice import (
     NOTICE_HOOKS_CONSUMER,
-    ReclaimReply,
-    ReclaimRequest,
     notice_stream,
     reclaim_subject,
 )
+from contracts.reclaim import ReclaimReply, ReclaimRequest
 from contracts.region import Region
 from services.notice_relay.keyfile import KeyFileSigner
 from services.notice_relay.relay import (

@@ -26,7 +26,7 @@ from temporalio.service import RPCError
 from activities.budget import STATUS_QUERY, BudgetStatus, budget_workflow_id
 from activities.events import lifecycle_topic
 from activities.floor.models import floor_workflow_id
-from contracts.cache import installed_bundle
+from contracts.bundle import installed_bundle
 from workers.settings import Settings
 from workflows.acquisition.models import FINISHED
 from workflows.floor.models import FloorState, FloorStatus

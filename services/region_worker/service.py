@@ -42,7 +42,7 @@ from activities.lifecycle.models import lifecycle_workflow_id
 from activities.provider.activities import ProviderActivities, all_activities
 from activities.provider.interface import CloudProvider
 from activities.reconciler.activities import ReconcilerActivities, reconciler_activities
-from contracts.cache import installed_bundle
+from contracts.bundle import installed_bundle
 from contracts.redact import mask_credentials
 from services.region_worker.configs import configs_from
 from services.region_worker.metrics import RegionCollector

@@ -26,7 +26,7 @@ from activities.fleet.control_state import ControlRepository
 from activities.fleet.db import open_pool
 from activities.fleet.repository import FleetRepository
 from activities.provider.simulator import SimulatedCloud
-from contracts.cache import installed_bundle
+from contracts.bundle import installed_bundle
 from contracts.region import Region
 from tests.support import histories, tools
 from tests.support.control_harness import Harness, install_example_bundle, poll_until, region_worker

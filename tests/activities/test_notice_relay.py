@@ -21,7 +21,8 @@ from activities.provider.errors import NotFound
 from activities.provider.interface import CreateRequest
 from activities.provider.simulator import ReclaimModel, SimulatedCloud
 from contracts.keys import key_id
-from contracts.notice import ReclaimNotice, ReclaimRequest, hall_notice_subjects, notice_stream
+from contracts.notice import ReclaimNotice, hall_notice_subjects, notice_stream
+from contracts.reclaim import ReclaimRequest
 from contracts.region import Region
 from services.notice_relay.relay import NoticeRelay
 from tests.support.wait import checked, eventually_async
@@ -91,7 +92,7 @@ async def test_a_reclaim_notices_the_node_then_deletes_it_after_the_deadline(
         async def collect(msg: Msg) -> None:
             envelope = json.loads(msg.data)  # every notice goes out signed by the relay
             assert envelope["key_id"] == key_id(KEY.verify_key)
-            received.append(ReclaimNotice.model_validate(envelope["notice"]))
+            received.append(ReclaimNotice.from_json(envelope["notice"]))
 
         sub = await nc.subscribe(hall_notice_subjects("r1", "D"), cb=collect)
 

@@ -12,7 +12,8 @@ from nats.aio.msg import Msg
 from activities.events import InstanceState
 from activities.fleet.repository import FleetRepository
 from activities.provider.simulator import SimulatedCloud
-from contracts.notice import ReclaimNotice, ReclaimRequest, hall_notice_subjects
+from contracts.notice import ReclaimNotice, hall_notice_subjects
+from contracts.reclaim import ReclaimRequest
 from contracts.region import Region
 from tests.activities.test_notice_relay import launch, relay_on_nats
 from tests.support.wait import checked, eventually_async
@@ -37,7 +38,7 @@ async def test_a_planned_reclaim_warns_early_then_notices_at_its_time_minus_lead
         received: list[ReclaimNotice] = []
 
         async def collect(msg: Msg) -> None:
-            received.append(ReclaimNotice.model_validate(json.loads(msg.data)["notice"]))
+            received.append(ReclaimNotice.from_json(json.loads(msg.data)["notice"]))
 
         sub = await nc.subscribe(hall_notice_subjects("r1", "C"), cb=collect)
         at = (datetime.now(UTC) + timedelta(minutes=15)).replace(microsecond=0)

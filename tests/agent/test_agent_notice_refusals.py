@@ -69,7 +69,7 @@ async def test_untrusted_notices_never_drain_and_are_journalled(
         await asyncio.wait_for(source.watching.wait(), 10)
         bad = [
             ("unknown_key", sign(notice(region, tag="forged"), SigningKey.generate())),
-            ("unsigned", notice(region, tag="unsigned").model_dump_json().encode()),
+            ("unsigned", json.dumps(notice(region, tag="unsigned").to_json()).encode()),
             ("other_node", sign(notice(region, node="node-other", tag="other"), relay_key)),
             ("deadline_too_far", sign(notice(region, seconds=86400, tag="far"), relay_key)),
             ("expired", sign(notice(region, seconds=-5, tag="past"), relay_key)),
@@ -127,20 +127,20 @@ async def test_without_notice_keys_in_the_bundle_a_relay_notice_is_refused(
 def test_nats_identity_settings_are_checked(tmp_path: Path) -> None:
     base = {"region": "r1", "hall": "D", "node_id": "n1"}
     with pytest.raises(ValueError, match="nats_user and nats_password_file go together"):
-        AgentConfig.model_validate({**base, "nats_user": "agent-r1-n1"})
+        AgentConfig.from_mapping({**base, "nats_user": "agent-r1-n1"})
     with pytest.raises(ValueError, match="one NATS identity"):
-        AgentConfig.model_validate(
+        AgentConfig.from_mapping(
             {**base, "nats_user": "u", "nats_password_file": "/p", "nats_creds_file": "/c"}
         )
     with pytest.raises(ValueError, match="nats_tls_cert and nats_tls_key go together"):
-        AgentConfig.model_validate({**base, "nats_tls_cert": "/c"})
-    missing = AgentConfig.model_validate(
+        AgentConfig.from_mapping({**base, "nats_tls_cert": "/c"})
+    missing = AgentConfig.from_mapping(
         {**base, "nats_user": "u", "nats_password_file": str(tmp_path / "none")}
     )
     with pytest.raises(NatsOptionsError, match="nats_password_file"):
         nats_options(missing)
     (tmp_path / "pw").write_text("s3cret\n")
-    ok = AgentConfig.model_validate(
+    ok = AgentConfig.from_mapping(
         {**base, "nats_user": "u", "nats_password_file": str(tmp_path / "pw")}
     )
     assert nats_options(ok) == {"inbox_prefix": "_INBOX_n1", "user": "u", "password": "s3cret"}

@@ -11,8 +11,9 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from contracts.bundle import canonical_json
 from contracts.model import Contract, DrainAction, EarlyWarningAction
-from contracts.notice import NoticeStage, ReclaimNotice, ReclaimRequest
+from contracts.notice import NoticeStage, ReclaimNotice
 from contracts.notice_signing import Accepted, RefusalReason, check, sign
+from contracts.reclaim import ReclaimRequest
 from contracts.source import read_contracts
 from tests.contracts.test_notice_signing import ME, NOW, RELAY, STRANGER, content, notice, refused
 from tests.support.paths import EXAMPLES
@@ -20,8 +21,8 @@ from tests.support.paths import EXAMPLES
 
 def early(*, deadline_s: float = 3600) -> ReclaimNotice:
     at = NOW + timedelta(seconds=deadline_s)
-    return notice(deadline_s=deadline_s).model_copy(
-        update={"notice_id": ReclaimNotice.early_id("r1", "node-1", at), "stage": NoticeStage.EARLY}
+    return notice(deadline_s=deadline_s).replace(
+        **{"notice_id": ReclaimNotice.early_id("r1", "node-1", at), "stage": NoticeStage.EARLY}
     )
 
 
@@ -58,7 +59,7 @@ def test_a_signed_early_warning_is_accepted_with_its_far_deadline() -> None:
     [
         (sign(early(deadline_s=32 * 86400), RELAY), RefusalReason.DEADLINE_TOO_FAR),
         (sign(early(), STRANGER), RefusalReason.UNKNOWN_KEY),
-        (early().model_dump_json().encode(), RefusalReason.UNSIGNED),
+        (json.dumps(early().to_json()).encode(), RefusalReason.UNSIGNED),
         (sign(early(deadline_s=-5), RELAY), RefusalReason.EXPIRED),
     ],
 )

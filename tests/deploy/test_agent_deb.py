@@ -100,14 +100,16 @@ def test_each_release_gets_its_own_package_for_its_python(
         assert path in files, path
     tag = pyver.replace(".", "")
     modules = [p for p in files if p.endswith(".so")]
-    assert f"usr/lib/sco-agent/pydantic_core/_pydantic_core.cpython-{tag}-x86_64-linux-gnu.so" in (
+    assert f"usr/lib/sco-agent/_cffi_backend.cpython-{tag}-x86_64-linux-gnu.so" in (
         modules
     ) or not arch.stdout.startswith("amd64")
     assert not [m for m in modules if "cpython-" in m and f"cpython-{tag}-" not in m]
     lib = [p for p in files if p.startswith("usr/lib/sco-agent/") and p.count("/") > 3]
     tops = {p.split("/")[3] for p in lib}
-    assert {"agent", "contracts", "nats", "nacl", "pydantic", "yaml"} <= tops
-    assert not tops & {"workers", "workflows", "activities", "temporalio", "bin"}
+    assert {"agent", "contracts", "nats", "nacl"} <= tops
+    # No pydantic on a node (decision 0041), nor what only the control plane reads.
+    assert not tops & {"workers", "workflows", "activities", "temporalio", "bin", "pydantic"}
+    assert not tops & {"pydantic_core", "yaml"}
     assert not [p for p in files if "contracts/examples" in p or "__pycache__" in p]
     changelog = subprocess.run(
         ["sh", "-c", f"dpkg-deb --fsys-tarfile {deb} | tar -xO "
@@ -165,9 +167,9 @@ def test_the_debian12_tree_runs_the_agent_on_python311(
     probe = subprocess.run(
         [str(python), "-I", "-c",
          f"import sys; sys.path.insert(0, {str(root / 'usr/lib/sco-agent')!r});"
-         "import agent.daemon, agent.checkpoint.torch_dcp, contracts.cache, yaml, nacl.signing;"
+         "import agent.cli, agent.daemon, agent.check, agent.checkpoint.torch_dcp, contracts.cache;"
          "print(sorted(m for m in sys.modules if m.split('.')[0] in "
-         "{'temporalio', 'workflows', 'activities', 'workers'}))"],
+         "{'temporalio', 'workflows', 'activities', 'workers', 'pydantic'}))"],
         capture_output=True, text=True, cwd=tmp_path, timeout=60,
     )  # fmt: skip
     assert probe.returncode == 0, probe.stderr

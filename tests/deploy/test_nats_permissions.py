@@ -283,7 +283,7 @@ async def test_an_agent_with_its_own_identity_drains_a_relay_notice(
     try:
         await asyncio.wait_for(source.watching.wait(), 10)
         n = notice("r1", node="node-a1")
-        signed = sign(n.model_copy(update={"hall": "A"}), notice_key(tmp_path))
+        signed = sign(n.replace(hall="A"), notice_key(tmp_path))
         await conns["relay-A"].nc.jetstream().publish("sco.r1.notice.A.node-a1", signed, timeout=5)
         await asyncio.wait_for(agent.drained.wait(), 10)
         assert scheduler.ops() == [("cordon", "node-a1")]

@@ -11,7 +11,7 @@ from typing import Any, cast
 import pytest
 
 from contracts.bounded import MAX_RECLAIM_REPLY_BYTES, InputRejected
-from contracts.notice import ReclaimReply, ReclaimRequest, parse_reclaim_reply
+from contracts.reclaim import ReclaimReply, ReclaimRequest, parse_reclaim_reply
 from services.notice_relay.service import request_handler
 
 AT = datetime(2026, 12, 4, 21, 0, tzinfo=UTC)

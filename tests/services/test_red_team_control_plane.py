@@ -51,7 +51,8 @@ from activities.ledger.store import LedgerStore
 from activities.provider.simulator import SimulatedCloud
 from contracts import keys
 from contracts.distribution import bucket_for
-from contracts.notice import ReclaimReply, ReclaimRequest, notice_subject, reclaim_subject
+from contracts.notice import notice_subject, reclaim_subject
+from contracts.reclaim import ReclaimReply, ReclaimRequest
 from contracts.region import Region
 from services.drain_intake.intake import (
     DEAD_LETTERS_PER_NODE,

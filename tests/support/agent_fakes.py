@@ -137,7 +137,7 @@ def agent_config(tmp: Path, *, node: str, region: str = "r1", **over: Any) -> Ag
         "safety_margin_seconds": 0.5,
     }
     values.update(over)
-    return AgentConfig.model_validate(values)
+    return AgentConfig.from_mapping(values)
 
 
 # A workload: registers a checkpoint callback that answers after argv[2] seconds.

@@ -33,6 +33,7 @@ from agent.drain import DrainEngine
 from agent.notices import Notice
 from agent.scheduler import Workload
 from contracts.bundle import BundleContent
+from contracts.node_bundle import NodeBundle
 from contracts.source import read_contracts
 from tests.support.agent_fakes import RecordingScheduler
 from tests.support.paths import EXAMPLES
@@ -42,7 +43,7 @@ def say(**doc: Any) -> None:
     print(json.dumps(doc), flush=True)
 
 
-def training_bundle() -> BundleContent:
+def training_bundle() -> NodeBundle:
     sources, findings = read_contracts(EXAMPLES)
     assert not findings
     return BundleContent(
@@ -50,7 +51,7 @@ def training_bundle() -> BundleContent:
         created_at=datetime.now(UTC),
         regions=["r1"],
         contracts=[s.contract for s in sources],
-    )
+    ).as_node()
 
 
 def training_job(job: str, socket_name: str, **owner: Any) -> Workload:

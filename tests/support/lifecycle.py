@@ -129,7 +129,7 @@ async def relays_heard(
     leaving: list[int] = []
 
     async def heard(msg: Msg) -> None:
-        notices.append(ReclaimNotice.model_validate(json.loads(msg.data)["notice"]))
+        notices.append(ReclaimNotice.from_json(json.loads(msg.data)["notice"]))
         rows = fleet.list_instances("r1", [InstanceState.NOTICED, InstanceState.DRAINING])
         leaving.append(sum(1 for r in rows if r.workload == CONTRACT))
 

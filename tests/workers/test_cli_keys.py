@@ -138,6 +138,6 @@ def test_a_broken_scopes_file_is_named_and_no_key_is_made(tmp_path: Path) -> Non
     region_dir.mkdir(parents=True)
     (region_dir / "scopes.yaml").write_text("0123456789abcdef: {halls: [A], when: soon}\n")
     code, _, err = sco(tmp_path, "keys", "relay-new", "--hall", "A", "--out", str(tmp_path / "s"))
-    assert code == 1 and "scopes.yaml: 0123456789abcdef.when: Extra inputs" in err, err
+    assert code == 1 and "scopes.yaml: 0123456789abcdef.when: extra field not permitted" in err, err
     assert len(err.strip().splitlines()) == 1
     assert not (tmp_path / "s").exists() and not list(region_dir.glob("*.pub"))

@@ -23,11 +23,10 @@ from activities.provider.interface import CreateRequest
 from activities.provider.sim_service import SimulatorClient
 from contracts.notice import (
     ReclaimNotice,
-    ReclaimReply,
-    ReclaimRequest,
     hall_notice_subjects,
     reclaim_subject,
 )
+from contracts.reclaim import ReclaimReply, ReclaimRequest
 from contracts.region import Region
 from tests.support import chaos, services
 from tests.support.nats_sync import server_has_seen
@@ -83,7 +82,7 @@ class NoticeWatch:
 
         async def collect(msg: Msg) -> None:
             # A signed envelope {key_id, notice, signature}: the notice is inside.
-            self.received.append(ReclaimNotice.model_validate(json.loads(msg.data)["notice"]))
+            self.received.append(ReclaimNotice.from_json(json.loads(msg.data)["notice"]))
 
         await self._nc.subscribe(hall_notice_subjects("r1", "A"), cb=collect)
         await server_has_seen(self._nc)  # the relay publishes on its own connection

@@ -193,6 +193,7 @@ def install(
     json_out: bool = JsonOpt,
 ) -> None:
     """Install a bundle for this control plane (verified; never a rollback; recorded)."""
+    from contracts.bundle import parse_content
     from contracts.cache import BundleCache
 
     s = settings()
@@ -206,7 +207,7 @@ def install(
         fail(f"{bundle_path}: {exc.strerror}")
     except keys.KeyFileError as exc:
         fail(str(exc))
-    result = BundleCache(s.bundle_cache_dir, store).offer(raw)
+    result = BundleCache(s.bundle_cache_dir, store, parse=parse_content).offer(raw)
     if not result.accepted:
         fail(f"{bundle_path}: {result.reason}")
     serial = result.bundle.serial if result.bundle else 0
@@ -250,6 +251,7 @@ def pull(
     verified as a node does (never a rollback). Once: fails unless a valid bundle is
     installed after (an init container holds the pod until one is published). Each pull
     reports the serial held (`sco contracts status`)."""
+    from contracts.bundle import parse_content
     from contracts.cache import BundleCache
     from contracts.distribution import NatsBundleSource
     from contracts.holders import HoldingReporter
@@ -260,7 +262,9 @@ def pull(
         bounds.identifier("--name", name, max_len=253)
     s = settings()
     try:
-        cache = BundleCache(s.bundle_cache_dir, keys.TrustStore.load(s.trust_dir))
+        cache = BundleCache(
+            s.bundle_cache_dir, keys.TrustStore.load(s.trust_dir), parse=parse_content
+        )
     except keys.KeyFileError as exc:
         fail(str(exc))
     source = NatsBundleSource(s.nats_url, s.region, nats_options(s))

@@ -182,7 +182,7 @@ def demand_list(region: str = RegionOpt, json_out: bool = typer.Option(False, "-
     (its headroom_units, or an open headroom schedule's; from the installed bundle)."""
     from activities.control.partition import partition_of
     from activities.fleet.control_state import ControlRepository
-    from contracts.cache import installed_bundle
+    from contracts.bundle import installed_bundle
     from contracts.headroom import headroom_at
 
     s = settings()
@@ -229,7 +229,7 @@ def demand_list(region: str = RegionOpt, json_out: bool = typer.Option(False, "-
 
 
 def _bundle(s: Settings) -> VerifiedBundle:
-    from contracts.cache import installed_bundle
+    from contracts.bundle import installed_bundle
 
     bundle, problem = installed_bundle(s.bundle_cache_dir, s.trust_dir)
     if bundle is None:

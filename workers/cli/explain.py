@@ -31,7 +31,7 @@ app = typer.Typer(
 def drift_of(s: Settings, rows: Sequence[InstanceRow]) -> dict[str, str] | None:
     """Drift reason by instance id for the drifted ones among `rows`; None without a valid
     installed bundle (drift unknown)."""
-    from contracts.cache import installed_bundle
+    from contracts.bundle import installed_bundle
     from planning.drift import fleet_drift
 
     bundle, _ = installed_bundle(s.bundle_cache_dir, s.trust_dir)
@@ -46,7 +46,7 @@ def _sources() -> Iterator[tuple[ExplainSources, list[str]]]:
     """Fleet state (required), the bundle and the ledger (each said when missing)."""
     from activities.explain import ExplainSources
     from activities.ledger.store import LedgerStore, LedgerUnavailable
-    from contracts.cache import installed_bundle
+    from contracts.bundle import installed_bundle
     from workers.client_security import ledger_options
 
     s = settings()

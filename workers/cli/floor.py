@@ -124,7 +124,7 @@ hall_app.command("restored")(_hall_command(False, "declared restored"))
 def floor_start(region: str = RegionOpt, json_out: bool = JsonOpt) -> None:
     """Start one floor keeper per tier-1 contract with a floor in the region (idempotent);
     refused when no worker polls the region's task queue (they would wait for one)."""
-    from contracts.cache import installed_bundle
+    from contracts.bundle import installed_bundle
     from services.region_worker.service import ensure_floor_keepers
 
     s = settings()

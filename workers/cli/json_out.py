@@ -212,7 +212,7 @@ SCHEMAS: dict[str, JsonOutput] = {
     "sco pools sync": JsonOutput("object", "activities.fleet.activities:SyncPoolsOutput"),
     "sco reclaim": JsonOutput(
         "object",
-        "contracts.notice:ReclaimReply",
+        "contracts.reclaim:ReclaimReply",
         ("region", "hall", "pool_id", "summary", "exclusion_ui_url"),
     ),
     "sco reconcile": JsonOutput(

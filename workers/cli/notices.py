@@ -12,8 +12,9 @@ import typer
 
 from activities.fleet.repository import FleetRepository, InstanceRow
 from contracts.bounded import InputRejected
-from contracts.notice import ReclaimReply, ReclaimRequest, parse_reclaim_reply, reclaim_subject
+from contracts.notice import reclaim_subject
 from contracts.notice_signing import EARLY_WARNING_HORIZON
+from contracts.reclaim import ReclaimReply, ReclaimRequest, parse_reclaim_reply
 from workers.cli import audit
 from workers.cli.bounds import path_value
 from workers.cli.common import (

@@ -241,7 +241,7 @@ def demand_sources(region: str = RegionOpt, json_out: bool = JsonOpt) -> None:
     their units per contract; stores nothing."""
     from activities.demand.intake import DemandIntakeActivities
     from activities.demand.source import SourceUnavailable
-    from contracts.cache import installed_bundle
+    from contracts.bundle import installed_bundle
     from workers.demand_sources import sources_for
 
     s = settings()

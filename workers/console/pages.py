@@ -136,7 +136,7 @@ def spend_page(s: Settings, params: dict[str, str]) -> dict[str, Any]:
     from activities.ledger.lost_work import lost_work
     from activities.ledger.queries import spend
     from activities.ledger.store import LedgerStore
-    from contracts.cache import installed_bundle
+    from contracts.bundle import installed_bundle
     from workers.client_security import ledger_options
 
     window, start, end = _window(params)

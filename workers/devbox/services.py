@@ -469,6 +469,7 @@ class ContractsService(Service):
         from datetime import UTC, datetime
 
         from contracts import keys
+        from contracts.bundle import parse_content
         from contracts.cache import BundleCache
         from contracts.compiler import compile_and_sign
 
@@ -505,7 +506,7 @@ class ContractsService(Service):
                 f"contracts: {self.s.contracts.source_dir} does not compile: {errors}"
             )
         offered = BundleCache(
-            self.s.bundle_cache_dir, keys.TrustStore.load(self.s.trust_dir)
+            self.s.bundle_cache_dir, keys.TrustStore.load(self.s.trust_dir), parse=parse_content
         ).offer(out.read_bytes())
         if not offered.accepted:
             raise DevboxError(f"contracts: {offered.reason}")
