@@ -41,7 +41,7 @@ from bench.report import Report
 #: a checkout without a (a baseline from before `sco notice-relay` left the typer CLI).
 PROCESSES: dict[str, tuple[str, float | None]] = {
     "notice_relay": ("workers.cli.notice_relay|workers.cli.notices:notice-relay", 50.0),
-    "drain_intake": ("workers.cli.ledger:drain-intake", 50.0),
+    "drain_intake": ("workers.cli.drain_intake|workers.cli.ledger:drain-intake", 50.0),
     "outbox_relay": ("workers.cli.fleet:outbox-relay", None),
     "simulator": ("workers.cli.simulator:simulator", None),
     "ledger_consumer": ("workers.cli.ledger:ledger-consumer", None),
