@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from enum import Enum
 from typing import Any, TypeVar
 
@@ -192,7 +192,3 @@ def aware(value: datetime, where: str) -> datetime:
     if value.tzinfo is None or value.utcoffset() is None:
         raise RecordError(where, "needs a timezone")
     return value
-
-
-def utc(value: datetime) -> datetime:
-    return value.astimezone(UTC)
