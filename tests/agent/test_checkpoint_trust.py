@@ -49,7 +49,7 @@ from tests.support.checkpoint_users import (
     unit_directives,
 )
 from tests.support.fuzz import examples
-from tests.support.wait import eventually
+from tests.support.wait import WaitTimeout, eventually
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -162,21 +162,29 @@ def test_a_job_of_its_own_user_checkpoints_through_the_shipped_layout(
     assert not job_dir.exists()
 
 
+@pytest.mark.timeout(240)
 def test_a_job_started_before_its_directory_waits_for_the_agent(
     users: Users, layout: Layout
 ) -> None:
     """A workload that starts before the agent's pass registers once the directory exists."""
     name = naming.slurm_job("4202")
     env = {"SLURM_JOB_ID": "4202", "SCO_CHECKPOINT_SOCKET_DIR": str(layout.socket_dir)}
-    proc = start_role(users.alice, {"role": "serve"}, env)
+    # The role waits this long for its directory; the agent's pass is a process of its own.
+    proc = start_role(users.alice, {"role": "serve", "listen_within": 120}, env)
     try:
         assert proc.poll() is None
         assert not (layout.socket_dir / name).exists()  # it cannot make it itself
-        agent_sync(layout, {name: users.alice.uid})
+        made = agent_sync(layout, {name: users.alice.uid})
         sock = naming.job_socket(layout.socket_dir, name)
-        eventually(sock.exists, timeout=30, what=f"{sock} to appear")
+        try:
+            eventually(sock.exists, timeout=60, what=f"{sock} to appear")
+        except WaitTimeout as exc:
+            # Under load this once timed out at 30 s: say what the workload saw.
+            lines, err = stop_role(proc)
+            raise AssertionError(f"{exc}; agent pass {made}; role {lines}: {err[-2000:]}") from None
     finally:
-        stop_role(proc)
+        if proc.returncode is None:
+            stop_role(proc)
 
 
 # --- attacks -----------------------------------------------------------------------------

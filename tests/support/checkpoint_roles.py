@@ -100,7 +100,7 @@ def serve(spec: dict[str, Any]) -> None:
         return Saved(f"file:///ckpt/{os.getuid()}", lost_steps=3)
 
     server = register(checkpoint_now)
-    if not server.listening.wait(30):
+    if not server.listening.wait(float(spec.get("listen_within", 30))):
         say(error=f"never listening on {server.path}")
         return
     say(listening=str(server.path))
