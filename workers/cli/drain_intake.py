@@ -11,11 +11,11 @@ with the same one line (tests/workers/test_drain_intake_entry.py).
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from workers.cli.notice_relay import StartError, UsageError
+from workers.cli import lean_entry
+from workers.cli.lean_entry import StartError
 
 
 def start(regions: Sequence[str]) -> None:
@@ -28,18 +28,10 @@ def start(regions: Sequence[str]) -> None:
 
     from activities.ledger.store import LedgerUnavailable
     from services.registry import service
-    from workers.cli.plain import shown
-    from workers.logs import configure_owned
-    from workers.settings import SettingsError, load_settings
 
-    try:
-        s = load_settings()
-    except SettingsError as exc:
-        raise StartError(str(exc)) from None
-    configure_owned(s.log)
+    s = lean_entry.settings()
     for region in regions:
-        if region not in s.regions:
-            raise StartError(f"unknown region {shown(region)} (known: {', '.join(s.regions)})")
+        lean_entry.known_region(s, region)
     try:
         progress = asyncio.run(service("drain-intake").load()(s, list(regions) or s.regions))
     except (nats.errors.Error, psycopg.Error, LedgerUnavailable, OSError) as exc:
@@ -54,40 +46,9 @@ def start(regions: Sequence[str]) -> None:
 
 def parse(argv: Sequence[str]) -> list[str]:
     """`--region R` (repeated; also `--region=R`): the regions, none meaning every one."""
-    regions: list[str] = []
-    args = list(argv)
-    while args:
-        arg = args.pop(0)
-        name, eq, value = arg.partition("=")
-        if name != "--region":
-            raise UsageError(
-                f"No such option: {name}"
-                if arg.startswith("-")
-                else f"Got unexpected extra argument(s) ({arg})"
-            )
-        if not eq:
-            if not args:
-                raise UsageError(f"Option '{name}' requires an argument.", see=False)
-            value = args.pop(0)
-        regions.append(value)
-    return regions
+    return [value for _, value in lean_entry.options(argv, ["--region"])]
 
 
 def main(argv: Sequence[str]) -> NoReturn:
-    """`sco ledger book-drains ARGS`: exit 0 when stopped, 1 with `error: <line>` on stderr
-    when it cannot start or a dependency failed it, 2 on a usage error (as typer words it)."""
-    from contracts.redact import mask_credentials
-
-    try:
-        start(parse(argv))
-    except UsageError as exc:
-        see = " (see `sco ledger book-drains --help`)" if exc.see else ""
-        print(f"error: {exc}{see}", file=sys.stderr)
-        raise SystemExit(2) from None
-    except StartError as exc:
-        # Errors name the DSN or URL that failed; never its password (contracts/redact.py).
-        print(f"error: {mask_credentials(str(exc))}", file=sys.stderr)
-        raise SystemExit(1) from None
-    except KeyboardInterrupt:
-        raise SystemExit(130) from None
-    raise SystemExit(0)
+    """`sco ledger book-drains ARGS` (workers/cli/lean_entry.py's exit statuses)."""
+    lean_entry.run_main("ledger book-drains", lambda: start(parse(argv)))

@@ -11,13 +11,12 @@ check the same things and fail with the same one line.
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-
-class StartError(Exception):
-    """The relay cannot start; str() is the one line naming what and why."""
+from workers.cli import lean_entry
+from workers.cli.lean_entry import StartError as StartError
+from workers.cli.lean_entry import UsageError
 
 
 def start(region: str | None, hall: str, sweep_seconds: float) -> None:
@@ -32,18 +31,9 @@ def start(region: str | None, hall: str, sweep_seconds: float) -> None:
     from contracts.region import RegionFileError, load_region
     from services.notice_relay.keyfile import KeyFileSigner
     from services.registry import service
-    from workers.cli.plain import shown
-    from workers.logs import configure_owned
-    from workers.settings import SettingsError, load_settings
 
-    try:
-        s = load_settings()
-    except SettingsError as exc:
-        raise StartError(str(exc)) from None
-    configure_owned(s.log)
-    region_id = s.region if region is None else region
-    if region_id not in s.regions:
-        raise StartError(f"unknown region {shown(region_id)} (known: {', '.join(s.regions)})")
+    s = lean_entry.settings()
+    region_id = lean_entry.known_region(s, s.region if region is None else region)
     try:
         region_model = load_region(s.region_file(region_id))
     except (RegionFileError, FileNotFoundError) as exc:
@@ -85,34 +75,11 @@ OPTIONS: dict[str, tuple[str, type[str] | type[float]]] = {
 }
 
 
-class UsageError(Exception):
-    """The command line is not one of `sco notice-relay`'s; str() says what is wrong (the
-    typer CLI's words: tests/workers/test_notice_relay_entry.py), `see` whether the line
-    points at the help (the typer CLI's does, but for an option without its value)."""
-
-    def __init__(self, message: str, see: bool = True) -> None:
-        super().__init__(message)
-        self.see = see
-
-
 def parse(argv: Sequence[str]) -> dict[str, Any]:
     """`--region R --hall H --sweep-seconds S` (each also `--opt=value`) as `start`'s
     arguments. Three options need no argparse (and its gettext: ~0.3 MB)."""
     values: dict[str, Any] = {"region": None, "sweep_seconds": 1.0}
-    args = list(argv)
-    while args:
-        arg = args.pop(0)
-        name, eq, value = arg.partition("=")
-        if name not in OPTIONS:
-            raise UsageError(
-                f"No such option: {name}"
-                if arg.startswith("-")
-                else f"Got unexpected extra argument(s) ({arg})"
-            )
-        if not eq:
-            if not args:
-                raise UsageError(f"Option '{name}' requires an argument.", see=False)
-            value = args.pop(0)
+    for name, value in lean_entry.options(argv, list(OPTIONS)):
         key, kind = OPTIONS[name]
         try:
             values[key] = kind(value)
@@ -127,21 +94,5 @@ def parse(argv: Sequence[str]) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str]) -> NoReturn:
-    """`sco notice-relay ARGS`: exit 0 when stopped, 1 with `error: <line>` on stderr when
-    it cannot start or a dependency failed it, 2 on a usage error (as the typer CLI words
-    it; `sco notice-relay --help` is the typer command's help)."""
-    from contracts.redact import mask_credentials
-
-    try:
-        start(**parse(argv))
-    except UsageError as exc:
-        see = " (see `sco notice-relay --help`)" if exc.see else ""
-        print(f"error: {exc}{see}", file=sys.stderr)
-        raise SystemExit(2) from None
-    except StartError as exc:
-        # Errors name the DSN or URL that failed; never its password (contracts/redact.py).
-        print(f"error: {mask_credentials(str(exc))}", file=sys.stderr)
-        raise SystemExit(1) from None
-    except KeyboardInterrupt:
-        raise SystemExit(130) from None
-    raise SystemExit(0)
+    """`sco notice-relay ARGS` (workers/cli/lean_entry.py's exit statuses)."""
+    lean_entry.run_main("notice-relay", lambda: start(**parse(argv)))
