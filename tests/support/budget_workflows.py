@@ -4,6 +4,7 @@ sandbox re-imports the module a workflow is defined in, and a test module's impo
 
 from __future__ import annotations
 
+import asyncio
 from datetime import datetime
 
 from pydantic import BaseModel
@@ -12,6 +13,7 @@ from temporalio import workflow
 with workflow.unsafe.imports_passed_through():
     from activities.budget import TOKENS_GRANTED_SIGNAL, TokenGrant
     from workflows.budget.client import BudgetClient
+    from workflows.budget.pooled import PooledTokens
 
 
 class TakeInput(BaseModel):
@@ -89,3 +91,42 @@ class GrantSink:
         await workflow.wait_condition(lambda: len(self._grants) >= inp.expected)
         await workflow.sleep(10)
         return self._grants
+
+
+class PooledInput(BaseModel):
+    region: str
+    takes: int
+
+
+class PooledOutput(BaseModel):
+    served: int
+    """Takes that got their token."""
+    held: int
+    """Tokens granted and never handed to a take."""
+    requests: int
+    """Requests this workflow sent the budget."""
+
+
+@workflow.defn
+class PooledTakes:
+    """`takes` concurrent takes of one token each through PooledTokens (as an acquisition's
+    slots take theirs)."""
+
+    def __init__(self) -> None:
+        self._budget = BudgetClient()
+        self._served = 0
+
+    @workflow.signal(name=TOKENS_GRANTED_SIGNAL)
+    def tokens_granted(self, grant: TokenGrant) -> None:
+        self._budget.on_grant(grant)
+
+    @workflow.run
+    async def run(self, inp: PooledInput) -> PooledOutput:
+        pool = PooledTokens(self._budget, inp.region)
+
+        async def one() -> None:
+            await pool.take()
+            self._served += 1
+
+        await workflow.wait([asyncio.create_task(one()) for _ in range(inp.takes)])
+        return PooledOutput(served=self._served, held=pool.held, requests=self._budget.counter)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
 from tests.support import histories
-from workflows.acquisition.workflow import AcquisitionWorkflow
+from workflows.acquisition.workflow import PATCH_POOLED_TOKENS, AcquisitionWorkflow
 from workflows.budget.workflow import TokenBudgetWorkflow
 from workflows.controller.workflow import RegionControllerWorkflow
 from workflows.intake.workflow import DemandIntakeWorkflow
@@ -74,6 +76,37 @@ async def test_controller_histories_from_before_planning_left_the_workflow_task_
     assert after, "no history recorded since planning left the workflow task"
     replayer = Replayer(
         workflows=[RegionControllerWorkflow], data_converter=pydantic_data_converter
+    )
+    for stem in before + after:
+        result = await replayer.replay_workflow(histories.load(stem), raise_on_replay_failure=False)
+        assert result.replay_failure is None, f"{stem}: {result.replay_failure}"
+
+
+def _patch_ids(stem: str) -> set[str]:
+    """The `workflow.patched` ids a recorded history carries (its core_patch markers)."""
+    ids = set()
+    for e in histories.load(stem).events:
+        if e.marker_recorded_event_attributes.marker_name != "core_patch":
+            continue
+        for payloads in e.marker_recorded_event_attributes.details.values():
+            for p in payloads.payloads:
+                ids.add(json.loads(p.data)["id"])
+    return ids
+
+
+async def test_acquisitions_from_before_pooled_create_tokens_replay() -> None:
+    """Acquisitions that began before their slots pooled their create tokens took one
+    token per request: they keep replaying on today's code beside ones recorded after,
+    whose slots ask the budget together (workflows/budget/pooled.py)."""
+    stems = [
+        s for name in RECORDED if name.startswith("acquisition_") for s in histories.recorded(name)
+    ]
+    before = [s for s in stems if PATCH_POOLED_TOKENS not in _patch_ids(s)]
+    after = [s for s in stems if PATCH_POOLED_TOKENS in _patch_ids(s)]
+    assert before and after, (before, after)
+    replayer = Replayer(
+        workflows=[AcquisitionWorkflow, TokenBudgetWorkflow],
+        data_converter=pydantic_data_converter,
     )
     for stem in before + after:
         result = await replayer.replay_workflow(histories.load(stem), raise_on_replay_failure=False)

@@ -28,6 +28,8 @@ from temporalio.worker import Replayer, Worker
 from tests.support.budget_workflows import (
     GrantRecord,
     GrantSink,
+    PooledInput,
+    PooledTakes,
     SinkInput,
     TakeInput,
     TakeOutput,
@@ -47,6 +49,7 @@ with workflow.unsafe.imports_passed_through():
         BudgetStatus,
         EnsureBudgetInput,
         SetRateInput,
+        TokenGrant,
         TokenRequest,
         budget_workflow_id,
     )
@@ -174,7 +177,7 @@ async def budget_worker(
     async with Worker(
         env.client,
         task_queue=b.queue,
-        workflows=[TokenBudgetWorkflow, TakeTokens, GrantSink],
+        workflows=[TokenBudgetWorkflow, TakeTokens, GrantSink, PooledTakes],
         activities=[ensure],
     ):
         try:
@@ -270,6 +273,58 @@ async def test_concurrent_requesters_share_the_rate_and_all_finish(
         times = sorted(g.granted_at for g in grants)
         assert (times[-1] - times[0]).total_seconds() <= (total - burst) / rate + 3.0
         assert len(set(b.ensured)) == 1 and len(b.ensured) == len(plans)
+
+
+async def test_pooled_takes_ask_the_budget_once_for_a_burst(
+    workflow_env: WorkflowEnvironment,
+) -> None:
+    """An acquisition's slots take their create tokens together (workflows/budget/
+    pooled.py): 15 takes at once are one request for 15 tokens and one grant, not 15 of
+    each (a burst of signals into one workflow stalls it in ~0.5 s steps)."""
+    async with budget_worker(workflow_env, rate=10.0, burst=20) as b:
+        out = await workflow_env.client.execute_workflow(
+            PooledTakes.run,
+            PooledInput(region=b.region, takes=15),
+            id=f"pooled-{uuid.uuid4()}",
+            task_queue=b.queue,
+        )
+        assert (out.served, out.held, out.requests) == (15, 0, 1)
+        status = await b.status()
+        assert (status.requests_total, status.granted_total, status.queued) == (1, 15, 0)
+
+
+async def test_pooled_takes_short_of_tokens_are_served_in_turn_within_the_rate(
+    workflow_env: WorkflowEnvironment,
+) -> None:
+    """A grant smaller than the takes waiting serves that many; the rest ask again,
+    together. Every take gets exactly one token, none is left over, and the budget's
+    rate holds (its grants stay within burst + rate x T)."""
+    rate, burst = 2.0, 4
+    async with budget_worker(workflow_env, rate=rate, burst=burst) as b:
+        out = await workflow_env.client.execute_workflow(
+            PooledTakes.run,
+            PooledInput(region=b.region, takes=10),
+            id=f"pooled-{uuid.uuid4()}",
+            task_queue=b.queue,
+        )
+        assert (out.served, out.held) == (10, 0)
+        status = await b.status()
+        assert status.granted_total == 10 and status.queued == 0
+        # The first request is for all 10 and gets the burst; later ones for what waits.
+        assert 2 <= out.requests == status.requests_total < 10
+        grants = []
+        async for event in b.handle.fetch_history_events():
+            if (
+                event.event_type
+                == EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED
+            ):
+                attrs = event.signal_external_workflow_execution_initiated_event_attributes
+                [grant] = await workflow_env.client.data_converter.decode(
+                    attrs.input.payloads, [TokenGrant]
+                )
+                grants.append((grant.granted_at, grant.tokens))
+        assert sum(n for _, n in grants) == 10 and grants[0][1] == burst
+        assert max_excess(grants, rate, burst) <= 1e-6
 
 
 async def continued_as_new_inputs(b: Budget, first_run_id: str) -> list[BudgetInput]:

@@ -69,6 +69,7 @@ with workflow.unsafe.imports_passed_through():
         OperatorInput,
     )
     from workflows.budget.client import BudgetClient
+    from workflows.budget.pooled import PooledTokens
     from workflows.metrics import count
     from workflows.provider_calls import (
         NOT_RETRIED,
@@ -98,6 +99,10 @@ PATCH_FAILED_WAITS_HANDLERS = "failed-acquisition-waits-handlers"
 #: flight are deleted as they land, no create is retried (it used to wait for every launch
 #: to end, up to the build bound, before deleting anything).
 PATCH_CANCEL_DELETES_AT_ONCE = "cancel-deletes-at-once"
+#: The slots' create tokens are asked for together (workflows/budget/pooled.py): one
+#: request and one grant signal per burst of slots, not one each (which stalled the budget
+#: and the acquisition for ~0.5 s steps on the operator's path).
+PATCH_POOLED_TOKENS = "pooled-create-tokens"
 #: Compensation's own fleet-state writes: bounded, the database may be what failed (the
 #: region's reconciler settles what they leave behind).
 COMPENSATION_STATE_RETRY = RetryPolicy(maximum_attempts=3)
@@ -166,6 +171,7 @@ class AcquisitionWorkflow:
         self._inp = inp
         self._id = workflow.info().workflow_id
         self._budget = BudgetClient()
+        self._tokens = PooledTokens(self._budget, inp.region)
         self._paused = False
         self._cancel: OperatorInput | None = None
         self._approval: ApprovalInput | None = None
@@ -416,7 +422,10 @@ class AcquisitionWorkflow:
             ):
                 await self._fail(slot, "cancelled before create", shortfall=False)
                 return
-            await self._budget.take(inp.region, 1)
+            if workflow.patched(PATCH_POOLED_TOKENS):
+                await self._tokens.take()
+            else:
+                await self._budget.take(inp.region, 1)
             # The token may arrive long after it was asked for: a pause or cancel accepted
             # meanwhile holds this create back too (the token stays good for a resume).
             if not tried and workflow.patched(PATCH_CHECK_AFTER_TOKEN):
