@@ -44,6 +44,8 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
+from activities.budget import budget_workflow_id
+from activities.control.exact_plan import warm_up
 from activities.control.models import partition_of
 from activities.fleet.control_state import ControlRepository
 from activities.fleet.db import open_pool
@@ -51,6 +53,7 @@ from activities.fleet.migrate import migrate
 from activities.fleet.repository import FleetRepository
 from activities.provider.interface import CreateRequest, ProviderInstance
 from activities.provider.simulator import SimulatedCloud
+from bench.history_phases import history_steps
 from bench.report import Report
 from contracts.pool_id import PoolId
 from contracts.region import load_region
@@ -151,6 +154,7 @@ async def demand_latency(
     cache, trust = install_example_bundle(tmp / "bundle")
     cloud = TimedCloud(region, clock=time.monotonic)
     samples: list[float] = []
+    steps: list[dict[str, object]] = []  # per trial: where its time went (the histories)
     lost: list[str] = []
     anchor = "fleet-state demand write, then the demand_changed signal (in-process)"
     cli_anchor = "`sco demand set` process start (Python start-up, settings, bundle check)"
@@ -169,13 +173,16 @@ async def demand_latency(
                     id=controller_workflow_id("r1", p),
                     task_queue=h.queue,
                 )
+        # As the region worker does at start (services/region_worker/service.py): the exact
+        # planner's imports are not the first trial's.
+        await asyncio.to_thread(warm_up)
         await asyncio.sleep(2)  # first ticks (nothing demanded yet) are done
         for i in range(trials):
             c = contracts[i % len(contracts)]
             demand[c] += 40  # above what it holds: the controller must create
             await quiet(cloud)
             known = cloud.acquisitions()
-            t0 = time.perf_counter()
+            t0, wall0 = time.perf_counter(), time.time()
             control.set_demand("r1", "cli", {c: demand[c]})
             await handles[partition_of(c, 4)].signal(
                 RegionControllerWorkflow.demand_changed, DemandChanged(contracts=[c])
@@ -186,6 +193,18 @@ async def demand_latency(
                 lost.append(f"{c} at {demand[c]} units: no create in {wait_s} s ({st})")
             else:
                 samples.append(seen - t0)
+                acq = next(a for t, w, a in cloud.creates if w == c and a not in known)
+                steps.append(
+                    {
+                        "contract": c,
+                        "first_create_s": round(seen - t0, 3),
+                        "controller": await history_steps(handles[partition_of(c, 4)], wall0),
+                        "acquisition": await history_steps(client.get_workflow_handle(acq), wall0),
+                        "budget": await history_steps(
+                            client.get_workflow_handle(budget_workflow_id("r1")), wall0
+                        ),
+                    }
+                )
             await asyncio.sleep(1.0)
         # Once through the real CLI process: settings, bundle check, DB write, signal.
         c = "ci-runners"
@@ -318,6 +337,7 @@ async def demand_latency(
     report.details["demand_to_first_create"] = {
         "trials": trials,
         "samples_s": [round(x, 3) for x in samples],
+        "steps": steps,
         "cli_exit_code": cli_code,
         "cli_output": cli_out.strip()[:4000],
     }

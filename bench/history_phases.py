@@ -1,0 +1,100 @@
+"""Where a workflow's time went, read from its Temporal history: each step's start and end
+relative to a moment the bench took (e.g. the signal it sent), so a latency figure comes
+with the steps it is made of (an activity's queue wait and run, a local activity, a timer,
+a child started, a signal sent or received).
+
+    steps = await history_steps(handle, since=signal_sent_at)  # [{"step", "at_s", "took_s"}]
+
+Times are the server's event times (wall clock, UTC) against `since` (the bench's
+`time.time()` at the moment it measures from): on one machine the two clocks are one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import WorkflowHandle
+
+#: The events that close an activity -> the attributes naming the event that scheduled it.
+_ACTIVITY_END = {
+    EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED: "activity_task_completed_event_attributes",
+    EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED: "activity_task_failed_event_attributes",
+    EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT: "activity_task_timed_out_event_attributes",
+    EventType.EVENT_TYPE_ACTIVITY_TASK_CANCELED: "activity_task_canceled_event_attributes",
+}
+
+
+def _epoch(event: Any) -> float:
+    return float(event.event_time.seconds) + float(event.event_time.nanos) / 1e9
+
+
+def steps_of(events: list[Any], since: float) -> list[dict[str, Any]]:
+    """The steps of `events` (a history's, in order) that end after `since`: activities
+    (queued = scheduled -> started, took = scheduled -> closed), local activities (their
+    marker: recorded when the workflow task that ran them completed), workflow tasks
+    (scheduled -> completed), timers, children started, signals sent and received."""
+    scheduled: dict[int, tuple[str, float]] = {}
+    started: dict[int, float] = {}
+    out: list[dict[str, Any]] = []
+
+    def add(step: str, begin: float, end: float, **extra: float) -> None:
+        if end < since:
+            return
+        out.append(
+            {"step": step, "at_s": round(begin - since, 3), "took_s": round(end - begin, 3)}
+            | {k: round(v, 3) for k, v in extra.items()}
+        )
+
+    for e in events:
+        when = _epoch(e)
+        t = e.event_type
+        if t == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            name = e.activity_task_scheduled_event_attributes.activity_type.name
+            scheduled[e.event_id] = (name, when)
+        elif t == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
+            started[e.activity_task_started_event_attributes.scheduled_event_id] = when
+        elif t in _ACTIVITY_END:
+            sid = getattr(e, _ACTIVITY_END[t]).scheduled_event_id
+            if sid in scheduled:
+                name, begin = scheduled[sid]
+                queued = started.get(sid, when)
+                add(f"activity {name}", begin, when, queued_s=queued - begin)
+        elif t == EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED:
+            scheduled[e.event_id] = ("workflow task", when)
+        elif t == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED:
+            started[e.workflow_task_started_event_attributes.scheduled_event_id] = when
+        elif t == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
+            sid = e.workflow_task_completed_event_attributes.scheduled_event_id
+            if sid in scheduled:
+                begin = scheduled[sid][1]
+                add("workflow task", begin, when, queued_s=started.get(sid, when) - begin)
+        elif t == EventType.EVENT_TYPE_MARKER_RECORDED:
+            add(f"marker {e.marker_recorded_event_attributes.marker_name}", when, when)
+        elif t == EventType.EVENT_TYPE_TIMER_STARTED:
+            scheduled[e.event_id] = ("timer", when)
+        elif t == EventType.EVENT_TYPE_TIMER_FIRED:
+            sid = e.timer_fired_event_attributes.started_event_id
+            if sid in scheduled:
+                add("timer", scheduled[sid][1], when)
+        elif t == EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED:
+            scheduled[e.event_id] = ("child", when)
+        elif t == EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_STARTED:
+            sid = e.child_workflow_execution_started_event_attributes.initiated_event_id
+            if sid in scheduled:
+                add("child started", scheduled[sid][1], when)
+        elif t == EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED:
+            name = e.signal_external_workflow_execution_initiated_event_attributes.signal_name
+            add(f"signal sent {name}", when, when)
+        elif t == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
+            name = e.workflow_execution_signaled_event_attributes.signal_name
+            add(f"signal received {name}", when, when)
+        elif t == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED:
+            add("started", when, when)
+    return out
+
+
+async def history_steps(handle: WorkflowHandle[Any, Any], since: float) -> list[dict[str, Any]]:
+    """`steps_of` the workflow's current run's history."""
+    events = [e async for e in handle.fetch_history_events()]
+    return steps_of(events, since)
