@@ -53,7 +53,7 @@ from activities.fleet.migrate import migrate
 from activities.fleet.repository import FleetRepository
 from activities.provider.interface import CreateRequest, ProviderInstance
 from activities.provider.simulator import SimulatedCloud
-from bench.history_phases import history_steps
+from bench.history_phases import condensed, history_steps
 from bench.report import Report
 from contracts.pool_id import PoolId
 from contracts.region import load_region
@@ -198,10 +198,17 @@ async def demand_latency(
                     {
                         "contract": c,
                         "first_create_s": round(seen - t0, 3),
-                        "controller": await history_steps(handles[partition_of(c, 4)], wall0),
-                        "acquisition": await history_steps(client.get_workflow_handle(acq), wall0),
-                        "budget": await history_steps(
-                            client.get_workflow_handle(budget_workflow_id("r1")), wall0
+                        "controller": condensed(
+                            await history_steps(handles[partition_of(c, 4)], wall0), seen - t0
+                        ),
+                        "acquisition": condensed(
+                            await history_steps(client.get_workflow_handle(acq), wall0), seen - t0
+                        ),
+                        "budget": condensed(
+                            await history_steps(
+                                client.get_workflow_handle(budget_workflow_id("r1")), wall0
+                            ),
+                            seen - t0,
                         ),
                     }
                 )

@@ -98,3 +98,27 @@ async def history_steps(handle: WorkflowHandle[Any, Any], since: float) -> list[
     """`steps_of` the workflow's current run's history."""
     events = [e async for e in handle.fetch_history_events()]
     return steps_of(events, since)
+
+
+def condensed(steps: list[dict[str, Any]], until: float) -> list[str]:
+    """`steps` that began by `until` (seconds after `since`), one line each, those of one
+    name that began within the same 10 ms as one line (`x N`, the longest): an
+    acquisition's slots each write their state and send their signals at once.
+    E.g. `0.094 +0.030 activity control.exact_plan (queued 0.000)`."""
+    rows: dict[tuple[str, float], dict[str, Any]] = {}
+    for s in steps:
+        if s["at_s"] > until:
+            continue
+        key = (s["step"], round(s["at_s"], 2))
+        row = rows.get(key)
+        if row is None:
+            rows[key] = dict(s, n=1)
+        else:
+            row["n"] += 1
+            row["took_s"] = max(row["took_s"], s["took_s"])
+    lines = []
+    for r in sorted(rows.values(), key=lambda r: (r["at_s"], r["step"])):
+        queued = f" (queued {r['queued_s']:.3f})" if "queued_s" in r else ""
+        times = f" x {r['n']}" if r["n"] > 1 else ""
+        lines.append(f"{r['at_s']:.3f} +{r['took_s']:.3f} {r['step']}{queued}{times}")
+    return lines
