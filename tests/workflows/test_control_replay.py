@@ -10,6 +10,7 @@ from temporalio.worker import Replayer
 
 from tests.support import histories
 from workflows.acquisition.workflow import PATCH_POOLED_TOKENS, AcquisitionWorkflow
+from workflows.budget.client import PATCH_SIGNAL_FIRST
 from workflows.budget.workflow import TokenBudgetWorkflow
 from workflows.controller.workflow import RegionControllerWorkflow
 from workflows.intake.workflow import DemandIntakeWorkflow
@@ -94,18 +95,26 @@ def _patch_ids(stem: str) -> set[str]:
     return ids
 
 
-async def test_acquisitions_from_before_pooled_create_tokens_replay() -> None:
-    """Acquisitions that began before their slots pooled their create tokens took one
-    token per request: they keep replaying on today's code beside ones recorded after,
-    whose slots ask the budget together (workflows/budget/pooled.py)."""
-    stems = [
-        s for name in RECORDED if name.startswith("acquisition_") for s in histories.recorded(name)
-    ]
-    before = [s for s in stems if PATCH_POOLED_TOKENS not in _patch_ids(s)]
-    after = [s for s in stems if PATCH_POOLED_TOKENS in _patch_ids(s)]
+@pytest.mark.parametrize(
+    ("patch", "prefix"),
+    [
+        # Acquisitions that began before their slots pooled their create tokens took one
+        # token per request (workflows/budget/pooled.py).
+        (PATCH_POOLED_TOKENS, "acquisition_"),
+        # Requesters that began before a budget request went out first ensured the budget
+        # with an activity (workflows/budget/client.py): the acquisitions and controllers.
+        (PATCH_SIGNAL_FIRST, "acquisition_"),
+        (PATCH_SIGNAL_FIRST, "region_controller"),
+    ],
+)
+async def test_histories_from_before_a_budget_patch_replay(patch: str, prefix: str) -> None:
+    """Recorded before the patch and after it (decision 0042): both replay on today's code."""
+    stems = [s for name in RECORDED if name.startswith(prefix) for s in histories.recorded(name)]
+    before = [s for s in stems if patch not in _patch_ids(s)]
+    after = [s for s in stems if patch in _patch_ids(s)]
     assert before and after, (before, after)
     replayer = Replayer(
-        workflows=[AcquisitionWorkflow, TokenBudgetWorkflow],
+        workflows=[AcquisitionWorkflow, RegionControllerWorkflow, TokenBudgetWorkflow],
         data_converter=pydantic_data_converter,
     )
     for stem in before + after:

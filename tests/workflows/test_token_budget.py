@@ -461,3 +461,20 @@ async def test_a_requester_restarts_a_budget_that_went_away(
         assert sum(g.tokens for g in out.grants) == 4
         assert b.ensured == [b.region, b.region]  # ensured again after "not found"
         assert (await b.status()).granted_total == 2  # the new run's count
+
+
+async def test_a_requester_signals_a_running_budget_without_ensuring_it(
+    workflow_env: WorkflowEnvironment,
+) -> None:
+    """The region's budget runs for weeks: a requester's first request is a signal, and
+    `budget.ensure` (an activity and a workflow task more) runs only when that signal finds
+    no budget (decision 0042). Its history has no activity at all."""
+    async with budget_worker(workflow_env, rate=10.0, burst=20) as b:
+        await b.start(rate_per_second=10.0, burst=20)
+        taker = await b.requester([3])
+        out = await taker.result()
+        assert sum(g.tokens for g in out.grants) == 3
+        assert b.ensured == []
+        kinds = {e.event_type async for e in taker.fetch_history_events()}
+        assert EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED not in kinds
+        assert EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_FAILED not in kinds

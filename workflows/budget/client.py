@@ -1,8 +1,9 @@
 """BudgetClient: take tokens from a region's TokenBudgetWorkflow, inside another workflow.
 
 Deterministic workflow code (no I/O of its own): it signals the budget, waits for the
-budget's `tokens_granted` signal, and runs the `budget.ensure` activity so that a region's
-budget exists before its first request. The requester wires the grant signal to it:
+budget's `tokens_granted` signal, and runs the `budget.ensure` activity when a request finds
+no budget running (it starts one, then the request goes again). The requester wires the grant
+signal to it:
 
     @workflow.defn
     class AcquisitionWorkflow:
@@ -44,6 +45,9 @@ with workflow.unsafe.imports_passed_through():
 __all__ = ["TOKENS_GRANTED_SIGNAL", "BudgetClient", "TokenGrant", "budget_workflow_id"]
 
 NOT_FOUND = "ExternalWorkflowExecutionNotFound"
+#: `workflow.patched` id: a requester signals the budget before ensuring it (runs that
+#: began before ensured first; a patch id is per workflow, so every requester type has it).
+PATCH_SIGNAL_FIRST = "budget-signal-first"
 SEND_ATTEMPTS = 3
 
 
@@ -134,7 +138,14 @@ class BudgetClient:
 
     async def _send(self, region: str, req: TokenRequest) -> None:
         budget = workflow.get_external_workflow_handle(budget_workflow_id(region))
-        for _ in range(SEND_ATTEMPTS):
+        # The region's budget runs for weeks: signal it first, and ensure (start) it only
+        # when the signal finds none. Ensuring first cost every requester an activity and
+        # a workflow task before its first request (decision 0042).
+        attempts = SEND_ATTEMPTS
+        if region not in self._ensured and workflow.patched(PATCH_SIGNAL_FIRST):
+            self._ensured.add(region)
+            attempts += 1  # the first signal was not one of the ensured attempts
+        for _ in range(attempts):
             # Concurrent takes of one workflow share one ensure, not one each.
             async with self._ensure_lock:
                 if region not in self._ensured:
