@@ -24,6 +24,20 @@ _ACTIVITY_END = {
     EventType.EVENT_TYPE_ACTIVITY_TASK_CANCELED: "activity_task_canceled_event_attributes",
 }
 
+#: Steps a timer and a child workflow make: the event that opens one -> its name, the event
+#: that closes it -> (its attributes, the field naming the opening event).
+_OPENS = {
+    EventType.EVENT_TYPE_TIMER_STARTED: "timer",
+    EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED: "child started",
+}
+_CLOSES = {
+    EventType.EVENT_TYPE_TIMER_FIRED: ("timer_fired_event_attributes", "started_event_id"),
+    EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_STARTED: (
+        "child_workflow_execution_started_event_attributes",
+        "initiated_event_id",
+    ),
+}
+
 
 def _epoch(event: Any) -> float:
     return float(event.event_time.seconds) + float(event.event_time.nanos) / 1e9
@@ -71,18 +85,13 @@ def steps_of(events: list[Any], since: float) -> list[dict[str, Any]]:
                 add("workflow task", begin, when, queued_s=started.get(sid, when) - begin)
         elif t == EventType.EVENT_TYPE_MARKER_RECORDED:
             add(f"marker {e.marker_recorded_event_attributes.marker_name}", when, when)
-        elif t == EventType.EVENT_TYPE_TIMER_STARTED:
-            scheduled[e.event_id] = ("timer", when)
-        elif t == EventType.EVENT_TYPE_TIMER_FIRED:
-            sid = e.timer_fired_event_attributes.started_event_id
+        elif t in _OPENS:
+            scheduled[e.event_id] = (_OPENS[t], when)
+        elif t in _CLOSES:
+            attributes, opened_by = _CLOSES[t]
+            sid = getattr(getattr(e, attributes), opened_by)
             if sid in scheduled:
-                add("timer", scheduled[sid][1], when)
-        elif t == EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED:
-            scheduled[e.event_id] = ("child", when)
-        elif t == EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_STARTED:
-            sid = e.child_workflow_execution_started_event_attributes.initiated_event_id
-            if sid in scheduled:
-                add("child started", scheduled[sid][1], when)
+                add(*scheduled[sid], when)
         elif t == EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED:
             name = e.signal_external_workflow_execution_initiated_event_attributes.signal_name
             add(f"signal sent {name}", when, when)
