@@ -91,6 +91,9 @@ def estate_box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
         "SCO_PROMETHEUS__SCRAPE_SECONDS": "1",
         "SCO_PROMETHEUS__EVALUATION_SECONDS": "1",
         "SCO_WORKER__COLLECT_SECONDS": "1",
+        # Twice the shipped 5 s: eleven services on two cores make a region's read slow
+        # under load, and these tests check what is read, not how fast (the bench does).
+        "SCO_ESTATE__DEADLINE_SECONDS": "10",
     }
     with services.environment(env):
         try:
@@ -312,7 +315,7 @@ def test_estate_status_reads_every_region_and_shows_the_one_that_does_not_answer
         before = _live(s.postgres_dsn, "r2")
         started = time.monotonic()
         out = subprocess.run(
-            [SCO, "estate", "status", "--json", "--deadline", "4"],
+            [SCO, "estate", "status", "--json", "--deadline", "10"],
             env=env,
             cwd=REPO,
             text=True,
@@ -325,7 +328,9 @@ def test_estate_status_reads_every_region_and_shows_the_one_that_does_not_answer
         assert set(view) == set(REGIONS)
         assert not view["r3"]["answered"] and view["r3"]["error"]
         assert view["r1"]["answered"] and view["r2"]["answered"]
-        assert elapsed < 4 + 20, elapsed  # the deadline bounds it (plus the CLI's start)
+        assert elapsed < 10 + 30, elapsed  # the deadline bounds it (plus the CLI's start)
+        if view["r2"]["partial"]:  # its floors' Temporal part ran out of time: read again
+            return None
         live = _live(s.postgres_dsn, "r2")
         if [i.instance_id for i in live] != [i.instance_id for i in before]:
             return None
@@ -345,7 +350,7 @@ def test_estate_status_reads_every_region_and_shows_the_one_that_does_not_answer
     assert sum(h["floor_target_units"] for h in halls.values()) > 0
 
     text = subprocess.run(
-        [SCO, "estate", "status", "--deadline", "4"],
+        [SCO, "estate", "status", "--deadline", "10"],
         env=env,
         cwd=REPO,
         text=True,
