@@ -276,6 +276,7 @@ def run(
             report.details["churn_commands"] = churn.commands
             report.details["churn_failed"] = churn.failed[:20]
             report.details["active_instances_at_end"] = len(active_instances(dsn))
+            report.details["ledger_engine_releases"] = engine_releases(tmp / "sco" / "logs")
             gone = sorted(n for n, pid in pids.items() if procstat.rss_mb(pid) is None)
             if gone:
                 report.notes.append(f"exited during the run: {', '.join(gone)}")
@@ -289,6 +290,16 @@ def run(
             box.down()
             services.drop_database(dsn)
     return curves
+
+
+def engine_releases(logs: Path) -> int:
+    """How often the ledger consumer let its embedded ledger go for another process (its
+    log's lines, services/ledger_consumer/consumer.py): each reopen leaves ~2 MB in chDB,
+    the steps of its curve."""
+    return sum(
+        f.read_text(errors="replace").count("engine released for another process")
+        for f in logs.glob("ledger-consumer*.log")
+    )
 
 
 def take_snapshots(directory: Path, n: int, wait_s: float = 900.0) -> dict[str, Path]:

@@ -41,6 +41,12 @@ LAG = Gauge(
     "Messages on the broker not yet consumed, per topic (the group's assigned partitions)",
     ["topic"],
 )
+ENGINE_RELEASES = Counter(
+    "sco_ledger_engine_releases",
+    "Times a held embedded ledger was closed for another process (a CLI query, the worker's "
+    "reclaim-rate read every 5 min); chDB keeps ~2 MB of each open, so the consumer's memory "
+    "steps up with these until ledger.recycle_rss_mb restarts it",
+)
 #: The lag is measured at most this often (it asks the broker for each partition's end).
 LAG_EVERY_SECONDS = 5.0
 #: How often the client certificate's files are looked at for a renewal.
@@ -116,6 +122,7 @@ class LedgerConsumer:
         self._next_lag = 0.0
         #: False after Kafka failed the last poll or commit, True after one succeeded.
         self.healthy = False
+        self.engine_releases = 0  # this run's, for its log line (the counter: the process's)
         for table in ("events", "decisions"):
             ROWS_WRITTEN.labels(table)
 
@@ -222,7 +229,13 @@ class LedgerConsumer:
                 self.healthy = True
                 backoff.reset()
                 # A held embedded ledger is let go between batches when a CLI waits.
-                self._store.release_if_wanted()
+                if self._store.release_if_wanted():
+                    self.engine_releases += 1
+                    ENGINE_RELEASES.inc()
+                    log.info(
+                        "ledger: engine released for another process (%d so far)",
+                        self.engine_releases,
+                    )
             except KafkaException as exc:
                 self.healthy = False
                 wait = backoff.next()

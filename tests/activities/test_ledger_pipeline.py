@@ -373,3 +373,54 @@ def test_a_renewal_after_a_refused_commit_hands_the_new_client_its_place(
         consumer.close()
         store.close()
     assert consumer.progress.consumed == 3, "the new client read the topic again"
+
+
+@pytest.mark.timeout(180)
+def test_the_consumer_counts_each_time_it_lets_a_held_ledger_go(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """A held embedded ledger is closed between batches for a process that waits for it
+    (a CLI query, the worker's reclaim-rate read): each such reopen is what steps the
+    consumer's memory up (chDB keeps ~2 MB of each open), so each is counted and logged."""
+    import subprocess
+    import sys
+
+    from prometheus_client import REGISTRY
+
+    from tests.support.paths import REPO
+
+    def released() -> float:
+        return REGISTRY.get_sample_value("sco_ledger_engine_releases_total") or 0.0
+
+    dsn = f"chdb://{tmp_path / 'ledger'}"
+    store = LedgerStore(dsn, hold=True)
+    store.ensure_schema()
+    consumer = LedgerConsumer(
+        kafka_bootstrap, [lifecycle_topic("r3")], store, group_id=uuid.uuid4().hex
+    )
+    before = released()
+    stop = threading.Event()
+    loop = threading.Thread(target=consumer.run, args=(stop,), daemon=True)
+    loop.start()
+    try:
+        reader = (
+            "import sys\nfrom activities.ledger.store import LedgerStore\n"
+            "with LedgerStore(sys.argv[1], lock_timeout=60) as s, s.session() as c:\n"
+            "    print(c.query('SELECT 1').result_rows[0][0])\n"
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", reader, dsn],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+        assert out.stdout.strip() == "1"
+        eventually(lambda: consumer.engine_releases == 1, timeout=30, what="the release counted")
+        assert released() == before + 1
+    finally:
+        stop.set()
+        loop.join(timeout=30)
+        consumer.close()
+        store.close()
