@@ -431,6 +431,18 @@ def main() -> int:
             target=None if args.tracemalloc else round(max(1.0, 0.02 * at_end), 1),
             comparator=None if args.tracemalloc else "<=",
         )
+    if "ledger-consumer" in curves:
+        # Not judged: what the consumer's steps are made of. Each reopen of the embedded
+        # ledger after another process read it leaves ~2 MB in chDB (the worker's
+        # reclaim-rate read every 5 min, an operator's `sco ledger` query); a ClickHouse
+        # server ledger has none, and `ledger.recycle_rss_mb` bounds the embedded one.
+        report.figure(
+            "ledger-consumer_engine_releases",
+            report.details.get("ledger_engine_releases", 0),
+            "reopens",
+            anchor=f"the consumer's log over the {args.minutes:g} min: the embedded ledger let"
+            " go for another process and opened again",
+        )
     if not curves:
         report.measurement_missing("rss", "no process was sampled", "MB", anchor="the box")
     return report.emit()
