@@ -4,8 +4,6 @@ waiting for the lock says so, the holder lets go between batches, and opens agai
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -14,16 +12,7 @@ from pathlib import Path
 from activities.events import LifecycleEvent
 from activities.ledger.store import EMBEDDED_CACHE_LIMITS, TABLE, LedgerStore
 from tests.support.ledger_events import cpu_event
-from tests.support.paths import REPO
-
-READER = """
-import sys
-from activities.ledger.store import LedgerStore, TABLE
-with LedgerStore(sys.argv[1], lock_timeout=60) as store, store.session() as c:
-    print(c.query(f"SELECT count() FROM {TABLE} FINAL").result_rows[0][0])
-    print(c.query("SELECT value FROM system.server_settings WHERE name = 'mark_cache_size'")
-          .result_rows[0][0])
-"""
+from tests.support.ledger_reader import read_elsewhere
 
 
 def events(n: int) -> list[LifecycleEvent]:
@@ -47,14 +36,11 @@ def test_a_held_ledger_lets_a_waiting_reader_in_and_opens_again(tmp_path: Path) 
         loop = threading.Thread(target=between_batches, daemon=True)
         loop.start()
         started = time.monotonic()
-        out = subprocess.run(
-            [sys.executable, "-c", READER, dsn],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=True,
-        ).stdout.split()
+        out = read_elsewhere(
+            dsn,
+            f"SELECT count() FROM {TABLE} FINAL",
+            "SELECT value FROM system.server_settings WHERE name = 'mark_cache_size'",
+        )
         stop.set()
         loop.join(timeout=10)
         print(f"reader answered in {time.monotonic() - started:.1f} s")

@@ -382,12 +382,9 @@ def test_the_consumer_counts_each_time_it_lets_a_held_ledger_go(
     """A held embedded ledger is closed between batches for a process that waits for it
     (a CLI query, the worker's reclaim-rate read): each such reopen is what steps the
     consumer's memory up (chDB keeps ~2 MB of each open), so each is counted and logged."""
-    import subprocess
-    import sys
-
     from prometheus_client import REGISTRY
 
-    from tests.support.paths import REPO
+    from tests.support.ledger_reader import read_elsewhere
 
     def released() -> float:
         return REGISTRY.get_sample_value("sco_ledger_engine_releases_total") or 0.0
@@ -403,20 +400,7 @@ def test_the_consumer_counts_each_time_it_lets_a_held_ledger_go(
     loop = threading.Thread(target=consumer.run, args=(stop,), daemon=True)
     loop.start()
     try:
-        reader = (
-            "import sys\nfrom activities.ledger.store import LedgerStore\n"
-            "with LedgerStore(sys.argv[1], lock_timeout=60) as s, s.session() as c:\n"
-            "    print(c.query('SELECT 1').result_rows[0][0])\n"
-        )
-        out = subprocess.run(
-            [sys.executable, "-c", reader, dsn],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=True,
-        )
-        assert out.stdout.strip() == "1"
+        assert read_elsewhere(dsn, "SELECT 1") == ["1"]
         eventually(lambda: consumer.engine_releases == 1, timeout=30, what="the release counted")
         assert released() == before + 1
     finally:

@@ -18,6 +18,23 @@ def _event(event_id: int, at: float, kind: EventType.ValueType, **attrs: object)
     return e
 
 
+def _task(
+    first: int, at: tuple[float, float, float], kind: str, **scheduled: object
+) -> list[HistoryEvent]:
+    """A workflow or activity task (`kind`: WORKFLOW_TASK, ACTIVITY_TASK) scheduled, started
+    and completed at `at`, its events numbered from `first`."""
+    name = kind.lower()
+    started, completed = (
+        {f"{name}_{state}_event_attributes": {"scheduled_event_id": first}}
+        for state in ("started", "completed")
+    )
+    return [
+        _event(first, at[0], getattr(EventType, f"EVENT_TYPE_{kind}_SCHEDULED"), **scheduled),
+        _event(first + 1, at[1], getattr(EventType, f"EVENT_TYPE_{kind}_STARTED"), **started),
+        _event(first + 2, at[2], getattr(EventType, f"EVENT_TYPE_{kind}_COMPLETED"), **completed),
+    ]
+
+
 def _history() -> list[HistoryEvent]:
     k = EventType
     return [
@@ -26,26 +43,10 @@ def _history() -> list[HistoryEvent]:
             2, 0.1, k.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED,
             workflow_execution_signaled_event_attributes={"signal_name": "demand_changed"},
         ),
-        _event(3, 0.1, k.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED),
-        _event(
-            4, 0.4, k.EVENT_TYPE_WORKFLOW_TASK_STARTED,
-            workflow_task_started_event_attributes={"scheduled_event_id": 3},
-        ),
-        _event(
-            5, 0.5, k.EVENT_TYPE_WORKFLOW_TASK_COMPLETED,
-            workflow_task_completed_event_attributes={"scheduled_event_id": 3},
-        ),
-        _event(
-            6, 0.5, k.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED,
+        *_task(3, (0.1, 0.4, 0.5), "WORKFLOW_TASK"),
+        *_task(
+            6, (0.5, 0.6, 0.9), "ACTIVITY_TASK",
             activity_task_scheduled_event_attributes={"activity_type": {"name": "snapshot"}},
-        ),
-        _event(
-            7, 0.6, k.EVENT_TYPE_ACTIVITY_TASK_STARTED,
-            activity_task_started_event_attributes={"scheduled_event_id": 6},
-        ),
-        _event(
-            8, 0.9, k.EVENT_TYPE_ACTIVITY_TASK_COMPLETED,
-            activity_task_completed_event_attributes={"scheduled_event_id": 6},
         ),
         _event(9, 1.0, k.EVENT_TYPE_TIMER_STARTED),
         _event(
