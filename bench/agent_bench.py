@@ -45,7 +45,7 @@ from agent.natslink import NatsLink
 from agent.scheduler import SchedulerError, Workload
 from agent.scheduler.slurm import SlurmScheduler
 from agent.sources.nats import NatsNoticeSource
-from bench import needs, procstat
+from bench import needs
 from bench.report import Report
 from contracts.cache import BundleCache
 from contracts.keys import TrustStore
@@ -55,6 +55,7 @@ from contracts.notice_signing import Accepted, NodeIdentity, check, sign
 from tests.support.agent_fakes import RecordingScheduler, agent_config, notice_key, signed_bundle
 from tests.support.agent_slurm_cluster import NODE as SLURM_NODE
 from tests.support.agent_slurm_cluster import agent_slurm_cluster
+from workers import procstat
 
 NODE = "bench-node"
 TARGET_P99_MS = 200.0

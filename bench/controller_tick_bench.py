@@ -58,11 +58,11 @@ from activities.control.models import (
     SnapshotInput,
 )
 from activities.fleet.control_state import AcquisitionRecord
-from bench import procstat
 from bench.acquisition_stand_in import AcquisitionStandIn
 from bench.planner_bench import headline_instance
 from bench.report import Report
 from planning.planner import Plan, PlanInput, plan
+from workers import procstat
 from workers.exit_now import run_and_exit
 from workers.temporal_bootstrap import ensure_search_attributes
 from workflows.controller.models import ControllerConfig, ControllerInput, DemandChanged

@@ -45,7 +45,6 @@ from nats.js.client import JetStreamContext
 from activities.fleet.db import open_pool
 from activities.fleet.repository import FleetRepository
 from activities.provider.simulator import SimulatedCloud
-from bench import procstat
 from bench.report import Report
 from contracts.cache import BundleCache
 from contracts.keys import TrustStore
@@ -54,6 +53,7 @@ from contracts.region import load_region
 from services.notice_relay.relay import NoticeRelay
 from tests.support.agent_fakes import NOTICE_LEAD_SECONDS, notice_key, signed_bundle
 from tests.support.paths import BASE_DSN
+from workers import procstat
 
 HALL = "H"
 TARGET_P99_MS = 200.0

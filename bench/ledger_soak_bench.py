@@ -46,10 +46,10 @@ from activities.events import (
 )
 from activities.kafka import ensure_topics
 from activities.ledger.store import TABLE, LedgerStore
-from bench import procstat
 from bench.report import Report
 from tests.support import services
 from tests.support.ledger_events import cpu_event
+from workers import procstat
 from workers.devbox import process
 from workers.devbox.services import KafkaService
 from workers.settings import Settings

@@ -54,10 +54,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench import procstat
 from bench.report import Report
 from tests.support import services
 from tests.support.paths import BASE_DSN, REGIONS_DIR
+from workers import procstat
 
 REGION = "r1"
 SCO = str(Path(sys.executable).parent / "sco")
@@ -96,14 +96,6 @@ def end_mb(curve: list[tuple[float, float]]) -> float:
     """The RSS at the end: the median of the last 5 samples, so a sample that caught a
     short-lived child (see `growth_mb`) is not the figure."""
     return statistics.median(v for _, v in curve[-5:])
-
-
-def tree_rss(pid: int) -> float | None:
-    """VmRSS of `pid` and its descendants, MB; None when `pid` is gone."""
-    own = procstat.rss_mb(pid)
-    if own is None:
-        return None
-    return own + sum(tree_rss(child) or 0.0 for child, _ in procstat.children(pid))
 
 
 def box_env(tmp: Path, dsn: str) -> dict[str, str]:
@@ -251,7 +243,7 @@ def run(
                     half_taken = True
                 if now >= next_sample:
                     for name, pid in pids.items():
-                        if (mb := tree_rss(pid)) is not None:
+                        if (mb := procstat.tree_rss_mb(pid)) is not None:
                             curves.setdefault(name, []).append((round(now - t0, 1), round(mb, 2)))
                     print(
                         f"sample at {now - t0:.0f} s: {len(curves)} processes",

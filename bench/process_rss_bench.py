@@ -5,7 +5,7 @@
 A fresh interpreter per process loads what `sco <command>` loads before the process
 connects anywhere (the CLI's guard, the command's module, the service's `run` from the
 registry; the node agent: `sco-agent`'s main up to parsing its arguments, the daemon
-imported), then waits; its VmRSS and RssAnon are read from /proc (bench/procstat.py). This
+imported), then waits; its VmRSS and RssAnon are read from /proc (workers/procstat.py). This
 is the floor of each process's footprint: what it holds before its first connection, and
 most of what a quiet one holds (the agent bench reads a connected agent's idle RSS).
 
@@ -34,8 +34,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench import procstat
 from bench.report import Report
+from workers import procstat
 
 #: process -> (how its command loads it, target MB or None). `a|b:name`: module a, or b in
 #: a checkout without a (a baseline from before `sco notice-relay` left the typer CLI).

@@ -60,13 +60,13 @@ from activities.events import EventKind, InstanceState
 from activities.fleet.db import open_pool
 from activities.fleet.migrate import migrate
 from activities.fleet.repository import FleetRepository
-from bench import procstat
 from bench.report import Report
 from contracts.pool_id import PoolId
 from contracts.region import Region, load_region
 from tests.support import services
 from tests.support.paths import BASE_DSN
 from tests.support.sco_process import Process
+from workers import procstat
 from workers.exit_now import run_and_exit
 from workers.temporal_bootstrap import bootstrap_namespace, ensure_search_attributes
 from workflows.acquisition.models import AcquisitionInput, LaunchItem

@@ -15,6 +15,7 @@ from activities.events import region_topics
 from activities.ledger.store import LedgerStore
 from contracts.redact import mask_credentials
 from services.ledger_consumer.consumer import ConsumerProgress, LedgerConsumer
+from workers import procstat
 from workers.client_security import kafka_config, ledger_options, postgres_conninfo
 from workers.endpoints import health_thread, start_metrics
 from workers.settings import Settings
@@ -102,14 +103,7 @@ def _over(settings: Settings, store: LedgerStore) -> Callable[[], bool]:
 
 def rss_mb() -> float:
     """This process's resident memory (VmRSS), MB; 0 where /proc has none."""
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
+    return procstat.rss_mb(os.getpid()) or 0.0
 
 
 def _argv() -> list[str]:

@@ -87,7 +87,14 @@ def test_up_is_idempotent_status_is_healthy_and_down_leaves_nothing(
 
     status = sco(box_env, "dev", "status", "--json")
     assert status.returncode == 0, status.stderr
-    assert all(s["healthy"] for s in json.loads(status.stdout))
+    statuses = json.loads(status.stdout)
+    assert all(s["healthy"] for s in statuses)
+    # Each process the box started shows its memory; what it did not start shows none.
+    for s in statuses:
+        if s["mode"] == "managed":
+            assert s["pid"] and 1 < s["rss_mb"] < 4096, s
+        else:
+            assert s["rss_mb"] is None, s
 
     # The worker serves the region: the pool catalogue goes through Temporal into PostgreSQL.
     synced = sco(box_env, "pools", "sync", "--region", "r1")

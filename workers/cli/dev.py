@@ -39,7 +39,7 @@ def _show(statuses: list[ServiceStatus], box: Box) -> None:
     certs = f", certificates from {box.secure.cert_source}" if box.secure is not None else ""
     table(
         f"SCO region in a box: {box.profile} profile{certs}",
-        ["service", "mode", "address", "health", "pid", "transport", "detail"],
+        ["service", "mode", "address", "health", "pid", "rss MB", "transport", "detail"],
         [
             [
                 s.name,
@@ -47,6 +47,7 @@ def _show(statuses: list[ServiceStatus], box: Box) -> None:
                 s.address,
                 "[green]ok[/]" if s.healthy else "[red]down[/]",
                 s.pid,
+                s.rss_mb,
                 s.transport,
                 s.detail,
             ]
@@ -136,8 +137,8 @@ def up(
 
 @app.command()
 def status(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
-    """The profile; each service, its address, TLS or plaintext, and health. Exit 1 when any
-    is unhealthy."""
+    """The profile; each service, its address, TLS or plaintext, health, and the memory
+    (VmRSS) of each process the box started. Exit 1 when any is unhealthy."""
     with errors_as_exit(DevboxError):
         box = Box(settings())
     statuses = box.status()

@@ -13,6 +13,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Literal
 
+from workers import procstat
 from workers.devbox import process
 from workers.devbox.process import DevboxError
 from workers.devbox.services import Service, infrastructure, postgres_show, region_processes
@@ -34,12 +35,19 @@ class ServiceStatus:
     detail: str
     pid: int | None = None
     transport: str = ""  # TLS or plaintext, at this listener
+    #: VmRSS of our process and its children, MB (None: not ours, or not running).
+    rss_mb: float | None = None
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
 
 
 Progress = Callable[[str, str], None]
+
+
+def _rss(pid: int) -> float | None:
+    mb = procstat.tree_rss_mb(pid)
+    return None if mb is None else round(mb, 1)
 
 
 class Box:
@@ -188,6 +196,7 @@ class Box:
                         detail,
                         rec.pid if ok and rec else None,
                         svc.transport,
+                        _rss(rec.pid) if ok and rec else None,
                     )
                 )
                 continue
@@ -203,6 +212,7 @@ class Box:
                     h.detail,
                     rec.pid if ours and rec else None,
                     svc.transport,
+                    _rss(rec.pid) if ours and rec else None,
                 )
             )
         return out

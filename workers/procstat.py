@@ -1,5 +1,6 @@
 """CPU time and memory of processes by pid, from /proc (no psutil here): what a bench
-samples per step for the worker, the Temporal dev server, PostgreSQL backends, agents."""
+samples per step for the worker, the Temporal dev server, PostgreSQL backends, agents;
+what `sco dev status` shows per process of the box; the ledger consumer's own RSS."""
 
 from __future__ import annotations
 
@@ -53,6 +54,15 @@ def children(pid: int) -> list[tuple[int, str]]:
         if ppid == pid:
             found.append((int(entry.name), name))
     return found
+
+
+def tree_rss_mb(pid: int) -> float | None:
+    """VmRSS of `pid` and its descendants, MB (a server started through a wrapper, the
+    worker's ledger child, count whole); None when `pid` is gone."""
+    own = rss_mb(pid)
+    if own is None:
+        return None
+    return own + sum(tree_rss_mb(child) or 0.0 for child, _ in children(pid))
 
 
 def total_cpu(pids: list[int]) -> float:
