@@ -278,6 +278,28 @@ async def poll_until(
     await eventually_async(check, timeout=within, what=what, every=0.05)
 
 
+async def skip_past_next_tick(
+    env: WorkflowEnvironment, controller: WorkflowHandle[Any, Any], tick_seconds: float = 60.0
+) -> None:
+    """Skip time to just after the controller's next tick, so a signal sent next meets a
+    tick timer ~a whole tick away. A signal whose workflow task cancels that timer while it
+    falls due in real time makes the test server reject the CancelTimer ("invalid history
+    builder state for action") on every retry of the task (tests/workflows/
+    test_pool_exclusion.py); on a loaded machine a random phase lands there."""
+    from workflows.controller.workflow import RegionControllerWorkflow
+
+    st = await controller.query(RegionControllerWorkflow.status)
+    assert st.last is not None, "the controller has not ticked yet"
+    since = (await env.get_current_time() - st.last.at).total_seconds()
+    await skip_time(env, max(0.0, tick_seconds - since) + 1.0)
+
+    async def ticked() -> bool:
+        now = await controller.query(RegionControllerWorkflow.status)
+        return now.ticks > st.ticks
+
+    await poll_until(ticked, within=60, what="the controller's next tick")
+
+
 async def skip_time(env: WorkflowEnvironment, seconds: float) -> None:
     """`env.sleep` with a generous RPC timeout. The test server answers once the skipped
     span is over, and activities inside it take real time; on a loaded machine (CI with the

@@ -272,7 +272,9 @@ async def test_concurrent_requesters_share_the_rate_and_all_finish(
         # High utilisation: nobody idles the bucket while others wait.
         times = sorted(g.granted_at for g in grants)
         assert (times[-1] - times[0]).total_seconds() <= (total - burst) / rate + 3.0
-        assert len(set(b.ensured)) == 1 and len(b.ensured) == len(plans)
+        # Each requester signals first and ensures only when no budget was running then
+        # (budget-signal-first): the first always, the others as their timing fell.
+        assert set(b.ensured) == {b.region} and 1 <= len(b.ensured) <= len(plans)
 
 
 async def test_pooled_takes_ask_the_budget_once_for_a_burst(
