@@ -242,8 +242,9 @@ def run(
                     snapshots.append(take_snapshots(tmp / "sco" / "diagnostics", 1))
                     half_taken = True
                 if now >= next_sample:
+                    kids = procstat.children_by_parent()
                     for name, pid in pids.items():
-                        if (mb := procstat.tree_rss_mb(pid)) is not None:
+                        if (mb := procstat.tree_rss_mb(pid, kids)) is not None:
                             curves.setdefault(name, []).append((round(now - t0, 1), round(mb, 2)))
                     print(
                         f"sample at {now - t0:.0f} s: {len(curves)} processes",
@@ -288,8 +289,10 @@ def engine_releases(logs: Path) -> int:
     """How often the ledger consumer let its embedded ledger go for another process (its
     log's lines, services/ledger_consumer/consumer.py): each reopen leaves ~2 MB in chDB,
     the steps of its curve."""
+    from services.ledger_consumer.consumer import RELEASE_LOGGED
+
     return sum(
-        f.read_text(errors="replace").count("engine released for another process")
+        f.read_text(errors="replace").count(RELEASE_LOGGED)
         for f in logs.glob("ledger-consumer*.log")
     )
 

@@ -5,6 +5,7 @@ what `sco dev status` shows per process of the box; the ledger consumer's own RS
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -39,8 +40,8 @@ def rss_mb(pid: int) -> float | None:
     return memory_mb(pid).get("VmRSS")
 
 
-def children(pid: int) -> list[tuple[int, str]]:
-    """(pid, command name) of the processes whose parent is `pid`."""
+def _processes() -> list[tuple[int, int, str]]:
+    """(pid, parent pid, command name) of every process: one pass over /proc."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -51,18 +52,32 @@ def children(pid: int) -> list[tuple[int, str]]:
             continue
         name = stat[stat.index("(") + 1 : stat.rindex(")")]
         ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == pid:
-            found.append((int(entry.name), name))
+        found.append((int(entry.name), ppid, name))
     return found
 
 
-def tree_rss_mb(pid: int) -> float | None:
+def children(pid: int) -> list[tuple[int, str]]:
+    """(pid, command name) of the processes whose parent is `pid`."""
+    return [(p, name) for p, ppid, name in _processes() if ppid == pid]
+
+
+def children_by_parent() -> dict[int, list[int]]:
+    """Every process's children, from one pass over /proc: for `tree_rss_mb` over many."""
+    kids: dict[int, list[int]] = {}
+    for p, ppid, _ in _processes():
+        kids.setdefault(ppid, []).append(p)
+    return kids
+
+
+def tree_rss_mb(pid: int, kids: Mapping[int, list[int]] | None = None) -> float | None:
     """VmRSS of `pid` and its descendants, MB (a server started through a wrapper, the
-    worker's ledger child, count whole); None when `pid` is gone."""
+    worker's ledger child, count whole); None when `pid` is gone. `kids`
+    (`children_by_parent()`) lets several trees share one pass over /proc."""
     own = rss_mb(pid)
     if own is None:
         return None
-    return own + sum(tree_rss_mb(child) or 0.0 for child, _ in children(pid))
+    kids = children_by_parent() if kids is None else kids
+    return own + sum(tree_rss_mb(child, kids) or 0.0 for child in kids.get(pid, ()))
 
 
 def total_cpu(pids: list[int]) -> float:

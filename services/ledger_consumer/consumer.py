@@ -47,6 +47,8 @@ ENGINE_RELEASES = Counter(
     "reclaim-rate read every 5 min); chDB keeps ~2 MB of each open, so the consumer's memory "
     "steps up with these until ledger.recycle_rss_mb restarts it",
 )
+#: What the consumer logs at each release (bench/memory_hour_bench.py counts these lines).
+RELEASE_LOGGED = "engine released for another process"
 #: The lag is measured at most this often (it asks the broker for each partition's end).
 LAG_EVERY_SECONDS = 5.0
 #: How often the client certificate's files are looked at for a renewal.
@@ -232,10 +234,7 @@ class LedgerConsumer:
                 if self._store.release_if_wanted():
                     self.engine_releases += 1
                     ENGINE_RELEASES.inc()
-                    log.info(
-                        "ledger: engine released for another process (%d so far)",
-                        self.engine_releases,
-                    )
+                    log.info("ledger: %s (%d so far)", RELEASE_LOGGED, self.engine_releases)
             except KafkaException as exc:
                 self.healthy = False
                 wait = backoff.next()

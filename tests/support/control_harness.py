@@ -40,6 +40,7 @@ from tests.support.wait import eventually_async
 from workflows.acquisition.models import AcquisitionInput, AcquisitionResult, LaunchItem
 from workflows.acquisition.workflow import AcquisitionWorkflow
 from workflows.budget.workflow import TokenBudgetWorkflow
+from workflows.controller.models import ControllerConfig
 from workflows.controller.workflow import RegionControllerWorkflow
 from workflows.slurm.workflow import SlurmReleaseWorkflow
 
@@ -279,15 +280,15 @@ async def poll_until(
 
 
 async def skip_past_next_tick(
-    env: WorkflowEnvironment, controller: WorkflowHandle[Any, Any], tick_seconds: float = 60.0
+    env: WorkflowEnvironment,
+    controller: WorkflowHandle[Any, Any],
+    tick_seconds: float = ControllerConfig().tick_seconds,
 ) -> None:
     """Skip time to just after the controller's next tick, so a signal sent next meets a
     tick timer ~a whole tick away. A signal whose workflow task cancels that timer while it
     falls due in real time makes the test server reject the CancelTimer ("invalid history
     builder state for action") on every retry of the task (tests/workflows/
     test_pool_exclusion.py); on a loaded machine a random phase lands there."""
-    from workflows.controller.workflow import RegionControllerWorkflow
-
     st = await controller.query(RegionControllerWorkflow.status)
     assert st.last is not None, "the controller has not ticked yet"
     since = (await env.get_current_time() - st.last.at).total_seconds()

@@ -45,8 +45,8 @@ class ServiceStatus:
 Progress = Callable[[str, str], None]
 
 
-def _rss(pid: int) -> float | None:
-    mb = procstat.tree_rss_mb(pid)
+def _rss(pid: int, kids: dict[int, list[int]]) -> float | None:
+    mb = procstat.tree_rss_mb(pid, kids)
     return None if mb is None else round(mb, 1)
 
 
@@ -179,6 +179,7 @@ class Box:
                 for svc in services
                 if not svc.managed_only
             }
+        kids = procstat.children_by_parent()  # one pass over /proc for every tree's RSS
         for svc in services:
             rec = state.processes.get(svc.name)
             if svc.managed_only:
@@ -196,7 +197,7 @@ class Box:
                         detail,
                         rec.pid if ok and rec else None,
                         svc.transport,
-                        _rss(rec.pid) if ok and rec else None,
+                        _rss(rec.pid, kids) if ok and rec else None,
                     )
                 )
                 continue
@@ -212,7 +213,7 @@ class Box:
                     h.detail,
                     rec.pid if ours and rec else None,
                     svc.transport,
-                    _rss(rec.pid) if ours and rec else None,
+                    _rss(rec.pid, kids) if ours and rec else None,
                 )
             )
         return out
