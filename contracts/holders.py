@@ -25,7 +25,12 @@ from typing import Any, Literal
 
 import nats
 from nats.js.api import KeyValueConfig
-from nats.js.errors import BucketNotFoundError, NoKeysError, NoStreamResponseError
+from nats.js.errors import (
+    BucketNotFoundError,
+    KeyDeletedError,
+    KeyNotFoundError,
+    NoStreamResponseError,
+)
 from nats.js.kv import KeyValue
 
 from contracts.bounded import loads
@@ -157,20 +162,30 @@ class HoldingReporter:
 async def read_holdings(
     nats_url: str, region: str, connect_options: dict[str, Any] | None = None
 ) -> list[Holding]:
-    """Every consumer's last report, by key; [] when nobody reported yet."""
+    """Every consumer's last report, by key; [] when nobody reported yet.
+
+    The keys come from the bucket's stream (its subjects with a message), not from
+    `KeyValue.keys()`: that one watches the bucket and, on a busy machine, can signal "no
+    more keys" before the first delivered key is read, and so answer that there are none."""
     nc = await nats.connect(
         nats_url, connect_timeout=5, max_reconnect_attempts=1, **(connect_options or {})
     )
     try:
         js = nc.jetstream()
+        bucket = holders_bucket(region)
         try:
-            kv = await js.key_value(holders_bucket(region))
-            keys = await kv.keys()
-        except (BucketNotFoundError, NoKeysError):
+            kv = await js.key_value(bucket)
+        except BucketNotFoundError:
             return []
+        prefix = f"$KV.{bucket}."
+        info = await js.stream_info(f"KV_{bucket}", subjects_filter=f"{prefix}>")
         out = []
-        for key in sorted(keys):
-            entry = await kv.get(key)
+        for subject in sorted(info.state.subjects or {}):
+            key = subject.removeprefix(prefix)
+            try:
+                entry = await kv.get(key)
+            except (KeyNotFoundError, KeyDeletedError):  # deleted or expired since read
+                continue
             if entry.value:
                 try:
                     out.append(Holding.from_json(entry.value))

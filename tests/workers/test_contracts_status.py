@@ -129,3 +129,17 @@ def test_a_consumer_is_silent_old_without_or_current() -> None:
     # Nothing published: any serial held is as good as it gets.
     assert state(held(1, minute), None, now, 5 * minute) is State.CURRENT
     assert Holding.from_json(held(7, minute).to_json()) == held(7, minute)
+
+
+async def test_every_reported_holding_is_read_back_straight_after_the_reports() -> None:
+    """The read lists keys from the bucket's stream: a watcher-based key list could end
+    before the first delivered key was read and answer that nobody reported."""
+    region = f"r{uuid.uuid4().int % 10**9}"
+    names = [f"node-{i}.example" for i in range(60)]
+    reporters = [HoldingReporter([NATS], region, "agent", n, create_bucket=True) for n in names]
+    assert await reporters[0].report(4)  # makes the bucket, as a publish would
+    assert all(await asyncio.gather(*(r.report(4) for r in reporters[1:])))
+    for _ in range(5):
+        holdings = await read_holdings(NATS, region)
+        assert sorted(h.name for h in holdings) == sorted(names)
+        assert {h.serial for h in holdings} == {4}
