@@ -27,7 +27,6 @@ import shutil
 import sys
 import tempfile
 import time
-import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
@@ -35,19 +34,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.report import Report
+from bench.scrape import metric
 from tests.support.secure_box_env import openbao_identities, secure_box_up
-
-
-def _metric(port: int, name: str) -> float | None:
-    try:
-        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
-    except OSError:
-        return None
-    total = 0.0
-    for line in body.decode().splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
 
 
 async def drive(box: Any, duration: float, acquire_every: float, log: Any) -> dict[str, Any]:
@@ -160,7 +148,7 @@ async def drive(box: Any, duration: float, acquire_every: float, log: Any) -> di
             await nc.force_reconnect()
         if time.monotonic() >= next_log:
             next_log += 60
-            renewed = {n: _metric(p, "sco_certificate_renewals_total") for n, p in ports.items()}
+            renewed = {n: metric(p, "sco_certificate_renewals_total") for n, p in ports.items()}
             log(
                 f"{time.monotonic() - started:.0f} s: published {published}, received "
                 f"{len(received)}, db {db_ok}/{db_failed} failed, acquisitions "
@@ -173,8 +161,8 @@ async def drive(box: Any, duration: float, acquire_every: float, log: Any) -> di
     stop.set()
     await renewing
     await nc.close()
-    renewals = {n: _metric(p, "sco_certificate_renewals_total") for n, p in ports.items()}
-    failures = {n: _metric(p, "sco_certificate_renewal_failures_total") for n, p in ports.items()}
+    renewals = {n: metric(p, "sco_certificate_renewals_total") for n, p in ports.items()}
+    failures = {n: metric(p, "sco_certificate_renewal_failures_total") for n, p in ports.items()}
     after = {st.name: st.pid for st in box.status() if st.name in ports}
     shutil.rmtree(own_dir, ignore_errors=True)
     return {

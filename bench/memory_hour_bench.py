@@ -55,6 +55,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.report import Report
+from bench.scrape import metric
 from tests.support import services
 from tests.support.paths import BASE_DSN, REGIONS_DIR
 from workers import procstat
@@ -270,6 +271,12 @@ def run(
             report.details["churn_failed"] = churn.failed[:20]
             report.details["active_instances_at_end"] = len(active_instances(dsn))
             report.details["ledger_engine_releases"] = engine_releases(tmp / "sco" / "logs")
+            # Reclaim-rate reads the consumer answered without letting go (decision 0043).
+            port = environ(pids["ledger-consumer"]).get("SCO_LEDGER_METRICS_PORT")
+            if port:
+                report.details["ledger_reads_answered"] = metric(
+                    int(port), "sco_ledger_reads_answered_total"
+                )
             gone = sorted(n for n, pid in pids.items() if procstat.rss_mb(pid) is None)
             if gone:
                 report.notes.append(f"exited during the run: {', '.join(gone)}")
@@ -283,6 +290,17 @@ def run(
             box.down()
             services.drop_database(dsn)
     return curves
+
+
+def environ(pid: int) -> dict[str, str]:
+    """The environment a process of the box was started with (its ports are in it)."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    return dict(
+        item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item
+    )
 
 
 def engine_releases(logs: Path) -> int:
@@ -437,6 +455,14 @@ def main() -> int:
             "reopens",
             anchor=f"the consumer's log over the {args.minutes:g} min: the embedded ledger let"
             " go for another process and opened again",
+        )
+    if "ledger-consumer" in curves and report.details.get("ledger_reads_answered") is not None:
+        report.figure(
+            "ledger-consumer_reads_answered",
+            report.details["ledger_reads_answered"],
+            "reads",
+            anchor="sco_ledger_reads_answered_total at the end: the worker's reclaim-rate"
+            " reads the consumer answered on the ledger's socket, keeping it open",
         )
     if not curves:
         report.measurement_missing("rss", "no process was sampled", "MB", anchor="the box")

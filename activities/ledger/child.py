@@ -4,7 +4,8 @@ minutes. Loading the engine in the worker costs ~280 MB of resident memory for t
 of the process (chDB's library, pyarrow) and every open/close leaks ~2.3 MB more inside
 the engine (store.py); a child that opens the ledger, answers and exits costs neither.
 The answer is the same query's (queries.reclaim_rate) on the same ledger, under the same
-lock and lock timeout; a server ledger is read in-process as before.
+lock and lock timeout; a server ledger is read in-process as before. When the ledger's
+holder (the consumer) answers on its socket, no child is started (activities/ledger/holder.py).
 
 The child reads one JSON request on stdin and writes the answer as JSON on stdout;
 a ledger it cannot read is one line on stderr and exit status 3:
@@ -35,18 +36,23 @@ MAX_MESSAGE_BYTES = 4 << 20
 MAX_MESSAGE_DEPTH = 3
 
 
-def reclaim_rate_in_child(
+def rate_request(
     store: LedgerStore, *, pool_ids: list[str], start: datetime, end: datetime
-) -> dict[str, float]:
-    """`queries.reclaim_rate` of `store`'s ledger, asked of a child process; a child that
-    fails or times out raises LedgerUnavailable with its reason."""
-    request = {
+) -> dict[str, Any]:
+    """The request for `queries.reclaim_rate` of `store`'s ledger, as a child (or the
+    ledger's holder, activities/ledger/holder.py) reads it."""
+    return {
         "dsn": store.dsn,
         "lock_timeout": store.lock_timeout,
         "pools": pool_ids,
         "start": start.isoformat(),
         "end": end.isoformat(),
     }
+
+
+def reclaim_rate_in_child(store: LedgerStore, request: dict[str, Any]) -> dict[str, float]:
+    """The answer to `request` (`rate_request`), asked of a child process; a child that
+    fails or times out raises LedgerUnavailable with its reason."""
     try:
         done = subprocess.run(
             [sys.executable, "-m", "activities.ledger.child"],
@@ -79,9 +85,34 @@ def reclaim_rate_in_child(
         raise LedgerUnavailable(store.dsn, f"reading child answered {done.stdout[:80]!r}") from exc
 
 
-def main() -> int:
+def answer_request(store: LedgerStore, request: Any) -> dict[str, float]:
+    """`queries.reclaim_rate` of `store` for a parsed request (the child's own store, or the
+    holder's: activities/ledger/holder.py). ValueError, KeyError or TypeError when the
+    request is not one; LedgerUnavailable when the ledger cannot be read."""
     from activities.ledger.queries import reclaim_rate
 
+    pools = request["pools"]
+    if not isinstance(pools, list):
+        raise TypeError(f"pools is {type(pools).__name__}, not a list")
+    return reclaim_rate(
+        store,
+        pool_ids=[str(p) for p in pools],
+        start=datetime.fromisoformat(request["start"]),
+        end=datetime.fromisoformat(request["end"]),
+    )
+
+
+def request_error(exc: Exception) -> str:
+    """One line saying what is wrong with a request (out of bounds, a field missing or bad)."""
+    if isinstance(exc, InputRejected):
+        return str(exc)  # names the request already
+    if isinstance(exc, KeyError):
+        return f"request: field {exc.args[0]!r} missing"
+    return f"request: {exc}"
+
+
+def main() -> int:
+    store: LedgerStore | None = None
     try:
         req = loads(
             sys.stdin.buffer.read(MAX_MESSAGE_BYTES + 1),
@@ -89,22 +120,17 @@ def main() -> int:
             max_bytes=MAX_MESSAGE_BYTES,
             max_depth=MAX_MESSAGE_DEPTH,
         )
-    except InputRejected as exc:
-        print(exc, file=sys.stderr)
-        return _UNAVAILABLE
-    store = LedgerStore(req["dsn"], lock_timeout=float(req["lock_timeout"]))
-    try:
-        rates = reclaim_rate(
-            store,
-            pool_ids=[str(p) for p in req["pools"]],
-            start=datetime.fromisoformat(req["start"]),
-            end=datetime.fromisoformat(req["end"]),
-        )
+        store = LedgerStore(req["dsn"], lock_timeout=float(req["lock_timeout"]))
+        rates = answer_request(store, req)
     except LedgerUnavailable as exc:
         print(exc.reason, file=sys.stderr)
         return _UNAVAILABLE
+    except (ValueError, KeyError, TypeError) as exc:  # InputRejected is a ValueError
+        print(request_error(exc), file=sys.stderr)
+        return _UNAVAILABLE
     finally:
-        store.close()
+        if store is not None:
+            store.close()
     json.dump(rates, sys.stdout)
     return 0
 

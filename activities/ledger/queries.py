@@ -196,14 +196,19 @@ def reclaim_rate(
     store: LedgerStore, *, pool_ids: Iterable[str], start: datetime, end: datetime
 ) -> dict[str, float]:
     """Reclaims per instance-hour of each pool in [start, end); 0.0 without running time.
-    On a store with `reads_in_child` and an on-disk chDB ledger, asked of a child process."""
+    On a store with `reads_in_child` and an on-disk chDB ledger, asked of the process that
+    holds the ledger (activities/ledger/holder.py), else of a child process."""
     pools = sorted(set(pool_ids))
     if not pools:
         return {}
     if store.reads_in_child and store.path is not None:
-        from activities.ledger.child import reclaim_rate_in_child
+        from activities.ledger.child import rate_request, reclaim_rate_in_child
+        from activities.ledger.holder import ask_holder
 
-        return reclaim_rate_in_child(store, pool_ids=pools, start=start, end=end)
+        # The process holding the ledger (the consumer) answers without letting it go.
+        request = rate_request(store, pool_ids=pools, start=start, end=end)
+        answered = ask_holder(store, request)
+        return reclaim_rate_in_child(store, request) if answered is None else answered
     parameters = _window(start, end)
     parameters["pools"] = pools
     parameters["notice"] = _NOTICE

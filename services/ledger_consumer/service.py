@@ -12,9 +12,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from activities.events import region_topics
+from activities.ledger.holder import HolderReads
 from activities.ledger.store import LedgerStore
 from contracts.redact import mask_credentials
-from services.ledger_consumer.consumer import ConsumerProgress, LedgerConsumer
+from services.ledger_consumer.consumer import READS_ANSWERED, ConsumerProgress, LedgerConsumer
 from workers import procstat
 from workers.client_security import kafka_config, ledger_options, postgres_conninfo
 from workers.endpoints import health_thread, start_metrics
@@ -42,8 +43,11 @@ def run(settings: Settings) -> ConsumerProgress:
         store = LedgerStore(
             settings.effective_ledger_dsn, client_options=ledger_options(settings), hold=True
         )
+        # Reclaim-rate readers (the worker) are answered here, not handed the ledger.
+        reads = HolderReads(store, on_answer=READS_ANSWERED.inc)
         try:
             store.ensure_schema()
+            reads.start()
             consumer = LedgerConsumer(
                 settings.kafka.bootstrap_servers,
                 topics,
@@ -63,6 +67,7 @@ def run(settings: Settings) -> ConsumerProgress:
             finally:
                 consumer.close()
         finally:
+            reads.close()
             store.close()
             if health is not None:
                 health.close()

@@ -380,10 +380,13 @@ def test_the_consumer_counts_each_time_it_lets_a_held_ledger_go(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:
     """A held embedded ledger is closed between batches for a process that waits for it
-    (a CLI query, the worker's reclaim-rate read): each such reopen is what steps the
-    consumer's memory up (chDB keeps ~2 MB of each open), so each is counted and logged."""
+    (a CLI query): each such reopen is what steps the consumer's memory up (chDB keeps
+    ~2 MB of each open), so each is counted and logged. The worker's reclaim-rate reads are
+    answered on the holder's socket (as `sco ledger consume` serves them) and cost none."""
     from prometheus_client import REGISTRY
 
+    from activities.ledger import reclaim_rate
+    from activities.ledger.holder import HolderReads
     from tests.support.ledger_reader import read_elsewhere
 
     def released() -> float:
@@ -399,12 +402,20 @@ def test_the_consumer_counts_each_time_it_lets_a_held_ledger_go(
     stop = threading.Event()
     loop = threading.Thread(target=consumer.run, args=(stop,), daemon=True)
     loop.start()
+    reads = HolderReads(store)
+    assert reads.start()
     try:
+        worker = LedgerStore(dsn, lock_timeout=5, reads_in_child=True)
+        end = datetime.now(UTC)
+        for _ in range(3):
+            reclaim_rate(worker, pool_ids=["r3-A"], start=end - timedelta(hours=1), end=end)
+        assert reads.answered == 3 and consumer.engine_releases == 0
         assert read_elsewhere(dsn, "SELECT 1") == ["1"]
         eventually(lambda: consumer.engine_releases == 1, timeout=30, what="the release counted")
         assert released() == before + 1
     finally:
         stop.set()
         loop.join(timeout=30)
+        reads.close()
         consumer.close()
         store.close()
