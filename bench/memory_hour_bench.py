@@ -271,11 +271,11 @@ def run(
             report.details["churn_failed"] = churn.failed[:20]
             report.details["active_instances_at_end"] = len(active_instances(dsn))
             report.details["ledger_engine_releases"] = engine_releases(tmp / "sco" / "logs")
-            # Reclaim-rate reads the consumer answered without letting go (decision 0043).
+            # What the consumer answered without letting the ledger go (decision 0043).
             port = environ(pids["ledger-consumer"]).get("SCO_LEDGER_METRICS_PORT")
             if port:
-                report.details["ledger_reads_answered"] = metric(
-                    int(port), "sco_ledger_reads_answered_total"
+                report.details["ledger_holder_answers"] = metric(
+                    int(port), "sco_ledger_holder_answers_total"
                 )
             gone = sorted(n for n, pid in pids.items() if procstat.rss_mb(pid) is None)
             if gone:
@@ -456,13 +456,14 @@ def main() -> int:
             anchor=f"the consumer's log over the {args.minutes:g} min: the embedded ledger let"
             " go for another process and opened again",
         )
-    if "ledger-consumer" in curves and report.details.get("ledger_reads_answered") is not None:
+    if "ledger-consumer" in curves and report.details.get("ledger_holder_answers") is not None:
         report.figure(
-            "ledger-consumer_reads_answered",
-            report.details["ledger_reads_answered"],
-            "reads",
-            anchor="sco_ledger_reads_answered_total at the end: the worker's reclaim-rate"
-            " reads the consumer answered on the ledger's socket, keeping it open",
+            "ledger-consumer_holder_answers",
+            report.details["ledger_holder_answers"],
+            "requests",
+            anchor="sco_ledger_holder_answers_total at the end: the worker's reclaim-rate"
+            " reads and the intake's drain bookings the consumer answered on the ledger's"
+            " socket, keeping it open",
         )
     if not curves:
         report.measurement_missing("rss", "no process was sampled", "MB", anchor="the box")

@@ -94,9 +94,11 @@ def answer_request(store: LedgerStore, request: Any) -> dict[str, float]:
     pools = request["pools"]
     if not isinstance(pools, list):
         raise TypeError(f"pools is {type(pools).__name__}, not a list")
+    if not all(isinstance(p, str) for p in pools):
+        raise TypeError("pools: every pool id must be a string")
     return reclaim_rate(
         store,
-        pool_ids=[str(p) for p in pools],
+        pool_ids=pools,
         start=datetime.fromisoformat(request["start"]),
         end=datetime.fromisoformat(request["end"]),
     )

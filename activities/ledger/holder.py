@@ -1,19 +1,24 @@
-"""Reclaim-rate reads answered by the process that holds an embedded ledger.
+"""Reads and drain bookings answered by the process that holds an embedded ledger.
 
 The ledger consumer keeps its chDB engine open (`hold=True`, store.py). Another process's
-read makes it close the engine and open it again afterwards, and chDB keeps ~2.5 MB of each
-open for the life of the process: with the region worker's reclaim-rate read every 5 min,
-the consumer's memory stepped up all day (docs/evidence.md). So the holder listens on a
-Unix socket beside the ledger, `<dir>.sock`, and answers the reading child's request
-(activities/ledger/child.py) itself, in a session of its own store (between its batches).
-A reader asks there first; it starts the child only when nobody listens (no consumer
-running, or the socket of one that died).
+session makes it close the engine and open it again afterwards, and chDB keeps ~2.5 MB of
+each open for the life of the process: with the region worker's reclaim-rate read every
+5 min, the consumer's memory stepped up all day (docs/evidence.md); and the drain intake
+loaded the whole engine (~280 MB) to book its first report. So the holder listens on a Unix
+socket beside the ledger, `<dir>.sock`, and does both itself, in sessions of its own store
+(between its batches): the reading child's request (activities/ledger/child.py), and a
+drain report's booking (`insert_drain`, as the intake would). A reader or the intake asks
+there first, and reads or books another way only when nobody listens (no consumer running,
+or the socket of one that died).
 
-One request per connection: the child's JSON request, then the reader's half-close; one
-JSON answer, `{"rates": {...}}` or `{"unavailable": reason}`. Requests are bounded as the
-child's are (size, depth); a connection that sends nothing is cut after `IDLE_SECONDS`. The
-socket has the ledger directory's owner and group permissions (read-write where the
-directory allows reading), no more: whoever may ask it could open the ledger anyway.
+One request per connection, then the asker's half-close; one JSON answer. A request is
+the child's (`{"pools", "start", "end", ...}`: `{"rates": {...}}`) or
+`{"op": "drain", "event", "region", "node"}` (`{"booked": rows}`, or `{"refused": reason,
+"kind": rule}` for a report the ledger does not take); `{"unavailable": reason}` when the
+ledger cannot be used. Requests are bounded (4 MiB, a drain report's depth plus one); a
+connection that sends nothing is cut after `IDLE_SECONDS`. The socket has the ledger
+directory's owner and group permissions (read-write where the directory allows reading),
+no more: whoever may ask it could open the ledger anyway.
 """
 
 from __future__ import annotations
@@ -31,10 +36,11 @@ from typing import Any
 
 from activities.ledger.child import (
     MAX_MESSAGE_BYTES,
-    MAX_MESSAGE_DEPTH,
     answer_request,
     request_error,
 )
+from activities.ledger.lost_work import MAX_DEPTH as DRAIN_MAX_DEPTH
+from activities.ledger.lost_work import DrainEventError, insert_drain
 from activities.ledger.store import LedgerStore, LedgerUnavailable
 from contracts.bounded import loads
 
@@ -43,6 +49,8 @@ log = logging.getLogger(__name__)
 #: A connection that has not finished its request in this long is cut (a stuck or hostile
 #: local peer holds one thread for at most this long).
 IDLE_SECONDS = 5.0
+#: A drain report's own bound, in the request's "event".
+MAX_DEPTH = DRAIN_MAX_DEPTH + 1
 #: What a reader allows the holder beyond the ledger's lock wait: a batch may be under way.
 ANSWER_SECONDS = 10.0
 
@@ -53,8 +61,38 @@ def socket_path(store: LedgerStore) -> Path | None:
 
 
 def ask_holder(store: LedgerStore, request: dict[str, Any]) -> dict[str, float] | None:
-    """The holder's answer to `request`; None when no holder listens (the caller reads
-    another way). LedgerUnavailable when one listens and cannot answer."""
+    """The holder's rates for the child's `request`; None when no holder listens (the
+    caller reads another way). LedgerUnavailable when one listens and cannot answer."""
+    answer = _exchange(store, request)
+    if answer is None:
+        return None
+    try:
+        return {str(pool): float(rate) for pool, rate in answer["rates"].items()}
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise LedgerUnavailable(store.dsn, f"the ledger's holder answered {answer!r:.80}") from exc
+
+
+def book_drain_with_holder(
+    store: LedgerStore, event: dict[str, Any], region: str, *, node: str
+) -> int | None:
+    """The rows the holder booked for one drain report (`insert_drain`); None when no
+    holder listens. DrainEventError when the ledger does not take the report (the same
+    message and rule as booked here), LedgerUnavailable when it cannot be used."""
+    answer = _exchange(store, {"op": "drain", "event": event, "region": region, "node": node})
+    if answer is None:
+        return None
+    try:
+        if "refused" in answer:
+            raise DrainEventError(str(answer["refused"]), str(answer.get("kind", "ledger")))
+        return int(answer["booked"])
+    except (KeyError, TypeError, ValueError) as exc:
+        if isinstance(exc, DrainEventError):
+            raise
+        raise LedgerUnavailable(store.dsn, f"the ledger's holder answered {answer!r:.80}") from exc
+
+
+def _exchange(store: LedgerStore, request: dict[str, Any]) -> dict[str, Any] | None:
+    """The holder's answer; None when nobody listens on the ledger's socket."""
     path = socket_path(store)
     if path is None:
         return None
@@ -64,7 +102,7 @@ def ask_holder(store: LedgerStore, request: dict[str, Any]) -> dict[str, float] 
             sock.connect(str(path))
         except OSError as exc:  # no socket, a dead holder's, one this user may not use
             if not isinstance(exc, FileNotFoundError | ConnectionRefusedError):
-                log.warning("ledger holder at %s: %s; reading it another way", path, exc)
+                log.warning("ledger holder at %s: %s; using the ledger another way", path, exc)
             return None
         try:
             sock.sendall(json.dumps(request).encode())
@@ -74,18 +112,15 @@ def ask_holder(store: LedgerStore, request: dict[str, Any]) -> dict[str, float] 
             raise LedgerUnavailable(store.dsn, f"the ledger's holder: {exc}") from exc
     try:
         answer = loads(
-            raw,
-            what="the holder's answer",
-            max_bytes=MAX_MESSAGE_BYTES,
-            max_depth=MAX_MESSAGE_DEPTH,
+            raw, what="the holder's answer", max_bytes=MAX_MESSAGE_BYTES, max_depth=MAX_DEPTH
         )
-        if "unavailable" in answer:
-            reason = str(answer["unavailable"])
-        else:
-            return {str(pool): float(rate) for pool, rate in answer["rates"].items()}
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        if not isinstance(answer, dict):
+            raise TypeError(type(answer).__name__)
+    except (ValueError, TypeError) as exc:
         raise LedgerUnavailable(store.dsn, f"the ledger's holder answered {raw[:80]!r}") from exc
-    raise LedgerUnavailable(store.dsn, f"the ledger's holder: {reason}")
+    if "unavailable" in answer:
+        raise LedgerUnavailable(store.dsn, f"the ledger's holder: {answer['unavailable']}")
+    return answer
 
 
 def _read_to_end(sock: socket.socket, limit: int) -> bytes:
@@ -103,12 +138,13 @@ def _read_to_end(sock: socket.socket, limit: int) -> bytes:
 
 class HolderReads:
     """Answers readers of `store`'s ledger on its socket, a thread per connection, until
-    closed. `on_answer` is called after each answered read (the consumer counts them)."""
+    closed. `on_answer(op)` is called after each request answered ("rates", "drain"; the
+    consumer counts them)."""
 
-    def __init__(self, store: LedgerStore, on_answer: Callable[[], None] | None = None) -> None:
+    def __init__(self, store: LedgerStore, on_answer: Callable[[str], None] | None = None) -> None:
         self._store = store
         self._on_answer = on_answer
-        self.answered = 0
+        self.answered = {"rates": 0, "drain": 0}
         self._server: socketserver.ThreadingUnixStreamServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -125,32 +161,55 @@ class HolderReads:
             # rw for the owner, and for group and others where the directory lets them read.
             os.chmod(path, 0o600 | (0o060 if mode & 0o040 else 0) | (0o006 if mode & 0o004 else 0))
         except OSError as exc:
-            log.warning("ledger: cannot answer reads on %s (%s); readers start a child", path, exc)
+            log.warning(
+                "ledger: cannot answer on %s (%s); readers start a child, the intake opens it",
+                path,
+                exc,
+            )
             return False
         server.daemon_threads = True
         server.holder = self  # type: ignore[attr-defined]  # the handler's way back
         self._server = server
         self._thread = threading.Thread(
-            target=server.serve_forever, name="ledger-holder-reads", daemon=True
+            target=server.serve_forever, name="ledger-holder", daemon=True
         )
         self._thread.start()
-        log.info("ledger: answering reclaim-rate reads on %s", path)
+        log.info("ledger: answering reclaim-rate reads and drain bookings on %s", path)
         return True
 
     def answer(self, raw: bytes) -> dict[str, Any]:
         try:
-            request = loads(
-                raw, what="request", max_bytes=MAX_MESSAGE_BYTES, max_depth=MAX_MESSAGE_DEPTH
-            )
-            rates = answer_request(self._store, request)
+            request = loads(raw, what="request", max_bytes=MAX_MESSAGE_BYTES, max_depth=MAX_DEPTH)
+            if not isinstance(request, dict):
+                raise TypeError(f"a {type(request).__name__}, not an object")
+            op = request.get("op", "rates")
+            if op == "rates":
+                answer: dict[str, Any] = {"rates": answer_request(self._store, request)}
+            elif op == "drain":
+                answer = self._book(request)
+            else:
+                raise ValueError(f"request: op {str(op)[:40]!r} is neither rates nor drain")
         except LedgerUnavailable as exc:
             return {"unavailable": exc.reason}
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             return {"unavailable": request_error(exc)}
-        self.answered += 1
+        self.answered[op] += 1
         if self._on_answer is not None:
-            self._on_answer()
-        return {"rates": rates}
+            self._on_answer(op)
+        return answer
+
+    def _book(self, request: dict[str, Any]) -> dict[str, Any]:
+        event, region, node = request["event"], request["region"], request["node"]
+        if not (isinstance(event, dict) and isinstance(region, str) and isinstance(node, str)):
+            raise TypeError("request: event must be an object, region and node strings")
+        try:
+            return {"booked": insert_drain(self._store, event, region, node=node)}
+        except DrainEventError as exc:
+            return {"refused": str(exc), "kind": exc.kind}
+        except LedgerUnavailable:
+            raise
+        except Exception as exc:  # the ledger refused the rows, as the intake's own booking says
+            return {"refused": f"ledger refused it: {type(exc).__name__}: {str(exc)[:300]}"}
 
     def close(self) -> None:
         server, self._server = self._server, None

@@ -41,6 +41,7 @@ from nats.js.errors import NotFoundError
 from prometheus_client import Counter
 
 from activities.fleet import dead_letters
+from activities.ledger.holder import book_drain_with_holder
 from activities.ledger.lost_work import (
     MAX_REPORT_BYTES,
     DrainEventError,
@@ -283,6 +284,11 @@ class DrainIntake:
     def _book(self, event: dict[str, Any], sender: Sender) -> int:
         if self._store is None:
             self._store = self._store_factory()
+        # An embedded ledger's holder (the consumer) books it without handing the ledger
+        # over, and this process never loads the engine (decision 0043).
+        booked = book_drain_with_holder(self._store, event, sender.region, node=sender.node)
+        if booked is not None:
+            return booked
         return insert_drain(self._store, event, sender.region, node=sender.node)
 
     def close(self) -> None:

@@ -47,10 +47,11 @@ ENGINE_RELEASES = Counter(
     "reclaim-rate read every 5 min); chDB keeps ~2 MB of each open, so the consumer's memory "
     "steps up with these until ledger.recycle_rss_mb restarts it",
 )
-READS_ANSWERED = Counter(
-    "sco_ledger_reads_answered",
-    "Reclaim-rate reads of a held embedded ledger answered on its socket, without letting "
-    "the ledger go (activities/ledger/holder.py)",
+HOLDER_ANSWERS = Counter(
+    "sco_ledger_holder_answers",
+    "Requests a held embedded ledger answered on its socket without letting it go: the "
+    "worker's reclaim-rate reads and the drain intake's bookings (activities/ledger/holder.py)",
+    ["request"],
 )
 #: What the consumer logs at each release (bench/memory_hour_bench.py counts these lines).
 RELEASE_LOGGED = "engine released for another process"

@@ -15,7 +15,7 @@ from activities.events import region_topics
 from activities.ledger.holder import HolderReads
 from activities.ledger.store import LedgerStore
 from contracts.redact import mask_credentials
-from services.ledger_consumer.consumer import READS_ANSWERED, ConsumerProgress, LedgerConsumer
+from services.ledger_consumer.consumer import HOLDER_ANSWERS, ConsumerProgress, LedgerConsumer
 from workers import procstat
 from workers.client_security import kafka_config, ledger_options, postgres_conninfo
 from workers.endpoints import health_thread, start_metrics
@@ -43,8 +43,9 @@ def run(settings: Settings) -> ConsumerProgress:
         store = LedgerStore(
             settings.effective_ledger_dsn, client_options=ledger_options(settings), hold=True
         )
-        # Reclaim-rate readers (the worker) are answered here, not handed the ledger.
-        reads = HolderReads(store, on_answer=READS_ANSWERED.inc)
+        # The worker's reclaim-rate reads and the drain intake's bookings are done here,
+        # without handing the ledger over (decision 0043).
+        reads = HolderReads(store, on_answer=lambda op: HOLDER_ANSWERS.labels(op).inc())
         try:
             store.ensure_schema()
             reads.start()

@@ -63,7 +63,7 @@ def test_the_holder_answers_the_rates_and_keeps_the_ledger(
     reader = LedgerStore(store.dsn, lock_timeout=0.5, reads_in_child=True)
     for _ in range(3):
         assert reclaim_rate(reader, pool_ids=POOLS, start=T0, end=at(4)) == pytest.approx(here)
-    assert reads.answered == 3
+    assert reads.answered == {"rates": 3, "drain": 0}
     assert store._held_lock is not None, "the holder kept the ledger open"
     assert reader._client is None
     # The socket is as private as the ledger's directory (rwxr-x---): owner and group.
@@ -89,13 +89,31 @@ def test_without_a_listening_holder_a_reader_starts_a_child(tmp_path: Path) -> N
     ("payload", "said"),
     [
         (b"not json", "request: "),
-        (b'{"pools": [[["deep"]]]}', "request: nested 4 deep > 3"),
+        (b'{"pools": ' + b"[" * 9 + b"]" * 9 + b"}", "request: nested 10 deep > 9"),
+        (_request(pools=[["r1-A-c5-xl"]]), "request: pools: every pool id must be a string"),
+        (_request(op="drop"), "request: op 'drop' is neither rates nor drain"),
+        (
+            b'{"op": "drain", "event": [], "region": "r1", "node": "n1"}',
+            "request: event must be an object, region and node strings",
+        ),
+        (b'{"op": "drain", "event": {}}', "request: field 'region' missing"),
         (_request(pools="r1-A-c5-xl"), "request: pools is str, not a list"),
         (_request(start=None), "request: field 'start' missing"),
         (_request(end="yesterday"), "request: Invalid isoformat string: 'yesterday'"),
-        (b"[1, 2]", "request: list indices must be integers or slices, not str"),
+        (b"[1, 2]", "request: a list, not an object"),
     ],
-    ids=["garbage", "deep", "pools", "missing", "date", "list"],
+    ids=[
+        "garbage",
+        "deep",
+        "pool-ids",
+        "op",
+        "drain-event",
+        "drain-region",
+        "pools",
+        "missing",
+        "date",
+        "list",
+    ],
 )
 def test_the_holder_refuses_what_is_not_a_request_in_one_line(
     holder: tuple[LedgerStore, HolderReads], payload: bytes, said: str
@@ -107,7 +125,7 @@ def test_the_holder_refuses_what_is_not_a_request_in_one_line(
     assert set(answer) == {"unavailable"}
     assert said in str(answer["unavailable"]) and "\n" not in str(answer["unavailable"])
     # Nothing was answered, and the next reader is.
-    assert reads.answered == 0
+    assert reads.answered == {"rates": 0, "drain": 0}
     assert set(_ask(path, _request())) == {"rates"}
 
 
@@ -124,7 +142,7 @@ def test_an_oversized_request_is_cut_and_the_holder_keeps_answering(
         assert "request: 4194305 bytes (at most 4194304)" in str(answer["unavailable"])
     except (BrokenPipeError, ConnectionResetError):
         pass
-    assert reads.answered == 0
+    assert reads.answered == {"rates": 0, "drain": 0}
     assert set(_ask(path, _request())) == {"rates"}
 
 

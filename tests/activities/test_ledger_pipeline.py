@@ -409,7 +409,7 @@ def test_the_consumer_counts_each_time_it_lets_a_held_ledger_go(
         end = datetime.now(UTC)
         for _ in range(3):
             reclaim_rate(worker, pool_ids=["r3-A"], start=end - timedelta(hours=1), end=end)
-        assert reads.answered == 3 and consumer.engine_releases == 0
+        assert reads.answered["rates"] == 3 and consumer.engine_releases == 0
         assert read_elsewhere(dsn, "SELECT 1") == ["1"]
         eventually(lambda: consumer.engine_releases == 1, timeout=30, what="the release counted")
         assert released() == before + 1

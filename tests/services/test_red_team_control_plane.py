@@ -38,6 +38,7 @@ from typer.testing import CliRunner
 
 from activities.events import CapacityType, EventKind, InstanceState
 from activities.fleet.repository import FleetRepository, InstanceSpec
+from activities.ledger.holder import HolderReads
 from activities.ledger.lost_work import (
     MAX_LOST_SECONDS,
     MAX_LOST_STEPS,
@@ -174,9 +175,11 @@ class Intake:
     task: asyncio.Task[None]
     ledger: str
     pg_dsn: str
+    #: Reads the ledger through this store (one holding it) instead of opening it.
+    reader: LedgerStore | None = None
 
     def rows(self, notice_id: str) -> list[dict[str, Any]]:
-        with LedgerStore(self.ledger).session() as client:
+        with (self.reader or LedgerStore(self.ledger)).session() as client:
             found = client.query(
                 "SELECT node, lost_steps, lost_tasks, lost_seconds FROM lost_work FINAL "
                 "WHERE notice_id = {n:String} ORDER BY node",
@@ -295,6 +298,43 @@ async def test_a_node_cannot_book_forged_lost_work_for_another_node(
         await eventually_async(checked(a1.violations), timeout=10, what="the violation")
     assert len(letters) == 1 and letters[0][0] == "sco.r1.drain.A.node-a1", letters
     assert "names node 'node-a2' but was sent by 'node-a1'" in letters[0][1]
+
+
+async def test_through_the_ledgers_holder_a_forged_report_is_refused_alike(
+    private_nats: PrivateNats, pg_dsn: str, tmp_path: Path
+) -> None:
+    """With the consumer holding an embedded ledger, the intake books through it (decision
+    0043): a genuine report is booked, a forged one refused for the same reason as when the
+    intake books itself, and the intake never opens the ledger (nor loads chDB)."""
+    dsn = f"chdb://{tmp_path / 'ledger'}"
+    holder = LedgerStore(dsn, hold=True)
+    holder.ensure_schema()
+    reads = HolderReads(holder)
+    assert reads.start()
+    notice = notice_id()
+    try:
+        async with (
+            drain_intake(private_nats, dsn, pg_dsn) as intake,
+            identities(private_nats, "agent-r1-node-a1", "agent-r1-node-a2") as [a1, a2],
+        ):
+            intake.reader = holder
+            since = intake.last_dead_letter()
+            await publish_as(a2, "node-a2", "A", encode(report(notice, "node-a2", lost_steps=5)))
+            await intake.booked(notice, "node-a2")
+            forged = report(notice, "node-a2", lost_steps=10**6)
+            after = f"{notice}-after"
+            await publish_as(a1, "node-a1", "A", encode(forged), encode(report(after, "node-a1")))
+            await intake.booked(after, "node-a1")
+            rows = await asyncio.to_thread(intake.rows, notice)
+            letters = await asyncio.to_thread(intake.dead_letters, since)
+            own = intake.intake._store
+            assert own is not None and own._client is None, "the intake opened the ledger"
+    finally:
+        reads.close()
+        holder.close()
+    assert rows == [{"node": "node-a2", "lost_steps": 5, "lost_tasks": None, "lost_seconds": None}]
+    assert len(letters) == 1 and "names node 'node-a2' but was sent by 'node-a1'" in letters[0][1]
+    assert reads.answered == {"rates": 0, "drain": 3}
 
 
 async def test_a_10_kb_nested_report_does_not_crash_the_intake(
