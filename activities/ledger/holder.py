@@ -81,13 +81,11 @@ def book_drain_with_holder(
     answer = _exchange(store, {"op": "drain", "event": event, "region": region, "node": node})
     if answer is None:
         return None
+    if "refused" in answer:
+        raise DrainEventError(str(answer["refused"]), str(answer.get("kind", "ledger")))
     try:
-        if "refused" in answer:
-            raise DrainEventError(str(answer["refused"]), str(answer.get("kind", "ledger")))
         return int(answer["booked"])
     except (KeyError, TypeError, ValueError) as exc:
-        if isinstance(exc, DrainEventError):
-            raise
         raise LedgerUnavailable(store.dsn, f"the ledger's holder answered {answer!r:.80}") from exc
 
 
