@@ -134,7 +134,7 @@ def _read_to_end(sock: socket.socket, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-class HolderReads:
+class HolderSocket:
     """Answers readers of `store`'s ledger on its socket, a thread per connection, until
     closed. `on_answer(op)` is called after each request answered ("rates", "drain"; the
     consumer counts them)."""
@@ -224,7 +224,7 @@ class HolderReads:
 
 class _Handler(socketserver.BaseRequestHandler):
     def handle(self) -> None:
-        holder: HolderReads = self.server.holder  # type: ignore[attr-defined]
+        holder: HolderSocket = self.server.holder  # type: ignore[attr-defined]
         sock: socket.socket = self.request
         sock.settimeout(IDLE_SECONDS)
         try:

@@ -43,9 +43,9 @@ LAG = Gauge(
 )
 ENGINE_RELEASES = Counter(
     "sco_ledger_engine_releases",
-    "Times a held embedded ledger was closed for another process (a CLI query, the worker's "
-    "reclaim-rate read every 5 min); chDB keeps ~2 MB of each open, so the consumer's memory "
-    "steps up with these until ledger.recycle_rss_mb restarts it",
+    "Times a held embedded ledger was closed for another process (a `sco ledger` query, or "
+    "a reader that came before the holder's socket was up); chDB keeps ~2 MB of each open, so "
+    "the consumer's memory steps up with these until ledger.recycle_rss_mb restarts it",
 )
 HOLDER_ANSWERS = Counter(
     "sco_ledger_holder_answers",

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from activities.events import region_topics
-from activities.ledger.holder import HolderReads
+from activities.ledger.holder import HolderSocket
 from activities.ledger.store import LedgerStore
 from contracts.redact import mask_credentials
 from services.ledger_consumer.consumer import HOLDER_ANSWERS, ConsumerProgress, LedgerConsumer
@@ -45,7 +45,7 @@ def run(settings: Settings) -> ConsumerProgress:
         )
         # The worker's reclaim-rate reads and the drain intake's bookings are done here,
         # without handing the ledger over (decision 0043).
-        reads = HolderReads(store, on_answer=lambda op: HOLDER_ANSWERS.labels(op).inc())
+        reads = HolderSocket(store, on_answer=lambda op: HOLDER_ANSWERS.labels(op).inc())
         try:
             store.ensure_schema()
             reads.start()

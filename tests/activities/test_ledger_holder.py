@@ -15,7 +15,9 @@ import pytest
 
 from activities.events import EventKind
 from activities.ledger import LedgerStore, LedgerUnavailable, reclaim_rate
-from activities.ledger.holder import HolderReads, socket_path
+from activities.ledger.child import MAX_MESSAGE_BYTES
+from activities.ledger.holder import HolderSocket, socket_path
+from contracts.bounded import loads
 from tests.activities.test_ledger import FLEET, T0, at, ev, lifecycle
 
 pytestmark = pytest.mark.timeout(120)
@@ -24,12 +26,12 @@ POOLS = ["r1-B-g4-2xl", "r1-A-c5-xl", "r1-C-m5-l", "nowhere"]
 
 
 @pytest.fixture
-def holder(tmp_path: Path) -> Iterator[tuple[LedgerStore, HolderReads]]:
+def holder(tmp_path: Path) -> Iterator[tuple[LedgerStore, HolderSocket]]:
     (tmp_path / "data").mkdir(mode=0o750)
     store = LedgerStore(f"chdb://{tmp_path}/data/ledger", hold=True)
     b = {"pool_id": "r1-B-g4-2xl"}
     store.insert_events([*FLEET, *lifecycle("b1", 0, 2, **b), ev(EventKind.NOTICE, "b1", 1.0, **b)])
-    reads = HolderReads(store)
+    reads = HolderSocket(store)
     assert reads.start()
     try:
         yield store, reads
@@ -44,7 +46,9 @@ def _ask(path: Path, payload: bytes) -> dict[str, object]:
         sock.connect(str(path))
         sock.sendall(payload)
         sock.shutdown(socket.SHUT_WR)
-        answer: dict[str, object] = json.loads(sock.makefile("rb").read())
+        # The holder's answer, read within the bounds its readers use.
+        raw = sock.makefile("rb").read(MAX_MESSAGE_BYTES + 1)
+        answer: dict[str, object] = loads(raw, what="answer", max_bytes=MAX_MESSAGE_BYTES)
         return answer
 
 
@@ -54,7 +58,7 @@ def _request(**fields: object) -> bytes:
 
 
 def test_the_holder_answers_the_rates_and_keeps_the_ledger(
-    holder: tuple[LedgerStore, HolderReads],
+    holder: tuple[LedgerStore, HolderSocket],
 ) -> None:
     store, reads = holder
     here = reclaim_rate(store, pool_ids=POOLS, start=T0, end=at(4))
@@ -116,7 +120,7 @@ def test_without_a_listening_holder_a_reader_starts_a_child(tmp_path: Path) -> N
     ],
 )
 def test_the_holder_refuses_what_is_not_a_request_in_one_line(
-    holder: tuple[LedgerStore, HolderReads], payload: bytes, said: str
+    holder: tuple[LedgerStore, HolderSocket], payload: bytes, said: str
 ) -> None:
     store, reads = holder
     path = socket_path(store)
@@ -130,7 +134,7 @@ def test_the_holder_refuses_what_is_not_a_request_in_one_line(
 
 
 def test_an_oversized_request_is_cut_and_the_holder_keeps_answering(
-    holder: tuple[LedgerStore, HolderReads],
+    holder: tuple[LedgerStore, HolderSocket],
 ) -> None:
     """The holder reads at most 4 MiB and 1 byte of a request: a larger one is refused, or,
     when the sender is still sending as the holder closes, cut."""
@@ -147,7 +151,7 @@ def test_an_oversized_request_is_cut_and_the_holder_keeps_answering(
 
 
 def test_a_silent_connection_holds_up_no_other_reader(
-    holder: tuple[LedgerStore, HolderReads],
+    holder: tuple[LedgerStore, HolderSocket],
 ) -> None:
     store, _ = holder
     path = socket_path(store)
@@ -159,7 +163,7 @@ def test_a_silent_connection_holds_up_no_other_reader(
 
 
 def test_a_holder_that_cannot_read_is_a_clear_error(
-    holder: tuple[LedgerStore, HolderReads],
+    holder: tuple[LedgerStore, HolderSocket],
 ) -> None:
     """A holder that answers it cannot read: the reader says so, and starts no child
     (which would have to take the ledger from the holder)."""

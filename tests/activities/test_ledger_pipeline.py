@@ -386,7 +386,7 @@ def test_the_consumer_counts_each_time_it_lets_a_held_ledger_go(
     from prometheus_client import REGISTRY
 
     from activities.ledger import reclaim_rate
-    from activities.ledger.holder import HolderReads
+    from activities.ledger.holder import HolderSocket
     from tests.support.ledger_reader import read_elsewhere
 
     def released() -> float:
@@ -402,7 +402,7 @@ def test_the_consumer_counts_each_time_it_lets_a_held_ledger_go(
     stop = threading.Event()
     loop = threading.Thread(target=consumer.run, args=(stop,), daemon=True)
     loop.start()
-    reads = HolderReads(store)
+    reads = HolderSocket(store)
     assert reads.start()
     try:
         worker = LedgerStore(dsn, lock_timeout=5, reads_in_child=True)

@@ -38,7 +38,7 @@ from typer.testing import CliRunner
 
 from activities.events import CapacityType, EventKind, InstanceState
 from activities.fleet.repository import FleetRepository, InstanceSpec
-from activities.ledger.holder import HolderReads
+from activities.ledger.holder import HolderSocket
 from activities.ledger.lost_work import (
     MAX_LOST_SECONDS,
     MAX_LOST_STEPS,
@@ -309,7 +309,7 @@ async def test_through_the_ledgers_holder_a_forged_report_is_refused_alike(
     dsn = f"chdb://{tmp_path / 'ledger'}"
     holder = LedgerStore(dsn, hold=True)
     holder.ensure_schema()
-    reads = HolderReads(holder)
+    reads = HolderSocket(holder)
     assert reads.start()
     notice = notice_id()
     try:
