@@ -30,7 +30,8 @@ prepare lint nice -n 10 make --no-print-directory lint
 if [ "${TESTCLOUD:-1}" = 1 ]; then prepare testcloud make --no-print-directory testcloud-up; fi
 if command -v podman >/dev/null; then prepare image nice -n 5 make --no-print-directory image; fi
 
-SCO_PREP_DIR=$PREP SCO_FIXTURE_TIMES=.sco/fixture-times.json eval "$PYTEST"
+SCO_PREP_DIR=$PREP SCO_FIXTURE_TIMES=.sco/fixture-times.json SCO_TEST_TIMELINE=.sco/test-timeline.json \
+    eval "$PYTEST"
 rc=$?
 if [ $rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; rc=1; fi
 wait

@@ -95,3 +95,35 @@ def test_a_run_handed_out_is_not_handed_out_again_before_it_is_bound(
         services._HANDED_OUT.clear()
         a, b = services.free_port_range(2), services.free_port_range(32)
         assert not (a < b + 32 and b < a + 2), (a, b)
+
+
+PROBE = """
+from tests.support import parallel
+
+def pytest_collection_finish(session):
+    for item in session.items:
+        print("GROUP", item.nodeid, parallel.group_of(item))
+"""
+
+
+def test_rgws_tests_share_podmans_worker_so_ci_starts_rgw_once(tmp_path: Path) -> None:
+    (tmp_path / "groups_probe.py").write_text(PROBE)
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"),
+            *("-n0", "-p", "groups_probe", "tests/agent/test_agent_dcp_rgw.py"),
+            "tests/workers/test_cli_checkpoints.py",
+        ],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": f"{tmp_path}:{REPO}"},
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    groups = dict(
+        line.split()[1:] for line in done.stdout.splitlines() if line.startswith("GROUP ")
+    )
+    with_rgw = [g for nodeid, g in groups.items() if "without_provisioned" not in nodeid]
+    assert len(with_rgw) == 3 and set(with_rgw) == {"podman"}, groups
+    # A test that needs no RGW is free to run anywhere.
+    assert "None" in groups.values()

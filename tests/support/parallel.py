@@ -10,6 +10,11 @@ spread one by one. Two kinds are not, and get an `xdist_group` (`--dist loadgrou
 - tests on one machine-wide thing that is not ours to split: the OpenStack test cloud (its
   hosts' capacity and its instances are shared: two acquisitions at once would see each
   other's servers) and podman (one image store, the node containers' fixed names).
+
+A session fixture is built once per worker that draws one of its tests. Ceph RGW (a mon,
+an OSD and a gateway: ~15 s of both cores) is the costly one: its tests join podman's
+worker, where the region-as-shipped test brings it up anyway, so CI starts it once, not
+three times. They run there while the image builds (collection order puts them first).
 """
 
 from __future__ import annotations
@@ -26,6 +31,9 @@ PODMAN_MODULES = (
     "tests/deploy/test_region_as_shipped.py",
 )
 
+#: The session fixture whose tests run on podman's worker (see the module's docstring).
+SHARES_PODMANS_WORKER = "rgw"
+
 
 def group_of(item: pytest.Item) -> str | None:
     path = item.nodeid.split("::", 1)[0]
@@ -34,6 +42,8 @@ def group_of(item: pytest.Item) -> str | None:
     if path in PODMAN_MODULES:
         return "podman"
     fixtureinfo = getattr(item, "_fixtureinfo", None)
+    if fixtureinfo is not None and SHARES_PODMANS_WORKER in fixtureinfo.names_closure:
+        return "podman"
     defs = fixtureinfo.name2fixturedefs.values() if fixtureinfo is not None else ()
     if any(d[-1].scope in ("module", "class", "package") for d in defs if d):
         return path
