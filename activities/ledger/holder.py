@@ -146,11 +146,17 @@ class HolderSocket:
         self._server: socketserver.ThreadingUnixStreamServer | None = None
         self._thread: threading.Thread | None = None
 
-    def start(self) -> bool:
+    def start(self, *, take_over: bool = True) -> bool:
         """Listen on the ledger's socket; False (logged: readers then start a child) when
-        it cannot be made. Call while holding the ledger: a socket already there is stale."""
+        it cannot be made. While holding the ledger a socket already there is a dead
+        holder's, and is replaced. Before (`take_over=False`, so that a reader at start-up
+        is answered here instead of taking the ledger), one that answers is another
+        holder's, still running: it is left alone and False is returned."""
         path = socket_path(self._store)
         if path is None:
+            return False
+        if not take_over and _listening(path):
+            log.info("ledger: %s answers already; listening once the ledger is held", path)
             return False
         try:
             path.unlink(missing_ok=True)
@@ -220,6 +226,18 @@ class HolderSocket:
         path = socket_path(self._store)
         if path is not None:
             path.unlink(missing_ok=True)
+
+
+def _listening(path: Path) -> bool:
+    """Whether a process accepts connections on `path` (the probe says nothing: the
+    holder answers it with one line and goes on)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(IDLE_SECONDS)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return False
+    return True
 
 
 class _Handler(socketserver.BaseRequestHandler):

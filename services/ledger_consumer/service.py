@@ -47,8 +47,14 @@ def run(settings: Settings) -> ConsumerProgress:
         # without handing the ledger over (decision 0043).
         reads = HolderSocket(store, on_answer=lambda op: HOLDER_ANSWERS.labels(op).inc())
         try:
+            # Listening before the ledger is opened: a worker's read at the box's start is
+            # answered here (in turn with the schema's set-up: one store, one lock), not by
+            # a child that would take the ledger from this consumer. A holder still running
+            # keeps its socket until this one holds the ledger, and so knows it has gone.
+            listening = reads.start(take_over=False)
             store.ensure_schema()
-            reads.start()
+            if not listening:
+                reads.start()
             consumer = LedgerConsumer(
                 settings.kafka.bootstrap_servers,
                 topics,

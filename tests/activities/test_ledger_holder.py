@@ -172,3 +172,36 @@ def test_a_holder_that_cannot_read_is_a_clear_error(
     reader = LedgerStore(store.dsn, lock_timeout=0.5, reads_in_child=True)
     with pytest.raises(LedgerUnavailable, match=r"the ledger's holder: "):
         reclaim_rate(reader, pool_ids=POOLS, start=T0, end=at(4))
+
+
+def test_a_holder_listening_before_it_opens_the_ledger_answers_and_keeps_it(
+    tmp_path: Path,
+) -> None:
+    """The consumer listens before its first session (a worker's read at the box's start):
+    that read is answered by opening the holder's own store, and the ledger is never let go."""
+    seeded = LedgerStore(f"chdb://{tmp_path}/ledger")
+    seeded.insert_events(FLEET)
+    here = reclaim_rate(seeded, pool_ids=POOLS, start=T0, end=at(4))
+    seeded.close()
+    store = LedgerStore(seeded.dsn, hold=True)
+    reads = HolderSocket(store)
+    try:
+        assert reads.start(take_over=False)
+        assert store._held_lock is None  # nothing opened yet
+        reader = LedgerStore(store.dsn, lock_timeout=0.5, reads_in_child=True)
+        assert reclaim_rate(reader, pool_ids=POOLS, start=T0, end=at(4)) == pytest.approx(here)
+        assert reads.answered["rates"] == 1 and store._held_lock is not None
+        assert reader._client is None
+    finally:
+        reads.close()
+        store.close()
+
+
+def test_a_second_holder_leaves_a_running_holders_socket_until_it_holds_the_ledger(
+    holder: tuple[LedgerStore, HolderSocket],
+) -> None:
+    store, first = holder
+    second = HolderSocket(LedgerStore(store.dsn, hold=True))
+    assert not second.start(take_over=False)  # the first still answers there
+    answer = _ask(socket_path(store) or Path("/"), _request())
+    assert "rates" in answer and first.answered["rates"] == 1
