@@ -14,9 +14,11 @@ A of r1) on the box's NATS, idle as a node between notices is.
 Churn, as `make up` and an operator make it: the pool catalogue synced, then the three
 example contracts' demand set (`sco demand set`, the controllers start acquisitions),
 and every --churn-seconds one change in turn: a contract's demand moved up or down (its
-controller acquires or releases), or an operator's reclaim of one ACTIVE instance
+controller acquires or releases), an operator's reclaim of one ACTIVE instance
 (`sco reclaim`: the hall's relay notices it, the region worker's notice hook and the
-controller's replacement follow). Each `sco` command is its own process, as an operator runs it.
+controller's replacement follow), or an operator's read of the ledger (`sco ledger spend`
+or `decisions`: the ledger consumer runs it, decision 0044). Each `sco` command is its
+own process, as an operator runs it.
 
 Every --interval seconds the VmRSS of every process the box recorded (summed over its
 process tree: a server started through a wrapper counts whole) and of the agent is read
@@ -123,7 +125,8 @@ class Churn:
         self.log = log
         self.rng = random.Random(seed)
         self.demand = {c: d for c, (d, _, _) in DEMAND.items()}
-        self.turn = itertools.cycle(["demand", "reclaim", "demand"])
+        self.turn = itertools.cycle(["demand", "reclaim", "demand", "ledger"])
+        self.reads = itertools.cycle(["spend", "decisions"])
         self.commands = 0
         self.failed: list[str] = []
 
@@ -158,8 +161,12 @@ class Churn:
             self.sco("demand", "set", contract, str(units), "--region", REGION)
 
     def step(self, active: list[str]) -> None:
-        if next(self.turn) == "reclaim" and active:
+        turn = next(self.turn)
+        if turn == "reclaim" and active:
             self.sco("reclaim", self.rng.choice(active), "--reason", "memory bench churn")
+            return
+        if turn == "ledger":
+            self.sco("ledger", next(self.reads), "--window", "1h", "--region", REGION)
             return
         contract = self.rng.choice(sorted(self.demand))
         _, low, high = DEMAND[contract]
@@ -446,9 +453,10 @@ def main() -> int:
         )
     if "ledger-consumer" in curves:
         # Not judged: what the consumer's steps are made of. Each reopen of the embedded
-        # ledger after another process read it leaves ~2 MB in chDB (the worker's
-        # reclaim-rate read every 5 min, an operator's `sco ledger` query); a ClickHouse
-        # server ledger has none, and `ledger.recycle_rss_mb` bounds the embedded one.
+        # ledger after another process took it leaves ~2 MB in chDB (since decisions 0043
+        # and 0044 only a process writing to it itself, or an answer too big for the
+        # holder's socket); a ClickHouse server ledger has none, and
+        # `ledger.recycle_rss_mb` bounds the embedded one.
         report.figure(
             "ledger-consumer_engine_releases",
             report.details.get("ledger_engine_releases", 0),
@@ -462,8 +470,8 @@ def main() -> int:
             report.details["ledger_holder_answers"],
             "requests",
             anchor="sco_ledger_holder_answers_total at the end: the worker's reclaim-rate"
-            " reads and the intake's drain bookings the consumer answered on the ledger's"
-            " socket, keeping it open",
+            " reads, the intake's drain bookings and the operator's ledger queries the"
+            " consumer answered on the ledger's socket, keeping it open",
         )
     if not curves:
         report.measurement_missing("rss", "no process was sampled", "MB", anchor="the box")

@@ -11,11 +11,18 @@ drain report's booking (`insert_drain`, as the intake would). A reader or the in
 there first, and reads or books another way only when nobody listens (no consumer running,
 or the socket of one that died).
 
+And a query of the ledger's readers (`sco ledger spend|reclaims|decisions|lost-work`,
+`sco why`, the console's pages: `LedgerStore.read_session`), which would each take the
+ledger from it the same way: it runs the query, read-only (the engine's `readonly`), and
+sends the rows back; one too big for the socket is run by the asker itself, as before.
+
 One request per connection, then the asker's half-close; one JSON answer. A request is
-the child's (`{"pools", "start", "end", ...}`: `{"rates": {...}}`) or
+the child's (`{"pools", "start", "end", ...}`: `{"rates": {...}}`),
 `{"op": "drain", "event", "region", "node"}` (`{"booked": rows}`, or `{"refused": reason,
-"kind": rule}` for a report the ledger does not take); `{"unavailable": reason}` when the
-ledger cannot be used. Requests are bounded (4 MiB, a drain report's depth plus one); a
+"kind": rule}` for a report the ledger does not take) or `{"op": "query", "sql",
+"parameters"}` (`{"columns", "rows"}`, values as activities/ledger/wire.py carries them, or
+`{"too_big": bytes}`); `{"unavailable": reason}` when the ledger cannot be used.
+Requests are bounded (4 MiB, a drain report's depth plus one, a query's text 64 KiB); a
 connection that sends nothing is cut after `IDLE_SECONDS`. The socket has the ledger
 directory's owner and group permissions (read-write where the directory allows reading),
 no more: whoever may ask it could open the ledger anyway.
@@ -30,7 +37,7 @@ import os
 import socket
 import socketserver
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +49,7 @@ from activities.ledger.child import (
 from activities.ledger.lost_work import MAX_DEPTH as DRAIN_MAX_DEPTH
 from activities.ledger.lost_work import DrainEventError, insert_drain
 from activities.ledger.store import LedgerStore, LedgerUnavailable
+from activities.ledger.wire import tagged, untagged
 from contracts.bounded import loads
 
 log = logging.getLogger(__name__)
@@ -53,6 +61,10 @@ IDLE_SECONDS = 5.0
 MAX_DEPTH = DRAIN_MAX_DEPTH + 1
 #: What a reader allows the holder beyond the ledger's lock wait: a batch may be under way.
 ANSWER_SECONDS = 10.0
+#: A query's answer larger than this is not sent (the asker runs the query itself).
+MAX_ROWS_BYTES = MAX_MESSAGE_BYTES
+#: The longest query text the holder takes.
+MAX_SQL_CHARS = 65536
 
 
 def socket_path(store: LedgerStore) -> Path | None:
@@ -87,6 +99,47 @@ def book_drain_with_holder(
         return int(answer["booked"])
     except (KeyError, TypeError, ValueError) as exc:
         raise LedgerUnavailable(store.dsn, f"the ledger's holder answered {answer!r:.80}") from exc
+
+
+class HeldRows:
+    """A query's rows as the holder sent them, read as the engine client's result is."""
+
+    def __init__(self, columns: list[str], rows: list[list[Any]]) -> None:
+        self.column_names = tuple(columns)
+        self.result_rows = [tuple(row) for row in rows]
+
+    def named_results(self) -> Iterator[dict[str, Any]]:
+        for row in self.result_rows:
+            yield dict(zip(self.column_names, row, strict=True))
+
+
+class HeldReads:
+    """Queries asked of the ledger's holder; when nobody listens there, or an answer is
+    too big for the socket, run in a session of the store's own (`own()`: taking the
+    ledger, as every read did before), for the rest of the reads too."""
+
+    def __init__(self, store: LedgerStore, own: Callable[[], Any]) -> None:
+        self._store, self._own = store, own
+        self._session: Any = None  # the store's own session, once one was needed
+
+    def query(self, query: str, parameters: dict[str, Any] | None = None) -> Any:
+        if self._session is None:
+            answer = _exchange(
+                self._store, {"op": "query", "sql": query, "parameters": tagged(parameters or {})}
+            )
+            if answer is not None and "too_big" not in answer:
+                try:
+                    return HeldRows(list(answer["columns"]), untagged(answer["rows"]))
+                except (KeyError, TypeError, ValueError) as exc:
+                    raise LedgerUnavailable(
+                        self._store.dsn, f"the ledger's holder answered {str(answer)[:80]}"
+                    ) from exc
+            if answer is not None:
+                log.info(
+                    "ledger: an answer of %s bytes; reading the ledger here", answer["too_big"]
+                )
+            self._session = self._own()
+        return self._session.query(query, parameters=parameters)
 
 
 def _exchange(store: LedgerStore, request: dict[str, Any]) -> dict[str, Any] | None:
@@ -142,7 +195,7 @@ class HolderSocket:
     def __init__(self, store: LedgerStore, on_answer: Callable[[str], None] | None = None) -> None:
         self._store = store
         self._on_answer = on_answer
-        self.answered = {"rates": 0, "drain": 0}
+        self.answered = {"rates": 0, "drain": 0, "query": 0}
         self._server: socketserver.ThreadingUnixStreamServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -191,8 +244,10 @@ class HolderSocket:
                 answer: dict[str, Any] = {"rates": answer_request(self._store, request)}
             elif op == "drain":
                 answer = self._book(request)
+            elif op == "query":
+                answer = self._query(request)
             else:
-                raise ValueError(f"request: op {str(op)[:40]!r} is neither rates nor drain")
+                raise ValueError(f"request: op {str(op)[:40]!r} is not rates, drain or query")
         except LedgerUnavailable as exc:
             return {"unavailable": exc.reason}
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
@@ -214,6 +269,24 @@ class HolderSocket:
             raise
         except Exception as exc:  # the ledger refused the rows, as the intake's own booking says
             return {"refused": f"ledger refused it: {type(exc).__name__}: {str(exc)[:300]}"}
+
+    def _query(self, request: dict[str, Any]) -> dict[str, Any]:
+        sql, parameters = request["sql"], untagged(request.get("parameters") or {})
+        if not (isinstance(sql, str) and isinstance(parameters, dict)):
+            raise TypeError("request: sql must be a string, parameters an object")
+        if len(sql) > MAX_SQL_CHARS:
+            raise ValueError(f"request: sql of {len(sql)} characters (at most {MAX_SQL_CHARS})")
+        try:
+            with self._store.session() as client:
+                # The engine refuses anything but a read: whoever asks reads, never writes.
+                result = client.query(sql, parameters=parameters, settings={"readonly": 1})
+        except LedgerUnavailable:
+            raise
+        except Exception as exc:  # the engine refused the query: its reason, to the asker
+            raise LedgerUnavailable(self._store.dsn, f"{type(exc).__name__}: {exc}") from exc
+        answer = {"columns": list(result.column_names), "rows": tagged(result.result_rows)}
+        size = len(json.dumps(answer))
+        return {"too_big": size} if size > MAX_ROWS_BYTES else answer
 
     def close(self) -> None:
         server, self._server = self._server, None

@@ -26,33 +26,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
-from activities.ledger.store import LedgerStore, as_utc
+from activities.ledger.store import LOST_WORK_COLUMNS, LOST_WORK_TABLE, LedgerStore, as_utc
 from contracts.bounded import InputRejected, check_depth
 
-LOST_WORK_TABLE = "lost_work"
 _NAMESPACE = uuid.UUID("5b0c3f3e-8c55-4a86-9d6b-3c1f0d0e2a17")
-_COLUMNS = (
-    ("event_id", "UUID"),
-    ("occurred_at", "DateTime64(3, 'UTC')"),
-    ("region", "LowCardinality(String)"),
-    ("node", "String"),
-    ("notice_id", "String"),
-    ("workload", "LowCardinality(String)"),  # the contract, as in the lifecycle table
-    ("job", "String"),  # the scheduler's id of the drained workload
-    ("action", "LowCardinality(String)"),
-    ("result", "LowCardinality(String)"),
-    ("lost_steps", "Nullable(Int64)"),
-    ("lost_tasks", "Nullable(Int64)"),
-    ("lost_seconds", "Nullable(Float64)"),
-)
-_DDL = "".join(f"    {n} {t},\n" for n, t in _COLUMNS)
-_SCHEMA = f"""CREATE TABLE IF NOT EXISTS {LOST_WORK_TABLE} (
-{_DDL}    inserted_at DateTime64(3, 'UTC') DEFAULT now64(3)
-)
-ENGINE = ReplacingMergeTree
-PARTITION BY toYYYYMM(occurred_at)
-ORDER BY event_id
-"""
 BY = {"workload": "workload", "job": "job", "node": "node", "result": "result"}
 
 
@@ -228,10 +205,9 @@ def insert_drain(
     store: LedgerStore, event: Mapping[str, Any], region: str, *, node: str | None = None
 ) -> int:
     rows = rows_from_drain(event, region, node=node)
-    with store.session() as client:
-        client.command(_SCHEMA)
+    with store.session() as client:  # the session ensures the table (store.py)
         if rows:
-            client.insert(LOST_WORK_TABLE, rows, column_names=[n for n, _ in _COLUMNS])
+            client.insert(LOST_WORK_TABLE, rows, column_names=[n for n, _ in LOST_WORK_COLUMNS])
     return len(rows)
 
 
@@ -255,8 +231,7 @@ def lost_work(
         WHERE occurred_at >= {{start:DateTime64(3)}} AND occurred_at < {{end:DateTime64(3)}}
         GROUP BY key ORDER BY steps DESC, seconds DESC, key
     """
-    with store.session() as client:
-        client.command(_SCHEMA)
+    with store.read_session() as client:
         result = client.query(sql, parameters={"start": as_utc(start), "end": as_utc(end)})
     return [
         LostWorkRow(

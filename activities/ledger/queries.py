@@ -162,7 +162,7 @@ def spend(
         {group}
         ORDER BY spend DESC{order}
     """
-    with store.session() as client:
+    with store.read_session() as client:
         result = client.query(sql, parameters=parameters)
     return [SpendRow.model_validate(row) for row in result.named_results()]
 
@@ -187,7 +187,7 @@ def reclaims_per_pool(
         GROUP BY region, pool_id
         ORDER BY reclaims DESC, region, pool_id
     """
-    with store.session() as client:
+    with store.read_session() as client:
         result = client.query(sql, parameters=parameters)
     return [ReclaimRow.model_validate(row) for row in result.named_results()]
 
@@ -225,7 +225,7 @@ def reclaim_rate(
           AND occurred_at < {{end:DateTime64(3, 'UTC')}}
         GROUP BY pool_id
     """
-    with store.session() as client:
+    with store.read_session() as client:
         hours = {str(p): float(h) for p, h in client.query(hours_sql, parameters).result_rows}
         notices = {str(p): int(n) for p, n in client.query(notices_sql, parameters).result_rows}
     return {
@@ -242,7 +242,7 @@ def instance_history(store: LedgerStore, instance_id: str) -> list[LifecycleEven
         WHERE instance_id = {{instance_id:String}}
         ORDER BY occurred_at, indexOf({{kinds:Array(String)}}, kind), event_id
     """
-    with store.session() as client:
+    with store.read_session() as client:
         result = client.query(sql, parameters={"instance_id": instance_id, "kinds": _KIND_ORDER})
     return [LifecycleEvent.model_validate(row) for row in result.named_results()]
 
@@ -271,6 +271,6 @@ def decisions(
           {" ".join(filters)}
         ORDER BY occurred_at DESC, event_id
     """
-    with store.session() as client:
+    with store.read_session() as client:
         result = client.query(sql, parameters=parameters)
     return [Decision.model_validate(row) for row in result.named_results()]

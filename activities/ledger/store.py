@@ -22,7 +22,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
@@ -58,19 +58,27 @@ EVENT_COLUMNS: tuple[tuple[str, str], ...] = (
 )
 EVENT_COLUMN_NAMES: tuple[str, ...] = tuple(name for name, _ in EVENT_COLUMNS)
 
+
 # ReplacingMergeTree keyed by event_id collapses a replayed event into one row; merges are
 # eventual, so every query reads with FINAL. Partitions are by month of occurrence: a
 # replayed event has the same occurred_at, so its duplicates share a partition and still
 # collapse. The bloom filter keeps instance_history from scanning every granule.
-_COLUMN_DDL = "".join(f"    {name} {type_},\n" for name, type_ in EVENT_COLUMNS)
-_SCHEMA = f"""CREATE TABLE IF NOT EXISTS {TABLE} (
-{_COLUMN_DDL}    inserted_at DateTime64(3, 'UTC') DEFAULT now64(3),
-    INDEX idx_instance_id instance_id TYPE bloom_filter GRANULARITY 4
+def _table(name: str, columns: Sequence[tuple[str, str]], index: str = "") -> str:
+    """A ledger table's DDL: its columns, when the row was inserted, `index` if any."""
+    ddl = "".join(f"    {column} {type_},\n" for column, type_ in columns)
+    last = f",\n    {index}" if index else ""
+    return f"""CREATE TABLE IF NOT EXISTS {name} (
+{ddl}    inserted_at DateTime64(3, 'UTC') DEFAULT now64(3){last}
 )
 ENGINE = ReplacingMergeTree
 PARTITION BY toYYYYMM(occurred_at)
 ORDER BY event_id
 """
+
+
+_SCHEMA = _table(
+    TABLE, EVENT_COLUMNS, "INDEX idx_instance_id instance_id TYPE bloom_filter GRANULARITY 4"
+)
 
 DECISIONS_TABLE = "decisions"
 DECISION_COLUMNS: tuple[tuple[str, str], ...] = (
@@ -89,15 +97,28 @@ DECISION_COLUMNS: tuple[tuple[str, str], ...] = (
 )
 DECISION_COLUMN_NAMES: tuple[str, ...] = tuple(name for name, _ in DECISION_COLUMNS)
 _ADDED_DECISION_COLUMNS = (("identity", "String"),)
-_DECISION_DDL = "".join(f"    {name} {type_},\n" for name, type_ in DECISION_COLUMNS)
 # Same dedupe and partitioning as the lifecycle table: a replayed decision is one row.
-_DECISIONS_SCHEMA = f"""CREATE TABLE IF NOT EXISTS {DECISIONS_TABLE} (
-{_DECISION_DDL}    inserted_at DateTime64(3, 'UTC') DEFAULT now64(3)
+_DECISIONS_SCHEMA = _table(DECISIONS_TABLE, DECISION_COLUMNS)
+
+# Lost work per drained workload (activities/ledger/lost_work.py), here with the other
+# tables so that every session ensures it: its readers' queries may be run by the ledger's
+# holder, which runs nothing but the query (activities/ledger/holder.py).
+LOST_WORK_TABLE = "lost_work"
+LOST_WORK_COLUMNS = (
+    ("event_id", "UUID"),
+    ("occurred_at", "DateTime64(3, 'UTC')"),
+    ("region", "LowCardinality(String)"),
+    ("node", "String"),
+    ("notice_id", "String"),
+    ("workload", "LowCardinality(String)"),  # the contract, as in the lifecycle table
+    ("job", "String"),  # the scheduler's id of the drained workload
+    ("action", "LowCardinality(String)"),
+    ("result", "LowCardinality(String)"),
+    ("lost_steps", "Nullable(Int64)"),
+    ("lost_tasks", "Nullable(Int64)"),
+    ("lost_seconds", "Nullable(Float64)"),
 )
-ENGINE = ReplacingMergeTree
-PARTITION BY toYYYYMM(occurred_at)
-ORDER BY event_id
-"""
+_LOST_WORK_SCHEMA = _table(LOST_WORK_TABLE, LOST_WORK_COLUMNS)
 
 #: Server settings of an embedded engine (chDB takes them as DSN query parameters): the
 #: mark and index caches default to 5 GiB each, far past what a ledger of this size needs.
@@ -228,6 +249,21 @@ class LedgerStore:
                     yield client
         finally:
             self._mutex.release()
+
+    @contextmanager
+    def read_session(self) -> Iterator[Any]:
+        """A client for queries only (its `query`). On an on-disk chDB ledger that this
+        process does not hold, the process holding it (the ledger consumer) runs them
+        (activities/ledger/holder.py), so a read does not take the ledger from it; when
+        nobody holds it, or an answer is too big for the socket, a session as `session`."""
+        if self.path is None or self.hold:
+            with self.session() as client:
+                yield client
+            return
+        from activities.ledger.holder import HeldReads
+
+        with ExitStack() as own:
+            yield HeldReads(self, lambda: own.enter_context(self.session()))
 
     @contextmanager
     def _persistent_session(self) -> Iterator[Client]:
@@ -388,6 +424,7 @@ class LedgerStore:
         if not self._schema_ready:
             client.command(_SCHEMA)
             client.command(_DECISIONS_SCHEMA)
+            client.command(_LOST_WORK_SCHEMA)
             # Columns added after the table was first created, for ledgers made before.
             for name, type_ in _ADDED_DECISION_COLUMNS:
                 client.command(
@@ -400,6 +437,7 @@ class LedgerStore:
         with self.session() as client:
             client.command(_SCHEMA)
             client.command(_DECISIONS_SCHEMA)
+            client.command(_LOST_WORK_SCHEMA)
             # Columns added after the table was first created, for ledgers made before.
             for name, type_ in _ADDED_DECISION_COLUMNS:
                 client.command(

@@ -43,14 +43,16 @@ LAG = Gauge(
 )
 ENGINE_RELEASES = Counter(
     "sco_ledger_engine_releases",
-    "Times a held embedded ledger was closed for another process (a `sco ledger` query, or "
-    "a reader that came before the holder's socket was up); chDB keeps ~2 MB of each open, so "
-    "the consumer's memory steps up with these until ledger.recycle_rss_mb restarts it",
+    "Times a held embedded ledger was closed for another process (one writing to it, a read "
+    "whose answer is too big for the holder's socket, or one that found no socket answering); "
+    "chDB keeps ~2 MB of each open, so the consumer's memory steps up with these until "
+    "ledger.recycle_rss_mb restarts it",
 )
 HOLDER_ANSWERS = Counter(
     "sco_ledger_holder_answers",
     "Requests a held embedded ledger answered on its socket without letting it go: the "
-    "worker's reclaim-rate reads and the drain intake's bookings (activities/ledger/holder.py)",
+    "worker's reclaim-rate reads, the drain intake's bookings, and the queries of `sco ledger`, "
+    "`sco why` and the console (activities/ledger/holder.py)",
     ["request"],
 )
 #: What the consumer logs at each release (bench/memory_hour_bench.py counts these lines).

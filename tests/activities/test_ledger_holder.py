@@ -6,17 +6,26 @@ answering."""
 from __future__ import annotations
 
 import json
+import math
 import socket
 import stat
+import threading
+import uuid
 from collections.abc import Iterator
+from datetime import UTC, date, datetime
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
 
 from activities.events import EventKind
 from activities.ledger import LedgerStore, LedgerUnavailable, reclaim_rate
+from activities.ledger import holder as holder_module
 from activities.ledger.child import MAX_MESSAGE_BYTES
 from activities.ledger.holder import HolderSocket, socket_path
+from activities.ledger.lost_work import lost_work
+from activities.ledger.queries import instance_history, reclaims_per_pool, spend
+from activities.ledger.wire import tagged, untagged
 from contracts.bounded import loads
 from tests.activities.test_ledger import FLEET, T0, at, ev, lifecycle
 
@@ -67,7 +76,7 @@ def test_the_holder_answers_the_rates_and_keeps_the_ledger(
     reader = LedgerStore(store.dsn, lock_timeout=0.5, reads_in_child=True)
     for _ in range(3):
         assert reclaim_rate(reader, pool_ids=POOLS, start=T0, end=at(4)) == pytest.approx(here)
-    assert reads.answered == {"rates": 3, "drain": 0}
+    assert reads.answered == {"rates": 3, "drain": 0, "query": 0}
     assert store._held_lock is not None, "the holder kept the ledger open"
     assert reader._client is None
     # The socket is as private as the ledger's directory (rwxr-x---): owner and group.
@@ -95,7 +104,7 @@ def test_without_a_listening_holder_a_reader_starts_a_child(tmp_path: Path) -> N
         (b"not json", "request: "),
         (b'{"pools": ' + b"[" * 9 + b"]" * 9 + b"}", "request: nested 10 deep > 9"),
         (_request(pools=[["r1-A-c5-xl"]]), "request: pools: every pool id must be a string"),
-        (_request(op="drop"), "request: op 'drop' is neither rates nor drain"),
+        (_request(op="drop"), "request: op 'drop' is not rates, drain or query"),
         (
             b'{"op": "drain", "event": [], "region": "r1", "node": "n1"}',
             "request: event must be an object, region and node strings",
@@ -129,7 +138,7 @@ def test_the_holder_refuses_what_is_not_a_request_in_one_line(
     assert set(answer) == {"unavailable"}
     assert said in str(answer["unavailable"]) and "\n" not in str(answer["unavailable"])
     # Nothing was answered, and the next reader is.
-    assert reads.answered == {"rates": 0, "drain": 0}
+    assert reads.answered == {"rates": 0, "drain": 0, "query": 0}
     assert set(_ask(path, _request())) == {"rates"}
 
 
@@ -146,7 +155,7 @@ def test_an_oversized_request_is_cut_and_the_holder_keeps_answering(
         assert "request: 4194305 bytes (at most 4194304)" in str(answer["unavailable"])
     except (BrokenPipeError, ConnectionResetError):
         pass
-    assert reads.answered == {"rates": 0, "drain": 0}
+    assert reads.answered == {"rates": 0, "drain": 0, "query": 0}
     assert set(_ask(path, _request())) == {"rates"}
 
 
@@ -205,3 +214,100 @@ def test_a_second_holder_leaves_a_running_holders_socket_until_it_holds_the_ledg
     assert not second.start(take_over=False)  # the first still answers there
     answer = _ask(socket_path(store) or Path("/"), _request())
     assert "rates" in answer and first.answered["rates"] == 1
+
+
+def test_the_ledgers_readers_queries_are_run_by_the_holder_which_keeps_the_ledger(
+    holder: tuple[LedgerStore, HolderSocket],
+) -> None:
+    """`sco ledger spend|reclaims|decisions|lost-work`, `sco why` and the console read
+    through `read_session`: the holder runs each query and the rows are those read in
+    place, datetimes, UUIDs and all; the reader never opens the ledger."""
+    store, reads = holder
+    window = {"start": T0, "end": at(4)}
+    here = (
+        spend(store, **window, group_by=("workload", "pool_id")),
+        reclaims_per_pool(store, **window),
+        instance_history(store, "b1"),
+        lost_work(store, **window),
+    )
+    reader = LedgerStore(store.dsn, lock_timeout=0.5)
+    there = (
+        spend(reader, **window, group_by=("workload", "pool_id")),
+        reclaims_per_pool(reader, **window),
+        instance_history(reader, "b1"),
+        lost_work(reader, **window),
+    )
+    assert there == here and here[1] and here[2], "the same, non-empty, rows"
+    assert isinstance(there[2][0].event_id, uuid.UUID)
+    assert reads.answered["query"] == 4 and store._held_lock is not None
+    assert reader._client is None, "the reader never opened the ledger"
+
+
+def test_a_query_that_writes_is_refused_by_the_engine_and_changes_nothing(
+    holder: tuple[LedgerStore, HolderSocket],
+) -> None:
+    store, reads = holder
+    path = socket_path(store) or Path("/")
+    assert reads.answered["query"] == 0
+    for sql in ("DROP TABLE lifecycle_events", "INSERT INTO decisions (kind) VALUES ('x')"):
+        answer = _ask(path, json.dumps({"op": "query", "sql": sql}).encode())
+        assert "readonly" in str(answer["unavailable"]).lower(), answer
+    reader = LedgerStore(store.dsn, lock_timeout=0.5)
+    assert instance_history(reader, "b1"), "the table is still there"
+    # Through the store's reads, the refusal is the ledger's error with the engine's reason.
+    with pytest.raises(LedgerUnavailable, match="READONLY"), reader.read_session() as client:
+        client.query("DROP TABLE lifecycle_events")
+
+
+def test_an_answer_too_big_for_the_socket_is_read_by_the_asker_itself(
+    holder: tuple[LedgerStore, HolderSocket], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store, reads = holder
+    here = instance_history(store, "b1")
+    monkeypatch.setattr(holder_module, "MAX_ROWS_BYTES", 200)
+    # The consumer's loop, between its batches: the ledger goes to a process waiting for it.
+    stop = threading.Event()
+
+    def between_batches() -> None:
+        while not stop.wait(0.1):
+            store.release_if_wanted()
+
+    batches = threading.Thread(target=between_batches)
+    batches.start()
+    reader = LedgerStore(store.dsn, lock_timeout=30)
+    try:
+        assert instance_history(reader, "b1") == here
+    finally:
+        reader.close()
+        stop.set()
+        batches.join()
+    assert reads.answered["query"] == 1, "asked, answered too big, then read in place"
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        datetime(2026, 12, 7, 10, 0, 0, 123000, tzinfo=UTC),
+        date(2026, 12, 7),
+        uuid.UUID(int=7),
+        Decimal("1.50"),
+        math.inf,
+        -math.inf,
+        [1, "a", None, 2.5, True],
+        {"k": [datetime(2026, 1, 1, tzinfo=UTC)], "n": {"$other": 1}},
+    ],
+    ids=["datetime", "date", "uuid", "decimal", "inf", "-inf", "plain", "nested"],
+)
+def test_query_values_cross_the_socket_as_they_are(value: object) -> None:
+    raw = json.dumps(tagged(value)).encode()
+    assert untagged(loads(raw, what="rows", max_bytes=MAX_MESSAGE_BYTES)) == value
+
+
+def test_nan_crosses_as_nan_and_a_bad_tag_is_a_value_error() -> None:
+    assert math.isnan(
+        untagged(loads(json.dumps(tagged(math.nan)).encode(), what="r", max_bytes=99))
+    )
+    with pytest.raises(ValueError, match=r"\$float: 'lots'"):
+        untagged({"$float": "lots"})
+    with pytest.raises(ValueError, match=r"\$uuid: int, not a string"):
+        untagged({"$uuid": 7})

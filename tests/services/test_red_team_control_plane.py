@@ -334,7 +334,7 @@ async def test_through_the_ledgers_holder_a_forged_report_is_refused_alike(
         holder.close()
     assert rows == [{"node": "node-a2", "lost_steps": 5, "lost_tasks": None, "lost_seconds": None}]
     assert len(letters) == 1 and "names node 'node-a2' but was sent by 'node-a1'" in letters[0][1]
-    assert reads.answered == {"rates": 0, "drain": 3}
+    assert reads.answered == {"rates": 0, "drain": 3, "query": 0}
 
 
 async def test_a_10_kb_nested_report_does_not_crash_the_intake(
