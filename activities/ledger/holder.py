@@ -247,7 +247,7 @@ class HolderSocket:
             elif op == "query":
                 answer = self._query(request)
             else:
-                raise ValueError(f"request: op {str(op)[:40]!r} is not rates, drain or query")
+                raise ValueError(f"op {str(op)[:40]!r} is not rates, drain or query")
         except LedgerUnavailable as exc:
             return {"unavailable": exc.reason}
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
@@ -260,7 +260,7 @@ class HolderSocket:
     def _book(self, request: dict[str, Any]) -> dict[str, Any]:
         event, region, node = request["event"], request["region"], request["node"]
         if not (isinstance(event, dict) and isinstance(region, str) and isinstance(node, str)):
-            raise TypeError("request: event must be an object, region and node strings")
+            raise TypeError("event must be an object, region and node strings")
         try:
             return {"booked": insert_drain(self._store, event, region, node=node)}
         except DrainEventError as exc:
@@ -273,9 +273,9 @@ class HolderSocket:
     def _query(self, request: dict[str, Any]) -> dict[str, Any]:
         sql, parameters = request["sql"], untagged(request.get("parameters") or {})
         if not (isinstance(sql, str) and isinstance(parameters, dict)):
-            raise TypeError("request: sql must be a string, parameters an object")
+            raise TypeError("sql must be a string, parameters an object")
         if len(sql) > MAX_SQL_CHARS:
-            raise ValueError(f"request: sql of {len(sql)} characters (at most {MAX_SQL_CHARS})")
+            raise ValueError(f"sql of {len(sql)} characters (at most {MAX_SQL_CHARS})")
         try:
             with self._store.session() as client:
                 # The engine refuses anything but a read: whoever asks reads, never writes.

@@ -114,6 +114,17 @@ def test_without_a_listening_holder_a_reader_starts_a_child(tmp_path: Path) -> N
         (_request(start=None), "request: field 'start' missing"),
         (_request(end="yesterday"), "request: Invalid isoformat string: 'yesterday'"),
         (b"[1, 2]", "request: a list, not an object"),
+        (b'{"op": "query"}', "request: field 'sql' missing"),
+        (b'{"op": "query", "sql": ["SELECT 1"]}', "request: sql must be a string, parameters"),
+        (b'{"op": "query", "sql": "' + b"x" * 65537 + b'"}', "request: sql of 65537 characters"),
+        (
+            b'{"op": "query", "sql": "SELECT 1", "parameters": {"t": {"$uuid": 7}}}',
+            "request: $uuid: int, not a string",
+        ),
+        (
+            b'{"op": "query", "sql": "SELECT {t:DateTime}", "parameters": {"t": {"$date": "x"}}}',
+            "request: Invalid isoformat string: 'x'",
+        ),
     ],
     ids=[
         "garbage",
@@ -126,6 +137,11 @@ def test_without_a_listening_holder_a_reader_starts_a_child(tmp_path: Path) -> N
         "missing",
         "date",
         "list",
+        "query-sql",
+        "query-sql-type",
+        "query-long",
+        "query-tag",
+        "query-date",
     ],
 )
 def test_the_holder_refuses_what_is_not_a_request_in_one_line(
@@ -136,7 +152,9 @@ def test_the_holder_refuses_what_is_not_a_request_in_one_line(
     assert path is not None
     answer = _ask(path, payload)
     assert set(answer) == {"unavailable"}
-    assert said in str(answer["unavailable"]) and "\n" not in str(answer["unavailable"])
+    said_there = str(answer["unavailable"])
+    assert said_there.startswith(said) and "\n" not in said_there
+    assert "request: request" not in said_there
     # Nothing was answered, and the next reader is.
     assert reads.answered == {"rates": 0, "drain": 0, "query": 0}
     assert set(_ask(path, _request())) == {"rates"}
