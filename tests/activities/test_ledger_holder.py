@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from datetime import UTC, date, datetime
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -241,20 +242,19 @@ def test_the_ledgers_readers_queries_are_run_by_the_holder_which_keeps_the_ledge
     through `read_session`: the holder runs each query and the rows are those read in
     place, datetimes, UUIDs and all; the reader never opens the ledger."""
     store, reads = holder
-    window = {"start": T0, "end": at(4)}
-    here = (
-        spend(store, **window, group_by=("workload", "pool_id")),
-        reclaims_per_pool(store, **window),
-        instance_history(store, "b1"),
-        lost_work(store, **window),
-    )
+
+    def read(store: LedgerStore) -> tuple[list[Any], ...]:
+        start, end = T0, at(4)
+        return (
+            spend(store, start=start, end=end, group_by=("workload", "pool_id")),
+            reclaims_per_pool(store, start=start, end=end),
+            instance_history(store, "b1"),
+            lost_work(store, start=start, end=end),
+        )
+
+    here = read(store)
     reader = LedgerStore(store.dsn, lock_timeout=0.5)
-    there = (
-        spend(reader, **window, group_by=("workload", "pool_id")),
-        reclaims_per_pool(reader, **window),
-        instance_history(reader, "b1"),
-        lost_work(reader, **window),
-    )
+    there = read(reader)
     assert there == here and here[1] and here[2], "the same, non-empty, rows"
     assert isinstance(there[2][0].event_id, uuid.UUID)
     assert reads.answered["query"] == 4 and store._held_lock is not None
