@@ -669,6 +669,12 @@ async def test_a_flood_of_malformed_notices_does_not_stop_a_genuine_drain(
         started = time.monotonic()
         for i in range(10_000):
             await nc.publish(subject, oversized if i % 50 == 0 else hostile[i % len(hostile)])
+            # The agent shares this test's event loop: a publisher that never waits keeps it
+            # from reading its socket until NATS cuts it off as a slow consumer (seen on a
+            # loaded machine), which a node's own process never sees. A flush every 500 (a
+            # round trip) lets it read meanwhile, as its own process would.
+            if i % 500 == 499:
+                await nc.flush()
         await nc.flush()
         good = _notice(region)
         await nc.jetstream().publish(subject, sign(good, relay))
