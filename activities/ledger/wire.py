@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from datetime import date, datetime
-from decimal import Decimal
+from decimal import Decimal, InvalidOperation
 from typing import Any
 from uuid import UUID
 
@@ -58,10 +58,18 @@ def _float(raw: str) -> float:
     return _FLOATS[raw]
 
 
+def _decimal(raw: str) -> Decimal:
+    # Decimal's refusal is an ArithmeticError: a ValueError like every other tag's.
+    try:
+        return Decimal(raw)
+    except InvalidOperation:
+        raise ValueError(f"$decimal: {raw[:20]!r} is not a number") from None
+
+
 _READERS: dict[str, Any] = {
     "$datetime": datetime.fromisoformat,
     "$date": date.fromisoformat,
     "$uuid": UUID,
-    "$decimal": Decimal,
+    "$decimal": _decimal,
     "$float": _float,
 }

@@ -123,6 +123,10 @@ def test_without_a_listening_holder_a_reader_starts_a_child(tmp_path: Path) -> N
             "request: $uuid: int, not a string",
         ),
         (
+            b'{"op": "query", "sql": "SELECT 1", "parameters": {"d": {"$decimal": "many"}}}',
+            "request: $decimal: 'many' is not a number",
+        ),
+        (
             b'{"op": "query", "sql": "SELECT {t:DateTime}", "parameters": {"t": {"$date": "x"}}}',
             "request: Invalid isoformat string: 'x'",
         ),
@@ -142,6 +146,7 @@ def test_without_a_listening_holder_a_reader_starts_a_child(tmp_path: Path) -> N
         "query-sql-type",
         "query-long",
         "query-tag",
+        "query-decimal",
         "query-date",
     ],
 )
@@ -329,3 +334,5 @@ def test_nan_crosses_as_nan_and_a_bad_tag_is_a_value_error() -> None:
         untagged({"$float": "lots"})
     with pytest.raises(ValueError, match=r"\$uuid: int, not a string"):
         untagged({"$uuid": 7})
+    with pytest.raises(ValueError, match=r"\$decimal: 'many' is not a number"):
+        untagged({"$decimal": "many"})
